@@ -1,0 +1,1 @@
+//! The one ggml-viz configuration.

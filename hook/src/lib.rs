@@ -1,0 +1,1 @@
+//! libggml_viz_hook.

@@ -1,0 +1,82 @@
+//! Opening the FILE argument: a mapped file, or `-` for standard input.
+
+use std::path::PathBuf;
+
+use ggml_viz_reader::{Damage, Event, Layout, LayoutChoice, StreamError, StreamReader, TraceFile};
+
+/// One input: a mapped file, or standard input read as a stream.
+pub enum Input {
+    File(TraceFile),
+    Stdin,
+}
+
+/// Why reading stopped before the end of the input.
+pub enum ReadStop {
+    Damage(Damage),
+    Io(String),
+}
+
+impl ReadStop {
+    /// A truncated tail is only a warning.
+    pub fn is_warning(&self) -> bool {
+        matches!(self, ReadStop::Damage(d) if d.is_truncation())
+    }
+
+    pub fn describe(&self, name: &str) -> String {
+        match self {
+            ReadStop::Damage(d) => format!("{name}: {d}"),
+            ReadStop::Io(e) => format!("{name}: {e}"),
+        }
+    }
+}
+
+impl Input {
+    pub fn open(path: &PathBuf, layout: Option<Layout>) -> Result<Input, String> {
+        if path.as_os_str() == "-" {
+            return Ok(Input::Stdin);
+        }
+        TraceFile::open(path, layout)
+            .map(Input::File)
+            .map_err(|err| format!("cannot open {}: {err}", path.display()))
+    }
+
+    pub fn name(&self) -> String {
+        match self {
+            Input::File(f) => f.path().display().to_string(),
+            Input::Stdin => "<stdin>".into(),
+        }
+    }
+
+    /// Visits every event; returns what stopped reading, if anything, and the layout used.
+    pub fn for_each(
+        &self,
+        layout: Option<Layout>,
+        mut visit: impl FnMut(Event<'_>) -> std::io::Result<()>,
+    ) -> std::io::Result<(Option<ReadStop>, Option<LayoutChoice>)> {
+        match self {
+            Input::File(file) => {
+                for item in file.events() {
+                    match item {
+                        Ok(event) => visit(event)?,
+                        Err(damage) => {
+                            return Ok((Some(ReadStop::Damage(damage)), Some(file.layout())));
+                        }
+                    }
+                }
+                Ok((None, Some(file.layout())))
+            }
+            Input::Stdin => {
+                let mut reader = StreamReader::new(std::io::stdin().lock(), layout);
+                let mut stop = None;
+                for item in reader.by_ref() {
+                    match item {
+                        Ok(event) => visit(event)?,
+                        Err(StreamError::Damage(d)) => stop = Some(ReadStop::Damage(d)),
+                        Err(StreamError::Io(e)) => stop = Some(ReadStop::Io(e.to_string())),
+                    }
+                }
+                Ok((stop, reader.layout()))
+            }
+        }
+    }
+}

@@ -1,0 +1,87 @@
+//! `ggml-viz`: inspect GGMLVIZ traces. Run `ggml-viz --help`.
+
+mod dump;
+mod info;
+mod input;
+
+use std::io::{self, Write};
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+/// Where your GGML inference time goes: read and summarize GGMLVIZ v1 traces.
+#[derive(Parser)]
+#[command(name = "ggml-viz", version, about, long_about = None)]
+#[command(
+    after_help = "Examples:\n  ggml-viz info trace.ggmlviz\n  ggml-viz dump --format jsonl trace.ggmlviz | head"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    Info(info::InfoArgs),
+    Dump(dump::DumpArgs),
+}
+
+/// Why a command failed; each maps to an exit status.
+#[derive(Debug)]
+pub enum Failure {
+    /// The file is corrupt or unreadable (exit 2). What could be read was already printed.
+    Data(String),
+    /// Writing the output failed (exit 2); a closed pipe is not a failure.
+    Output(io::Error),
+}
+
+impl From<io::Error> for Failure {
+    fn from(err: io::Error) -> Self {
+        Failure::Output(err)
+    }
+}
+
+fn main() -> ExitCode {
+    quiet_panics();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(err) => {
+            let _ = err.print();
+            return if err.use_stderr() {
+                ExitCode::from(1)
+            } else {
+                ExitCode::SUCCESS
+            };
+        }
+    };
+    let result = match cli.command {
+        Command::Info(args) => info::run(args),
+        Command::Dump(args) => dump::run(args),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(Failure::Output(err)) if err.kind() == io::ErrorKind::BrokenPipe => ExitCode::SUCCESS,
+        Err(Failure::Output(err)) => {
+            eprintln!("ggml-viz: cannot write output: {err}");
+            ExitCode::from(2)
+        }
+        Err(Failure::Data(msg)) => {
+            let _ = io::stdout().flush();
+            eprintln!("ggml-viz: error: {msg}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+/// A bug must still not show a Rust backtrace to a user: one line, then exit status 101.
+fn quiet_panics() {
+    std::panic::set_hook(Box::new(|info| {
+        let msg = info
+            .payload()
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| info.payload().downcast_ref::<String>().cloned())
+            .unwrap_or_default();
+        eprintln!("ggml-viz: internal error (please report it): {msg}");
+    }));
+}

@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Builds the real llama.cpp the hook tests preload into, from the llama-cpp-python sdist on PyPI.
+# Prints the build directory (holding bin/llama-simple, bin/llama-bench and the shared ggml
+# libraries) on its last line. The build is cached outside the clone, keyed by version, so a
+# second run returns at once.
+set -euo pipefail
+
+LLAMA_PY_VERSION="${LLAMA_PY_VERSION:-0.3.36}"
+cache_root="${GGML_VIZ_CACHE:-$HOME/.cache/ggml-viz}"
+key="llama-cpp-python-${LLAMA_PY_VERSION}"
+dest="$cache_root/$key"
+
+# The build happens in place (CMake bakes absolute rpaths into the binaries); .complete marks success.
+if [ -f "$dest/build/.complete" ]; then
+  echo "$dest/build"
+  exit 0
+fi
+
+need_apt=()
+command -v cmake >/dev/null || need_apt+=(cmake)
+command -v g++ >/dev/null || need_apt+=(g++)
+if [ ${#need_apt[@]} -gt 0 ]; then
+  echo "setup-llama: installing ${need_apt[*]}" >&2
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq >&2
+  apt-get install -y -qq "${need_apt[@]}" >&2
+fi
+
+mkdir -p "$cache_root"
+work="$(mktemp -d "$cache_root/.build-XXXXXX")"
+trap 'rm -rf "$work"' EXIT
+
+echo "setup-llama: downloading llama-cpp-python==$LLAMA_PY_VERSION sdist" >&2
+python3 -m pip download -q --no-deps --no-binary :all: \
+  -d "$work/dl" "llama-cpp-python==$LLAMA_PY_VERSION" >&2
+tar -xzf "$work"/dl/llama_cpp_python-*.tar.gz -C "$work"
+src="$(echo "$work"/llama_cpp_python-*/vendor/llama.cpp)"
+
+echo "setup-llama: building llama.cpp (a few minutes on 2 cores)" >&2
+rm -rf "$dest"
+mkdir -p "$dest"
+mv "$src" "$dest/src"
+cmake -S "$dest/src" -B "$dest/build" -DCMAKE_BUILD_TYPE=Release \
+  -DBUILD_SHARED_LIBS=ON -DGGML_NATIVE=OFF -DLLAMA_BUILD_TESTS=OFF \
+  -DLLAMA_BUILD_SERVER=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_CURL=OFF >&2
+cmake --build "$dest/build" -j "$(nproc)" --target llama-simple llama-bench >&2
+
+touch "$dest/build/.complete"
+echo "$dest/build"
