@@ -31,7 +31,7 @@ work="$(mktemp -d "$cache_root/.build-XXXXXX")"
 trap 'rm -rf "$work"' EXIT
 
 echo "setup-llama: downloading llama-cpp-python==$LLAMA_PY_VERSION sdist" >&2
-python3 -m pip download -q --no-deps --no-binary :all: \
+python3 -m pip download -q --no-deps --no-binary llama-cpp-python \
   -d "$work/dl" "llama-cpp-python==$LLAMA_PY_VERSION" >&2
 tar -xzf "$work"/dl/llama_cpp_python-*.tar.gz -C "$work"
 src="$(echo "$work"/llama_cpp_python-*/vendor/llama.cpp)"

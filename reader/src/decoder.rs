@@ -141,7 +141,8 @@ impl Decoder {
             return None;
         }
         let leftover = self.buffered() as u64;
-        (leftover > 0).then(|| Damage {
+        // An input without a whole header is a truncated header, even an empty one.
+        (leftover > 0 || !self.header_done).then(|| Damage {
             offset: self.offset(),
             kind: DamageKind::Truncated { leftover },
         })
