@@ -1,1 +1,470 @@
-//! The one ggml-viz configuration.
+//! The one ggml-viz configuration, shared by the hook and the CLI.
+//!
+//! Sources, highest precedence first:
+//! 1. overrides: the CLI's flags (`ggml-viz record --max-events …`), which reach a preloaded hook
+//!    through the environment variable [`OVERRIDES_ENV`] (a JSON object of setting names);
+//! 2. the JSON file named by `--config FILE` or `GGML_VIZ_CONFIG`;
+//! 3. the `GGML_VIZ_*` environment variables;
+//! 4. the defaults.
+//!
+//! A bad value is an error that names the setting and where it came from.
+//!
+//! ```
+//! use ggml_viz_config::{Config, Sources};
+//!
+//! let env = [("GGML_VIZ_MAX_EVENTS", "5000"), ("GGML_VIZ_BUFFER_SIZE", "1024")];
+//! let config = Config::load(&Sources::from_pairs(env)).unwrap();
+//! assert_eq!(config.max_events, 5000);
+//! assert_eq!(config.buffer_size, 1024);
+//!
+//! let bad = Config::load(&Sources::from_pairs([("GGML_VIZ_BUFFER_SIZE", "1000")])).unwrap_err();
+//! assert!(bad.to_string().contains("GGML_VIZ_BUFFER_SIZE"));
+//! ```
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::PathBuf;
+
+use serde_json::{Map, Value};
+
+/// Environment variable through which `ggml-viz record` hands its flags to the hook: a JSON
+/// object with the same keys as [`Config::to_json`]. It outranks the JSON file.
+pub const OVERRIDES_ENV: &str = "GGML_VIZ_OVERRIDES";
+/// Environment variable naming the JSON configuration file.
+pub const CONFIG_FILE_ENV: &str = "GGML_VIZ_CONFIG";
+
+/// Every setting, with its value in force.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Config {
+    /// Trace path; `%p` becomes the pid, `%h` the host name.
+    pub output: String,
+    pub verbose: bool,
+    /// Preloaded but inert: every call goes straight to ggml.
+    pub disable: bool,
+    /// Events recorded at most; later ones are counted, not recorded.
+    pub max_events: u64,
+    pub op_timing: bool,
+    pub memory_tracking: bool,
+    pub thread_tracking: bool,
+    pub tensor_names: bool,
+    /// Milliseconds between flushes of the per-thread rings.
+    pub flush_interval_ms: u64,
+    /// Events per thread ring; a power of two.
+    pub buffer_size: u64,
+    /// Graph computes to skip before recording (warm-up).
+    pub skip_graphs: u64,
+    /// Graph computes to record after the skipped ones; 0 means no limit.
+    pub max_graphs: u64,
+    /// Event layout the hook writes: `packed` (the spec's) or `padded` (the C++ tool's).
+    pub layout: String,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            output: "ggml-viz-%p.ggmlviz".into(),
+            verbose: false,
+            disable: false,
+            max_events: 10_000_000,
+            op_timing: true,
+            memory_tracking: false,
+            thread_tracking: false,
+            tensor_names: true,
+            flush_interval_ms: 100,
+            buffer_size: 65536,
+            skip_graphs: 0,
+            max_graphs: 0,
+            layout: "packed".into(),
+        }
+    }
+}
+
+/// Where a value came from, for error messages.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Origin {
+    Default,
+    Env(&'static str),
+    File(PathBuf),
+    Override,
+}
+
+impl fmt::Display for Origin {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Origin::Default => f.write_str("the defaults"),
+            Origin::Env(var) => write!(f, "environment variable {var}"),
+            Origin::File(path) => write!(f, "config file {}", path.display()),
+            Origin::Override => write!(f, "command-line flag (via {OVERRIDES_ENV})"),
+        }
+    }
+}
+
+/// A configuration that cannot be used.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ConfigError {
+    /// The setting, as named in the JSON (`buffer_size`), or the file.
+    pub setting: String,
+    pub origin: Origin,
+    pub problem: String,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "setting `{}` from {}: {}",
+            self.setting, self.origin, self.problem
+        )
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+/// The setting names, their environment variables, and their paths in the seed's JSON file.
+struct Setting {
+    key: &'static str,
+    env: &'static str,
+    /// Path in the JSON file (`["instrumentation", "max_events"]`); the flat key works too.
+    file_path: &'static [&'static str],
+}
+
+const SETTINGS: &[Setting] = &[
+    Setting {
+        key: "output",
+        env: "GGML_VIZ_OUTPUT",
+        file_path: &["instrumentation", "output_file"],
+    },
+    Setting {
+        key: "verbose",
+        env: "GGML_VIZ_VERBOSE",
+        file_path: &["cli", "verbose"],
+    },
+    Setting {
+        key: "disable",
+        env: "GGML_VIZ_DISABLE",
+        file_path: &["instrumentation", "disable"],
+    },
+    Setting {
+        key: "max_events",
+        env: "GGML_VIZ_MAX_EVENTS",
+        file_path: &["instrumentation", "max_events"],
+    },
+    Setting {
+        key: "op_timing",
+        env: "GGML_VIZ_OP_TIMING",
+        file_path: &["instrumentation", "enable_op_timing"],
+    },
+    Setting {
+        key: "memory_tracking",
+        env: "GGML_VIZ_MEMORY_TRACKING",
+        file_path: &["instrumentation", "enable_memory_tracking"],
+    },
+    Setting {
+        key: "thread_tracking",
+        env: "GGML_VIZ_THREAD_TRACKING",
+        file_path: &["instrumentation", "enable_thread_tracking"],
+    },
+    Setting {
+        key: "tensor_names",
+        env: "GGML_VIZ_TENSOR_NAMES",
+        file_path: &["instrumentation", "tensor_names"],
+    },
+    Setting {
+        key: "flush_interval_ms",
+        env: "GGML_VIZ_FLUSH_INTERVAL",
+        file_path: &["instrumentation", "flush_interval_ms"],
+    },
+    Setting {
+        key: "buffer_size",
+        env: "GGML_VIZ_BUFFER_SIZE",
+        file_path: &["instrumentation", "buffer_size"],
+    },
+    Setting {
+        key: "skip_graphs",
+        env: "GGML_VIZ_SKIP_GRAPHS",
+        file_path: &["instrumentation", "skip_graphs"],
+    },
+    Setting {
+        key: "max_graphs",
+        env: "GGML_VIZ_MAX_GRAPHS",
+        file_path: &["instrumentation", "max_graphs"],
+    },
+    Setting {
+        key: "layout",
+        env: "GGML_VIZ_LAYOUT",
+        file_path: &["instrumentation", "layout"],
+    },
+];
+
+/// The raw inputs: environment variables, the CLI's overrides and config file.
+#[derive(Clone, Debug, Default)]
+pub struct Sources {
+    pub env: BTreeMap<String, String>,
+    /// `--config FILE`; outranks `GGML_VIZ_CONFIG`.
+    pub config_file: Option<PathBuf>,
+    /// The CLI's flags, as a JSON object of setting names.
+    pub overrides: Map<String, Value>,
+}
+
+impl Sources {
+    /// The `GGML_VIZ_*` variables of this process, its overrides and config file.
+    pub fn from_process_env() -> Sources {
+        Sources::from_pairs(std::env::vars().filter(|(k, _)| k.starts_with("GGML_VIZ_")))
+    }
+
+    /// Sources from environment-like pairs (`GGML_VIZ_OVERRIDES` and `GGML_VIZ_CONFIG` included).
+    pub fn from_pairs<K: Into<String>, V: Into<String>>(
+        pairs: impl IntoIterator<Item = (K, V)>,
+    ) -> Sources {
+        let env: BTreeMap<String, String> = pairs
+            .into_iter()
+            .map(|(k, v)| (k.into(), v.into()))
+            .collect();
+        Sources {
+            config_file: env.get(CONFIG_FILE_ENV).map(PathBuf::from),
+            env,
+            overrides: Map::new(),
+        }
+    }
+}
+
+impl Config {
+    /// Resolves every setting from `sources` by precedence.
+    pub fn load(sources: &Sources) -> Result<Config, ConfigError> {
+        let mut values: BTreeMap<&'static str, (Value, Origin)> = BTreeMap::new();
+        for s in SETTINGS {
+            if let Some(raw) = sources.env.get(s.env) {
+                // Environment values are text; the setters parse text and JSON alike.
+                values.insert(
+                    s.key,
+                    (Value::String(raw.trim().to_string()), Origin::Env(s.env)),
+                );
+            }
+        }
+        if let Some(path) = &sources.config_file {
+            let file = read_config_file(path)?;
+            for s in SETTINGS {
+                if let Some(v) = lookup(&file, s.file_path).or_else(|| file.get(s.key)) {
+                    values.insert(s.key, (v.clone(), Origin::File(path.clone())));
+                }
+            }
+        }
+        let overrides = match sources.env.get(OVERRIDES_ENV) {
+            Some(raw) => parse_object(raw).map_err(|problem| ConfigError {
+                setting: OVERRIDES_ENV.into(),
+                origin: Origin::Override,
+                problem,
+            })?,
+            None => Map::new(),
+        };
+        for (key, v) in overrides.iter().chain(&sources.overrides) {
+            let Some(s) = SETTINGS.iter().find(|s| s.key == key) else {
+                return Err(ConfigError {
+                    setting: key.clone(),
+                    origin: Origin::Override,
+                    problem: "unknown setting".into(),
+                });
+            };
+            values.insert(s.key, (v.clone(), Origin::Override));
+        }
+
+        let mut config = Config::default();
+        for (key, (value, origin)) in values {
+            config.set(key, &value).map_err(|problem| ConfigError {
+                setting: key.into(),
+                origin,
+                problem,
+            })?;
+        }
+        Ok(config)
+    }
+
+    fn set(&mut self, key: &str, v: &Value) -> Result<(), String> {
+        match key {
+            "output" => self.output = string(v)?,
+            "verbose" => self.verbose = boolean(v)?,
+            "disable" => self.disable = boolean(v)?,
+            "max_events" => self.max_events = integer(v)?,
+            "op_timing" => self.op_timing = boolean(v)?,
+            "memory_tracking" => self.memory_tracking = boolean(v)?,
+            "thread_tracking" => self.thread_tracking = boolean(v)?,
+            "tensor_names" => self.tensor_names = boolean(v)?,
+            "flush_interval_ms" => {
+                self.flush_interval_ms = integer(v)?;
+                if self.flush_interval_ms == 0 {
+                    return Err("must be at least 1 (milliseconds)".into());
+                }
+            }
+            "buffer_size" => {
+                let n = integer(v)?;
+                if !n.is_power_of_two() || n < 2 {
+                    return Err(format!(
+                        "{n} is not a power of two (try {})",
+                        n.max(2).next_power_of_two()
+                    ));
+                }
+                self.buffer_size = n;
+            }
+            "skip_graphs" => self.skip_graphs = integer(v)?,
+            "max_graphs" => self.max_graphs = integer(v)?,
+            "layout" => {
+                self.layout = string(v)?;
+                if !matches!(self.layout.as_str(), "packed" | "padded") {
+                    return Err(format!(
+                        "{:?} is not a layout: use packed or padded",
+                        self.layout
+                    ));
+                }
+            }
+            other => unreachable!("setting {other} has no field"),
+        }
+        Ok(())
+    }
+
+    /// Every setting by its key: what the trace's metadata record stores, and the format of
+    /// [`OVERRIDES_ENV`].
+    pub fn to_json(&self) -> Map<String, Value> {
+        let mut m = Map::new();
+        m.insert("output".into(), self.output.clone().into());
+        m.insert("verbose".into(), self.verbose.into());
+        m.insert("disable".into(), self.disable.into());
+        m.insert("max_events".into(), self.max_events.into());
+        m.insert("op_timing".into(), self.op_timing.into());
+        m.insert("memory_tracking".into(), self.memory_tracking.into());
+        m.insert("thread_tracking".into(), self.thread_tracking.into());
+        m.insert("tensor_names".into(), self.tensor_names.into());
+        m.insert("flush_interval_ms".into(), self.flush_interval_ms.into());
+        m.insert("buffer_size".into(), self.buffer_size.into());
+        m.insert("skip_graphs".into(), self.skip_graphs.into());
+        m.insert("max_graphs".into(), self.max_graphs.into());
+        m.insert("layout".into(), self.layout.clone().into());
+        m
+    }
+}
+
+fn read_config_file(path: &PathBuf) -> Result<Map<String, Value>, ConfigError> {
+    let err = |problem: String| ConfigError {
+        setting: "config file".into(),
+        origin: Origin::File(path.clone()),
+        problem,
+    };
+    let text = std::fs::read_to_string(path).map_err(|e| err(format!("cannot read it: {e}")))?;
+    parse_object(&text).map_err(err)
+}
+
+fn parse_object(text: &str) -> Result<Map<String, Value>, String> {
+    match serde_json::from_str(text) {
+        Ok(Value::Object(map)) => Ok(map),
+        Ok(_) => Err("must be a JSON object".into()),
+        Err(e) => Err(format!("invalid JSON: {e}")),
+    }
+}
+
+fn lookup<'a>(root: &'a Map<String, Value>, path: &[&str]) -> Option<&'a Value> {
+    let (first, rest) = path.split_first()?;
+    rest.iter().try_fold(root.get(*first)?, |v, key| v.get(key))
+}
+
+fn string(v: &Value) -> Result<String, String> {
+    match v {
+        Value::String(s) if !s.is_empty() => Ok(s.clone()),
+        other => Err(format!("expected a non-empty string, got {other}")),
+    }
+}
+
+fn boolean(v: &Value) -> Result<bool, String> {
+    match v {
+        Value::Bool(b) => Ok(*b),
+        Value::Number(n) if n.as_u64() == Some(0) => Ok(false),
+        Value::Number(n) if n.as_u64() == Some(1) => Ok(true),
+        Value::String(s) => match s.to_ascii_lowercase().as_str() {
+            "1" | "true" | "yes" | "on" => Ok(true),
+            "0" | "false" | "no" | "off" | "" => Ok(false),
+            _ => Err(format!("expected 0 or 1 (or true/false), got {s:?}")),
+        },
+        other => Err(format!("expected 0 or 1 (or true/false), got {other}")),
+    }
+}
+
+fn integer(v: &Value) -> Result<u64, String> {
+    match v {
+        Value::Number(n) => n
+            .as_u64()
+            .ok_or_else(|| format!("expected a non-negative integer, got {n}")),
+        Value::String(s) => s
+            .trim()
+            .parse()
+            .map_err(|_| format!("expected a non-negative integer, got {s:?}")),
+        other => Err(format!("expected a non-negative integer, got {other}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn write_temp(name: &str, text: &str) -> PathBuf {
+        let path =
+            std::env::temp_dir().join(format!("ggml-viz-config-{}-{name}", std::process::id()));
+        std::fs::write(&path, text).unwrap();
+        path
+    }
+
+    #[test]
+    fn precedence_is_override_then_file_then_env_then_default() {
+        let file = write_temp(
+            "prec.json",
+            r#"{"instrumentation": {"max_events": 200, "output_file": "file.ggmlviz"}}"#,
+        );
+        let mut sources = Sources::from_pairs([
+            ("GGML_VIZ_MAX_EVENTS", "100"),
+            ("GGML_VIZ_OUTPUT", "env.ggmlviz"),
+            ("GGML_VIZ_FLUSH_INTERVAL", "7"),
+            (OVERRIDES_ENV, r#"{"output": "flag.ggmlviz"}"#),
+        ]);
+        sources.config_file = Some(file.clone());
+        let c = Config::load(&sources).unwrap();
+        assert_eq!(c.output, "flag.ggmlviz");
+        assert_eq!(c.max_events, 200);
+        assert_eq!(c.flush_interval_ms, 7);
+        assert_eq!(c.buffer_size, Config::default().buffer_size);
+        std::fs::remove_file(file).unwrap();
+    }
+
+    #[test]
+    fn errors_name_the_setting_and_the_source() {
+        let file = write_temp("bad.json", r#"{"buffer_size": 3000}"#);
+        let mut sources = Sources::default();
+        sources.config_file = Some(file.clone());
+        let err = Config::load(&sources).unwrap_err();
+        assert_eq!(err.setting, "buffer_size");
+        assert_eq!(err.origin, Origin::File(file.clone()));
+        assert!(
+            err.to_string().contains("not a power of two (try 4096)"),
+            "{err}"
+        );
+        std::fs::remove_file(file).unwrap();
+
+        let err =
+            Config::load(&Sources::from_pairs([("GGML_VIZ_OP_TIMING", "maybe")])).unwrap_err();
+        assert!(err.to_string().contains("GGML_VIZ_OP_TIMING"), "{err}");
+        let err =
+            Config::load(&Sources::from_pairs([(OVERRIDES_ENV, r#"{"colour": 1}"#)])).unwrap_err();
+        assert_eq!(err.problem, "unknown setting");
+        let err = Config::load(&Sources::from_pairs([(
+            CONFIG_FILE_ENV,
+            "/nonexistent/c.json",
+        )]))
+        .unwrap_err();
+        assert!(err.to_string().contains("/nonexistent/c.json"), "{err}");
+    }
+
+    #[test]
+    fn json_round_trips_through_overrides() {
+        let mut c = Config::default();
+        c.max_graphs = 3;
+        c.verbose = true;
+        let env = [(OVERRIDES_ENV, Value::Object(c.to_json()).to_string())];
+        assert_eq!(Config::load(&Sources::from_pairs(env)).unwrap(), c);
+    }
+}

@@ -61,15 +61,16 @@ impl TraceStats {
         let ts = event.timestamp_ns;
         self.first_timestamp_ns = Some(self.first_timestamp_ns.map_or(ts, |t| t.min(ts)));
         self.last_timestamp_ns = Some(self.last_timestamp_ns.map_or(ts, |t| t.max(ts)));
-        self.threads.insert(event.thread_id);
-        if let Some(prev) = self.last_by_thread.insert(event.thread_id, ts) {
-            self.backwards_timestamps += u64::from(ts < prev);
-        }
         self.labels += u64::from(event.label.is_some());
         if let Payload::Extension(ext) = event.payload {
+            // The writer's own records: not the program's threads or clock.
             *self.extensions.entry(ext.kind).or_default() += 1;
             self.add_extension(ext.kind, event.label.as_deref().unwrap_or_default());
             return;
+        }
+        self.threads.insert(event.thread_id);
+        if let Some(prev) = self.last_by_thread.insert(event.thread_id, ts) {
+            self.backwards_timestamps += u64::from(ts < prev);
         }
         *self.by_code.entry(event.type_code).or_default() += 1;
         match event.event_type() {

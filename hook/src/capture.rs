@@ -1,0 +1,379 @@
+//! The producer side: what an interposed call does around the real function.
+//!
+//! Steady state (a thread that already has its ring): read the clock, bump one shared counter
+//! (the event cap), copy the event into the thread's ring. No lock, no allocation, no system
+//! call. A thread's first event allocates and registers its ring, once.
+
+use std::cell::Cell;
+use std::ffi::{CStr, c_void};
+use std::sync::atomic::{AtomicPtr, AtomicU8, AtomicU64, Ordering};
+use std::sync::{Mutex, PoisonError};
+
+use ggml_viz_config::Config;
+
+use crate::names::{Names, Owner};
+use crate::ring::{RawEvent, Ring};
+
+/// The exported entry points; the number is stored in every event (its label's first word).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Entry {
+    SchedGraphCompute = 1,
+    SchedGraphComputeAsync = 2,
+    BackendGraphCompute = 3,
+    BackendGraphComputeAsync = 4,
+    GraphCompute = 5,
+    GraphComputeWithCtx = 6,
+    BackendSynchronize = 7,
+    SchedSynchronize = 8,
+}
+
+impl Entry {
+    const ALL: [Entry; 8] = [
+        Entry::SchedGraphCompute,
+        Entry::SchedGraphComputeAsync,
+        Entry::BackendGraphCompute,
+        Entry::BackendGraphComputeAsync,
+        Entry::GraphCompute,
+        Entry::GraphComputeWithCtx,
+        Entry::BackendSynchronize,
+        Entry::SchedSynchronize,
+    ];
+
+    pub fn from_code(code: u8) -> Option<Entry> {
+        Entry::ALL.get((code as usize).wrapping_sub(1)).copied()
+    }
+
+    pub fn c_name(self) -> &'static CStr {
+        match self {
+            Entry::SchedGraphCompute => c"ggml_backend_sched_graph_compute",
+            Entry::SchedGraphComputeAsync => c"ggml_backend_sched_graph_compute_async",
+            Entry::BackendGraphCompute => c"ggml_backend_graph_compute",
+            Entry::BackendGraphComputeAsync => c"ggml_backend_graph_compute_async",
+            Entry::GraphCompute => c"ggml_graph_compute",
+            Entry::GraphComputeWithCtx => c"ggml_graph_compute_with_ctx",
+            Entry::BackendSynchronize => c"ggml_backend_synchronize",
+            Entry::SchedSynchronize => c"ggml_backend_sched_synchronize",
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        self.c_name().to_str().expect("ASCII")
+    }
+
+    /// The backend an entry point always runs on, where its arguments name none.
+    pub fn implied_backend(self) -> Option<&'static str> {
+        matches!(self, Entry::GraphCompute | Entry::GraphComputeWithCtx).then_some("CPU")
+    }
+}
+
+/// Everything one trace needs. A new one is made after `fork`: the child must not touch locks
+/// or rings that threads of its parent may have held.
+pub struct Recorder {
+    pub config: Config,
+    /// Bumped per recorder, so that a thread's cached ring is known to be stale after a fork.
+    pub generation: u64,
+    pub rings: Mutex<Vec<&'static Ring>>,
+    pub names: Names,
+    /// Events offered: recorded, dropped with a full ring, or over the cap.
+    pub offered: AtomicU64,
+    pub over_max_events: AtomicU64,
+    /// Outermost graph computes begun, recorded or not (the capture window counts these).
+    pub graphs_begun: AtomicU64,
+    pub sink: Mutex<crate::sink::Sink>,
+}
+
+impl Recorder {
+    /// Events dropped because a ring was full, over all rings.
+    pub fn dropped_ring_full(&self) -> u64 {
+        self.rings
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+            .map(|r| r.dropped())
+            .sum()
+    }
+
+    fn graph_in_window(&self, index: u64) -> bool {
+        let c = &self.config;
+        index >= c.skip_graphs && (c.max_graphs == 0 || index - c.skip_graphs < c.max_graphs)
+    }
+}
+
+const UNSTARTED: u8 = 0;
+const STARTING: u8 = 1;
+const ACTIVE: u8 = 2;
+/// Disabled, misconfigured, or the output failed: every call goes straight through.
+const INERT: u8 = 3;
+
+static STATE: AtomicU8 = AtomicU8::new(UNSTARTED);
+static RECORDER: AtomicPtr<Recorder> = AtomicPtr::new(std::ptr::null_mut());
+static GENERATION: AtomicU64 = AtomicU64::new(0);
+
+/// Per-thread state. No destructors: it stays usable while the host's `atexit` handlers run,
+/// after Rust's own thread-locals are gone.
+struct Local {
+    ring: Cell<*const Ring>,
+    generation: Cell<u64>,
+    tid: Cell<u32>,
+    /// Graph computes open on this thread.
+    depth: Cell<u32>,
+    /// Whether the outermost open graph compute is inside the capture window.
+    recording: Cell<bool>,
+}
+
+thread_local! {
+    static LOCAL: Local = const {
+        Local {
+            ring: Cell::new(std::ptr::null()),
+            generation: Cell::new(u64::MAX),
+            tid: Cell::new(0),
+            depth: Cell::new(0),
+            recording: Cell::new(false),
+        }
+    };
+}
+
+/// The active recorder, starting it on the first call. `None`: do not trace this call.
+fn recorder() -> Option<&'static Recorder> {
+    match STATE.load(Ordering::Acquire) {
+        ACTIVE => {
+            // SAFETY: RECORDER is set before STATE becomes ACTIVE and recorders are never freed.
+            let r = RECORDER.load(Ordering::Acquire);
+            (!r.is_null()).then(|| unsafe { &*r })
+        }
+        UNSTARTED => {
+            if STATE
+                .compare_exchange(UNSTARTED, STARTING, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+            {
+                let state = match crate::sink::start() {
+                    Some(recorder) => {
+                        let recorder: &'static Recorder = Box::leak(recorder);
+                        RECORDER.store(
+                            recorder as *const Recorder as *mut Recorder,
+                            Ordering::Release,
+                        );
+                        crate::sink::spawn_flusher(recorder);
+                        ACTIVE
+                    }
+                    None => INERT,
+                };
+                STATE.store(state, Ordering::Release);
+                if state == ACTIVE {
+                    return recorder();
+                }
+            }
+            // Another thread is starting it: this call goes untraced rather than wait.
+            None
+        }
+        _ => None,
+    }
+}
+
+/// The recorder if one is active, without starting one.
+pub fn active() -> Option<&'static Recorder> {
+    if STATE.load(Ordering::Acquire) != ACTIVE {
+        return None;
+    }
+    // SAFETY: as in `recorder`.
+    let r = RECORDER.load(Ordering::Acquire);
+    (!r.is_null()).then(|| unsafe { &*r })
+}
+
+/// A new generation number for a new recorder.
+pub fn next_generation() -> u64 {
+    GENERATION.fetch_add(1, Ordering::Relaxed)
+}
+
+/// Stops tracing for good (the output failed); calls go straight through from now on.
+pub fn go_inert() {
+    STATE.store(INERT, Ordering::Release);
+}
+
+/// In a child after `fork`: forget the parent's recorder; the child starts its own on its next
+/// call. Runs in the forking thread, the only thread of the child.
+pub fn reset_after_fork() {
+    RECORDER.store(std::ptr::null_mut(), Ordering::Release);
+    STATE.store(UNSTARTED, Ordering::Release);
+    LOCAL.with(|l| {
+        l.ring.set(std::ptr::null());
+        l.generation.set(u64::MAX);
+        l.tid.set(0);
+        l.depth.set(0);
+        l.recording.set(false);
+    });
+}
+
+fn thread_id(l: &Local) -> u32 {
+    match l.tid.get() {
+        0 => {
+            // SAFETY: gettid has no preconditions. Once per thread.
+            let tid = unsafe { libc::gettid() } as u32;
+            l.tid.set(tid);
+            tid
+        }
+        tid => tid,
+    }
+}
+
+fn ring_of(l: &Local, r: &'static Recorder) -> &'static Ring {
+    if l.generation.get() != r.generation || l.ring.get().is_null() {
+        let ring: &'static Ring = Box::leak(Box::new(Ring::new(r.config.buffer_size as usize)));
+        r.rings
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(ring);
+        l.ring.set(ring);
+        l.generation.set(r.generation);
+    }
+    // SAFETY: rings are leaked, never freed.
+    unsafe { &*l.ring.get() }
+}
+
+fn push(l: &Local, r: &'static Recorder, mut event: RawEvent) {
+    if r.offered.fetch_add(1, Ordering::Relaxed) >= r.config.max_events {
+        r.over_max_events.fetch_add(1, Ordering::Relaxed);
+        return;
+    }
+    event.thread_id = thread_id(l);
+    event.timestamp_ns = crate::clock::now_ns();
+    // SAFETY: this thread is its ring's only producer.
+    unsafe { ring_of(l, r).push(event) };
+}
+
+/// What a graph event says, besides its type and time.
+#[derive(Clone, Copy, Debug)]
+pub struct GraphInfo {
+    pub graph: *mut c_void,
+    pub n_nodes: u32,
+    pub n_threads: u32,
+    pub backend: *mut c_void,
+    pub name_id: u16,
+}
+
+/// Interns the name of a backend or scheduler for the labels.
+pub fn name_id(r: &Recorder, ptr: *mut c_void, owner: Owner, name: impl FnOnce() -> String) -> u16 {
+    r.names.intern(ptr as usize, owner, name)
+}
+
+/// An open graph compute: what its end event needs.
+pub struct GraphScope {
+    recorder: &'static Recorder,
+    entry: Entry,
+    info: GraphInfo,
+    recording: bool,
+}
+
+fn graph_event(type_code: u8, entry: Entry, info: &GraphInfo) -> RawEvent {
+    RawEvent {
+        type_code,
+        entry: entry as u8,
+        a: info.graph as u64,
+        b: info.n_nodes,
+        c: info.n_threads,
+        d: info.backend as u64,
+        name_id: info.name_id,
+        ..RawEvent::default()
+    }
+}
+
+/// Before the real call: records the begin event if this graph compute is in the capture
+/// window. `describe` runs only when tracing.
+pub fn graph_begin(
+    entry: Entry,
+    describe: impl FnOnce(&'static Recorder) -> GraphInfo,
+) -> Option<GraphScope> {
+    let r = recorder()?;
+    LOCAL.with(|l| {
+        let depth = l.depth.get();
+        if depth == 0 {
+            let index = r.graphs_begun.fetch_add(1, Ordering::Relaxed);
+            l.recording.set(r.graph_in_window(index));
+        }
+        l.depth.set(depth + 1);
+        let recording = l.recording.get();
+        let info = if recording {
+            describe(r)
+        } else {
+            GraphInfo::empty()
+        };
+        if recording {
+            push(l, r, graph_event(0, entry, &info));
+        }
+        Some(GraphScope {
+            recorder: r,
+            entry,
+            info,
+            recording,
+        })
+    })
+}
+
+/// After the real call: the end event.
+pub fn graph_end(scope: GraphScope) {
+    LOCAL.with(|l| {
+        if scope.recording {
+            push(l, scope.recorder, graph_event(1, scope.entry, &scope.info));
+        }
+        l.depth.set(l.depth.get().saturating_sub(1));
+    });
+}
+
+impl GraphInfo {
+    fn empty() -> GraphInfo {
+        GraphInfo {
+            graph: std::ptr::null_mut(),
+            n_nodes: 0,
+            n_threads: 0,
+            backend: std::ptr::null_mut(),
+            name_id: 0,
+        }
+    }
+}
+
+/// A wait for a backend or scheduler to finish (`*_synchronize`): one barrier_wait event at its
+/// end, whose value is the time waited. Recorded inside recorded graph computes, and outside any
+/// graph compute while the capture window is open.
+pub struct WaitScope {
+    recorder: &'static Recorder,
+    entry: Entry,
+    object: *mut c_void,
+    name_id: u16,
+    start_ns: u64,
+}
+
+pub fn wait_begin(
+    entry: Entry,
+    object: *mut c_void,
+    name_id: impl FnOnce(&'static Recorder) -> u16,
+) -> Option<WaitScope> {
+    let r = recorder()?;
+    let recording = LOCAL.with(|l| {
+        if l.depth.get() > 0 {
+            l.recording.get()
+        } else {
+            r.graph_in_window(r.graphs_begun.load(Ordering::Relaxed).saturating_sub(1))
+        }
+    });
+    recording.then(|| WaitScope {
+        recorder: r,
+        entry,
+        object,
+        name_id: name_id(r),
+        start_ns: crate::clock::now_ns(),
+    })
+}
+
+pub fn wait_end(scope: WaitScope) {
+    let waited = crate::clock::now_ns().saturating_sub(scope.start_ns);
+    let event = RawEvent {
+        type_code: ggml_viz_reader::EventType::BarrierWait.code(),
+        entry: scope.entry as u8,
+        a: scope.object as u64,
+        d: waited,
+        name_id: scope.name_id,
+        ..RawEvent::default()
+    };
+    LOCAL.with(|l| push(l, scope.recorder, event));
+}

@@ -1,0 +1,263 @@
+//! The exported ggml entry points.
+//!
+//! Each export is a two-instruction trampoline that passes its own return address (which object
+//! called us: see [`crate::resolve`]) as an extra argument to the Rust function that does the
+//! work. That function resolves the real function, records the begin event, calls the real
+//! function exactly once — whatever happens in our code, which runs inside `catch_unwind` —
+//! records the end event, and returns the real function's result unchanged.
+
+use std::ffi::{c_int, c_void};
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use crate::capture::{self, Entry, GraphInfo, Recorder};
+use crate::names::Owner;
+use crate::resolve::{Helpers, Resolved, resolve};
+
+type Ptr = *mut c_void;
+
+/// `GGML_STATUS_FAILED`: returned only when no loaded object defines the real function.
+const GGML_STATUS_FAILED: c_int = -1;
+
+/// Defines an exported trampoline `$name` that jumps to `$imp` with the return address as the
+/// argument after the C function's own `$n` arguments.
+macro_rules! trampoline {
+    ($name:ident($($arg:ident: $ty:ty),*) $(-> $ret:ty)?, $imp:ident, x86_64: $x86:literal, aarch64: $arm:literal) => {
+        #[cfg(target_arch = "x86_64")]
+        #[unsafe(naked)]
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $name($($arg: $ty),*) $(-> $ret)? {
+            // The return address is at [rsp] on entry; the jump leaves the stack as the caller
+            // made it, so `$imp` returns straight to the caller.
+            core::arch::naked_asm!(concat!("mov ", $x86, ", [rsp]"), "jmp {imp}", imp = sym $imp)
+        }
+
+        #[cfg(target_arch = "aarch64")]
+        #[unsafe(naked)]
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $name($($arg: $ty),*) $(-> $ret)? {
+            // The return address is in the link register, x30.
+            core::arch::naked_asm!(concat!("mov ", $arm, ", x30"), "b {imp}", imp = sym $imp)
+        }
+
+        #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $name($($arg: $ty),*) $(-> $ret)? {
+            // SAFETY: forwarding the caller's arguments; no return address on this architecture.
+            unsafe { $imp($($arg,)* 0) }
+        }
+    };
+}
+
+trampoline!(ggml_backend_sched_graph_compute(sched: Ptr, graph: Ptr) -> c_int, sched_graph_compute, x86_64: "rdx", aarch64: "x2");
+trampoline!(ggml_backend_sched_graph_compute_async(sched: Ptr, graph: Ptr) -> c_int, sched_graph_compute_async, x86_64: "rdx", aarch64: "x2");
+trampoline!(ggml_backend_graph_compute(backend: Ptr, graph: Ptr) -> c_int, backend_graph_compute, x86_64: "rdx", aarch64: "x2");
+trampoline!(ggml_backend_graph_compute_async(backend: Ptr, graph: Ptr) -> c_int, backend_graph_compute_async, x86_64: "rdx", aarch64: "x2");
+trampoline!(ggml_graph_compute(graph: Ptr, cplan: Ptr) -> c_int, graph_compute, x86_64: "rdx", aarch64: "x2");
+trampoline!(ggml_graph_compute_with_ctx(ctx: Ptr, graph: Ptr, n_threads: c_int) -> c_int, graph_compute_with_ctx, x86_64: "rcx", aarch64: "x3");
+trampoline!(ggml_backend_synchronize(backend: Ptr), backend_synchronize, x86_64: "rsi", aarch64: "x1");
+trampoline!(ggml_backend_sched_synchronize(sched: Ptr), sched_synchronize, x86_64: "rsi", aarch64: "x1");
+
+/// Runs our own code; a panic in it is swallowed (a panic that left an `extern "C"` function
+/// would abort the host).
+fn guarded<T>(f: impl FnOnce() -> Option<T>) -> Option<T> {
+    catch_unwind(AssertUnwindSafe(f)).ok().flatten()
+}
+
+fn real_function(entry: Entry, return_address: usize) -> Option<&'static Resolved> {
+    let found = guarded(|| resolve(entry, return_address));
+    if found.is_none() {
+        static SAID: AtomicBool = AtomicBool::new(false);
+        if !SAID.swap(true, Ordering::Relaxed) {
+            crate::say(format_args!(
+                "no loaded library defines {}; the call fails",
+                entry.name()
+            ));
+        }
+    }
+    found
+}
+
+/// The common body of the graph entry points.
+fn traced_graph(
+    entry: Entry,
+    return_address: usize,
+    describe: impl FnOnce(&Helpers, &'static Recorder) -> GraphInfo,
+    call: impl FnOnce(usize) -> c_int,
+) -> c_int {
+    let Some(real) = real_function(entry, return_address) else {
+        return GGML_STATUS_FAILED;
+    };
+    let scope = if real.ambiguous {
+        None
+    } else {
+        guarded(|| capture::graph_begin(entry, |r| describe(real.helpers, r)))
+    };
+    let status = call(real.real);
+    if let Some(scope) = scope {
+        guarded(|| Some(capture::graph_end(scope)));
+    }
+    status
+}
+
+/// The common body of the synchronize entry points.
+fn traced_wait(
+    entry: Entry,
+    return_address: usize,
+    object: Ptr,
+    owner: Owner,
+    call: impl FnOnce(usize),
+) {
+    let Some(real) = real_function(entry, return_address) else {
+        return;
+    };
+    let scope = if real.ambiguous {
+        None
+    } else {
+        guarded(|| capture::wait_begin(entry, object, |r| name_of(r, real.helpers, object, owner)))
+    };
+    call(real.real);
+    if let Some(scope) = scope {
+        guarded(|| Some(capture::wait_end(scope)));
+    }
+}
+
+fn name_of(r: &Recorder, helpers: &Helpers, object: Ptr, owner: Owner) -> u16 {
+    capture::name_id(r, object, owner, || match owner {
+        // SAFETY: the object came from this copy of ggml through the call we are wrapping.
+        Owner::Backend => unsafe { helpers.backend_name(object) },
+        // SAFETY: as above.
+        Owner::Scheduler => unsafe { helpers.sched_name(object) },
+    })
+}
+
+/// Graph info for calls that name a backend or scheduler, which do not tell their thread count.
+fn object_graph(h: &Helpers, r: &Recorder, object: Ptr, owner: Owner, graph: Ptr) -> GraphInfo {
+    GraphInfo {
+        graph,
+        // SAFETY: `graph` is the caller's graph of this copy of ggml.
+        n_nodes: unsafe { h.n_nodes(graph) },
+        n_threads: 0,
+        backend: if owner == Owner::Backend {
+            object
+        } else {
+            std::ptr::null_mut()
+        },
+        name_id: name_of(r, h, object, owner),
+    }
+}
+
+type ComputeFn = unsafe extern "C" fn(Ptr, Ptr) -> c_int;
+type ComputeWithCtxFn = unsafe extern "C" fn(Ptr, Ptr, c_int) -> c_int;
+type WaitFn = unsafe extern "C" fn(Ptr);
+
+/// Calls the real two-argument compute function at `real`.
+fn call2(real: usize, a: Ptr, b: Ptr) -> c_int {
+    // SAFETY: `real` is the resolved ggml function of the entry point being called, whose C
+    // signature this is.
+    unsafe { std::mem::transmute::<usize, ComputeFn>(real)(a, b) }
+}
+
+unsafe extern "C" fn sched_graph_compute(sched: Ptr, graph: Ptr, ret: usize) -> c_int {
+    traced_graph(
+        Entry::SchedGraphCompute,
+        ret,
+        |h, r| object_graph(h, r, sched, Owner::Scheduler, graph),
+        |f| call2(f, sched, graph),
+    )
+}
+
+unsafe extern "C" fn sched_graph_compute_async(sched: Ptr, graph: Ptr, ret: usize) -> c_int {
+    traced_graph(
+        Entry::SchedGraphComputeAsync,
+        ret,
+        |h, r| object_graph(h, r, sched, Owner::Scheduler, graph),
+        |f| call2(f, sched, graph),
+    )
+}
+
+unsafe extern "C" fn backend_graph_compute(backend: Ptr, graph: Ptr, ret: usize) -> c_int {
+    traced_graph(
+        Entry::BackendGraphCompute,
+        ret,
+        |h, r| object_graph(h, r, backend, Owner::Backend, graph),
+        |f| call2(f, backend, graph),
+    )
+}
+
+unsafe extern "C" fn backend_graph_compute_async(backend: Ptr, graph: Ptr, ret: usize) -> c_int {
+    traced_graph(
+        Entry::BackendGraphComputeAsync,
+        ret,
+        |h, r| object_graph(h, r, backend, Owner::Backend, graph),
+        |f| call2(f, backend, graph),
+    )
+}
+
+/// The start of `struct ggml_cplan`, up to the thread count.
+#[repr(C)]
+struct CplanPrefix {
+    work_size: usize,
+    work_data: *mut u8,
+    n_threads: c_int,
+}
+
+unsafe extern "C" fn graph_compute(graph: Ptr, cplan: Ptr, ret: usize) -> c_int {
+    let describe = |h: &Helpers, _: &Recorder| GraphInfo {
+        graph,
+        // SAFETY: `graph` is the caller's graph of this copy of ggml.
+        n_nodes: unsafe { h.n_nodes(graph) },
+        // SAFETY: a non-null cplan is the caller's `struct ggml_cplan`, which starts like CplanPrefix.
+        n_threads: if cplan.is_null() {
+            0
+        } else {
+            unsafe { (*(cplan as *const CplanPrefix)).n_threads.max(0) as u32 }
+        },
+        backend: std::ptr::null_mut(),
+        name_id: 0,
+    };
+    traced_graph(Entry::GraphCompute, ret, describe, |f| {
+        call2(f, graph, cplan)
+    })
+}
+
+unsafe extern "C" fn graph_compute_with_ctx(
+    ctx: Ptr,
+    graph: Ptr,
+    n_threads: c_int,
+    ret: usize,
+) -> c_int {
+    let describe = |h: &Helpers, _: &Recorder| GraphInfo {
+        graph,
+        // SAFETY: `graph` is the caller's graph of this copy of ggml.
+        n_nodes: unsafe { h.n_nodes(graph) },
+        n_threads: n_threads.max(0) as u32,
+        backend: std::ptr::null_mut(),
+        name_id: 0,
+    };
+    traced_graph(Entry::GraphComputeWithCtx, ret, describe, |f| {
+        // SAFETY: `f` is the real ggml_graph_compute_with_ctx, whose C signature this is.
+        unsafe { std::mem::transmute::<usize, ComputeWithCtxFn>(f)(ctx, graph, n_threads) }
+    })
+}
+
+fn call_wait(real: usize, object: Ptr) {
+    // SAFETY: `real` is the resolved ggml synchronize function, whose C signature this is.
+    unsafe { std::mem::transmute::<usize, WaitFn>(real)(object) }
+}
+
+unsafe extern "C" fn backend_synchronize(backend: Ptr, ret: usize) {
+    traced_wait(
+        Entry::BackendSynchronize,
+        ret,
+        backend,
+        Owner::Backend,
+        |f| call_wait(f, backend),
+    )
+}
+
+unsafe extern "C" fn sched_synchronize(sched: Ptr, ret: usize) {
+    traced_wait(Entry::SchedSynchronize, ret, sched, Owner::Scheduler, |f| {
+        call_wait(f, sched)
+    })
+}

@@ -1,0 +1,342 @@
+//! Finding the real ggml functions behind our exported wrappers, at run time.
+//!
+//! Nothing of ggml is referenced at link time (rustc links cdylibs with `BIND_NOW`, so one
+//! undefined ggml symbol would kill every process that preloads us, `/bin/true` included).
+//!
+//! Each call is forwarded to the ggml copy its caller belongs to: the caller's object (from the
+//! return address, `dladdr`) is opened with `RTLD_NOLOAD` and the symbol looked up in its own
+//! dependency scope. That is right for ggml calling itself through the PLT, for libllama calling
+//! ggml, and for two copies of ggml loaded `RTLD_LOCAL` side by side. When the caller's scope
+//! does not define the symbol (the main program, which binds globally) `dlsym(RTLD_NEXT)` is
+//! used, and when that fails too (ggml loaded `RTLD_LOCAL`) every loaded object is searched.
+//! Results are cached per call site in atomics; the slow path takes a lock, once per call site.
+//!
+//! The helpers we call ourselves (`ggml_graph_n_nodes`, `ggml_backend_name`, …) come from the
+//! scope of the object that defines the real function, so they belong to the same copy.
+
+use std::ffi::{CStr, CString, c_char, c_int, c_void};
+use std::ptr;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
+
+use crate::capture::Entry;
+
+type NNodesFn = unsafe extern "C" fn(*mut c_void) -> c_int;
+type NameFn = unsafe extern "C" fn(*mut c_void) -> *const c_char;
+type SchedNBackendsFn = unsafe extern "C" fn(*mut c_void) -> c_int;
+type SchedBackendFn = unsafe extern "C" fn(*mut c_void, c_int) -> *mut c_void;
+type VersionFn = unsafe extern "C" fn() -> *const c_char;
+
+/// The ggml functions we call ourselves, from one copy of ggml. Any may be missing (an old
+/// ggml); the event then carries 0 or no name.
+#[derive(Debug, Default)]
+pub struct Helpers {
+    graph_n_nodes: Option<NNodesFn>,
+    backend_name: Option<NameFn>,
+    sched_get_n_backends: Option<SchedNBackendsFn>,
+    sched_get_backend: Option<SchedBackendFn>,
+    version: Option<VersionFn>,
+}
+
+impl Helpers {
+    /// `ggml_graph_n_nodes(graph)`, or 0.
+    ///
+    /// # Safety
+    /// `graph` must be a graph of this copy of ggml (it is: the caller passed it to this copy).
+    pub unsafe fn n_nodes(&self, graph: *mut c_void) -> u32 {
+        match self.graph_n_nodes {
+            // SAFETY: the function belongs to the copy that owns `graph`.
+            Some(f) if !graph.is_null() => unsafe { f(graph) }.max(0) as u32,
+            _ => 0,
+        }
+    }
+
+    /// `ggml_backend_name(backend)`.
+    ///
+    /// # Safety
+    /// `backend` must be a backend of this copy of ggml.
+    pub unsafe fn backend_name(&self, backend: *mut c_void) -> String {
+        match self.backend_name {
+            // SAFETY: as above; the name is a NUL-terminated string owned by the backend.
+            Some(f) if !backend.is_null() => unsafe { c_string(f(backend)) },
+            _ => String::new(),
+        }
+    }
+
+    /// The names of a scheduler's backends, joined with `+` (`CUDA0+CPU`).
+    ///
+    /// # Safety
+    /// `sched` must be a scheduler of this copy of ggml.
+    pub unsafe fn sched_name(&self, sched: *mut c_void) -> String {
+        let (Some(count), Some(get)) = (self.sched_get_n_backends, self.sched_get_backend) else {
+            return String::new();
+        };
+        // SAFETY: as above.
+        let n = unsafe { count(sched) }.clamp(0, 16);
+        // SAFETY: indices are below the scheduler's backend count.
+        (0..n)
+            .map(|i| unsafe { self.backend_name(get(sched, i)) })
+            .collect::<Vec<_>>()
+            .join("+")
+    }
+
+    /// `ggml_version()`, where this ggml has it.
+    pub fn version(&self) -> Option<String> {
+        // SAFETY: ggml_version takes nothing and returns a static string.
+        self.version
+            .map(|f| unsafe { c_string(f()) })
+            .filter(|v| !v.is_empty())
+    }
+}
+
+/// # Safety
+/// `p` is null or a NUL-terminated string.
+unsafe fn c_string(p: *const c_char) -> String {
+    if p.is_null() {
+        return String::new();
+    }
+    // SAFETY: per the contract.
+    unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
+}
+
+/// Where a call goes.
+#[derive(Debug)]
+pub struct Resolved {
+    /// Address of the real function.
+    pub real: usize,
+    pub helpers: &'static Helpers,
+    /// Several copies define the function and the caller belongs to none we could tell: the call
+    /// goes to the first, untraced.
+    pub ambiguous: bool,
+}
+
+const CACHE_SLOTS: usize = 1024;
+
+struct CacheSlot {
+    key: AtomicUsize,
+    value: AtomicPtr<Resolved>,
+}
+
+#[allow(clippy::declare_interior_mutable_const)] // a template copied into each slot
+const EMPTY: CacheSlot = CacheSlot {
+    key: AtomicUsize::new(0),
+    value: AtomicPtr::new(ptr::null_mut()),
+};
+static CACHE: [CacheSlot; CACHE_SLOTS] = [EMPTY; CACHE_SLOTS];
+
+/// Serializes the slow path; holds the helpers already found, by defining object.
+static SLOW: Mutex<Vec<(usize, &'static Helpers)>> = Mutex::new(Vec::new());
+
+/// A call site calls one function, so the return address alone is the key. Without one (an
+/// architecture we have no trampoline for) the entry's number stands in: never a code address.
+fn cache_key(entry: Entry, return_address: usize) -> usize {
+    if return_address != 0 {
+        return_address
+    } else {
+        entry as usize
+    }
+}
+
+fn probe(key: usize) -> impl Iterator<Item = &'static CacheSlot> {
+    let start = key.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (usize::BITS - 10);
+    (0..CACHE_SLOTS).map(move |i| &CACHE[(start + i) % CACHE_SLOTS])
+}
+
+fn cached(key: usize) -> Option<&'static Resolved> {
+    for slot in probe(key) {
+        match slot.key.load(Ordering::Acquire) {
+            0 => return None,
+            k if k == key => {
+                let value = slot.value.load(Ordering::Acquire);
+                // SAFETY: values are leaked `Resolved`s, published before their key.
+                return (!value.is_null()).then(|| unsafe { &*value });
+            }
+            _ => {}
+        }
+    }
+    None
+}
+
+/// The real function for `entry` called from `return_address`, or `None` if no loaded object
+/// defines it.
+pub fn resolve(entry: Entry, return_address: usize) -> Option<&'static Resolved> {
+    let key = cache_key(entry, return_address);
+    if let Some(found) = cached(key) {
+        return Some(found);
+    }
+    let mut helpers_by_object = SLOW.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(found) = cached(key) {
+        return Some(found);
+    }
+    let name = entry.c_name();
+    let (real, ambiguous) = find_real(name, return_address)?;
+    let helpers = helpers_for(real, &mut helpers_by_object);
+    let resolved: &'static Resolved = Box::leak(Box::new(Resolved {
+        real,
+        helpers,
+        ambiguous,
+    }));
+    if ambiguous {
+        crate::say(format_args!(
+            "several copies of ggml define {} and the caller at {return_address:#x} belongs to none of them; \
+             calling the first one, untraced",
+            name.to_string_lossy()
+        ));
+    }
+    if let Some(slot) = probe(key).find(|s| s.key.load(Ordering::Relaxed) == 0) {
+        slot.value.store(
+            resolved as *const Resolved as *mut Resolved,
+            Ordering::Release,
+        );
+        slot.key.store(key, Ordering::Release);
+    }
+    Some(resolved)
+}
+
+/// The helpers of the copy that defines `real`, any copy's if that cannot be told.
+pub fn helpers_of_any_copy() -> Option<&'static Helpers> {
+    let mut helpers_by_object = SLOW.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some((_, h)) = helpers_by_object.first() {
+        return Some(h);
+    }
+    let real = all_definitions(c"ggml_graph_n_nodes").into_iter().next()?;
+    Some(helpers_for(real, &mut helpers_by_object))
+}
+
+fn find_real(name: &CStr, return_address: usize) -> Option<(usize, bool)> {
+    if let Some(real) =
+        object_of(return_address).and_then(|caller| lookup_in_scope(&caller.path, name))
+    {
+        return Some((real, false));
+    }
+    // SAFETY: dlsym with RTLD_NEXT and a valid C string.
+    let next = unsafe { libc::dlsym(libc::RTLD_NEXT, name.as_ptr()) } as usize;
+    if next != 0 && !is_ours(next) {
+        return Some((next, false));
+    }
+    let all = all_definitions(name);
+    all.first().map(|&real| (real, all.len() > 1))
+}
+
+struct Object {
+    path: CString,
+    base: usize,
+}
+
+/// The loaded object that contains `address`.
+fn object_of(address: usize) -> Option<Object> {
+    if address == 0 {
+        return None;
+    }
+    // SAFETY: Dl_info is plain data; dladdr fills it or returns 0.
+    let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
+    // SAFETY: dladdr accepts any address.
+    if unsafe { libc::dladdr(address as *const c_void, &mut info) } == 0 || info.dli_fname.is_null()
+    {
+        return None;
+    }
+    // SAFETY: dli_fname is a NUL-terminated string owned by the loader.
+    let path = unsafe { CStr::from_ptr(info.dli_fname) }.to_owned();
+    Some(Object {
+        path,
+        base: info.dli_fbase as usize,
+    })
+}
+
+fn our_base() -> usize {
+    static BASE: AtomicUsize = AtomicUsize::new(0);
+    match BASE.load(Ordering::Relaxed) {
+        0 => {
+            let base = object_of(our_base as *const () as usize).map_or(usize::MAX, |o| o.base);
+            BASE.store(base, Ordering::Relaxed);
+            base
+        }
+        base => base,
+    }
+}
+
+fn is_ours(address: usize) -> bool {
+    object_of(address).is_some_and(|o| o.base == our_base())
+}
+
+/// `name` looked up in the scope of the already-loaded object at `path` (the object, then its
+/// dependencies), unless that finds our own wrapper.
+fn lookup_in_scope(path: &CStr, name: &CStr) -> Option<usize> {
+    if path.is_empty() {
+        return None;
+    }
+    // SAFETY: RTLD_NOLOAD only returns a handle for an object that is already loaded.
+    let handle = unsafe { libc::dlopen(path.as_ptr(), libc::RTLD_NOLOAD | libc::RTLD_LAZY) };
+    if handle.is_null() {
+        return None;
+    }
+    // SAFETY: a valid handle and C string; the handle is closed right after, which only drops
+    // the reference RTLD_NOLOAD added.
+    let found = unsafe {
+        let found = libc::dlsym(handle, name.as_ptr()) as usize;
+        libc::dlclose(handle);
+        found
+    };
+    (found != 0 && !is_ours(found)).then_some(found)
+}
+
+/// Every distinct definition of `name` in the loaded objects other than ours.
+fn all_definitions(name: &CStr) -> Vec<usize> {
+    let mut paths: Vec<CString> = Vec::new();
+    unsafe extern "C" fn collect(
+        info: *mut libc::dl_phdr_info,
+        _size: usize,
+        data: *mut c_void,
+    ) -> c_int {
+        // SAFETY: dl_iterate_phdr passes a valid info and our `paths`.
+        let (info, paths) = unsafe { (&*info, &mut *(data as *mut Vec<CString>)) };
+        if !info.dlpi_name.is_null() {
+            // SAFETY: dlpi_name is a NUL-terminated string owned by the loader.
+            paths.push(unsafe { CStr::from_ptr(info.dlpi_name) }.to_owned());
+        }
+        0
+    }
+    // SAFETY: the callback only copies names into `paths`, which outlives the call.
+    unsafe {
+        libc::dl_iterate_phdr(
+            Some(collect),
+            &mut paths as *mut Vec<CString> as *mut c_void,
+        )
+    };
+    let mut found = Vec::new();
+    for path in paths {
+        if let Some(address) = lookup_in_scope(&path, name) {
+            if !found.contains(&address) {
+                found.push(address);
+            }
+        }
+    }
+    found
+}
+
+fn helpers_for(real: usize, known: &mut Vec<(usize, &'static Helpers)>) -> &'static Helpers {
+    let Some(object) = object_of(real) else {
+        return Box::leak(Box::default());
+    };
+    if let Some((_, helpers)) = known.iter().find(|(base, _)| *base == object.base) {
+        return helpers;
+    }
+    let get = |name: &CStr| lookup_in_scope(&object.path, name);
+    // SAFETY: each address is the named ggml function, whose C signature the type spells.
+    let helpers = unsafe {
+        Helpers {
+            graph_n_nodes: get(c"ggml_graph_n_nodes")
+                .map(|a| std::mem::transmute::<usize, NNodesFn>(a)),
+            backend_name: get(c"ggml_backend_name")
+                .map(|a| std::mem::transmute::<usize, NameFn>(a)),
+            sched_get_n_backends: get(c"ggml_backend_sched_get_n_backends")
+                .map(|a| std::mem::transmute::<usize, SchedNBackendsFn>(a)),
+            sched_get_backend: get(c"ggml_backend_sched_get_backend")
+                .map(|a| std::mem::transmute::<usize, SchedBackendFn>(a)),
+            version: get(c"ggml_version").map(|a| std::mem::transmute::<usize, VersionFn>(a)),
+        }
+    };
+    let helpers: &'static Helpers = Box::leak(Box::new(helpers));
+    known.push((object.base, helpers));
+    helpers
+}

@@ -1,0 +1,161 @@
+//! A single-producer single-consumer ring of fixed, power-of-two capacity.
+//!
+//! The producer is the thread that owns the ring; the consumer is whoever holds the sink lock.
+//! Pushing is two atomic loads, one copy and one release store: no lock, no allocation, no
+//! system call. A full ring refuses the event and counts it.
+
+use std::cell::UnsafeCell;
+use std::mem::MaybeUninit;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+
+/// One event as the producer stores it: plain data, turned into a GGMLVIZ record by the sink.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RawEvent {
+    pub timestamp_ns: u64,
+    /// The union's first u64 (graph, tensor or object pointer).
+    pub a: u64,
+    /// The union's last u64 (backend pointer, or a value).
+    pub d: u64,
+    /// The union's u32 fields (n_nodes / op_type, n_threads).
+    pub b: u32,
+    pub c: u32,
+    pub thread_id: u32,
+    pub type_code: u8,
+    /// Which entry point recorded it: an index into [`crate::capture::Entry`].
+    pub entry: u8,
+    /// Interned name of the backend or scheduler (see [`crate::names`]); 0 for none.
+    pub name_id: u16,
+}
+
+pub struct Ring {
+    slots: Box<[UnsafeCell<MaybeUninit<RawEvent>>]>,
+    mask: usize,
+    /// Next slot to write; written by the producer only.
+    tail: AtomicUsize,
+    /// Next slot to read; written by the consumer only.
+    head: AtomicUsize,
+    /// Events refused because the ring was full; written by the producer only.
+    dropped: AtomicU64,
+}
+
+// SAFETY: a slot is written by the producer only while it is outside head..tail and read by the
+// consumer only while it is inside; the release/acquire pairs on `tail` and `head` order the
+// accesses. The owner guarantees there is one producer and one consumer at a time.
+unsafe impl Sync for Ring {}
+// SAFETY: as above; RawEvent is plain data.
+unsafe impl Send for Ring {}
+
+impl Ring {
+    /// A ring of `capacity` events; `capacity` must be a power of two (the config checks it).
+    pub fn new(capacity: usize) -> Ring {
+        assert!(
+            capacity.is_power_of_two(),
+            "ring capacity must be a power of two"
+        );
+        let slots = (0..capacity)
+            .map(|_| UnsafeCell::new(MaybeUninit::uninit()))
+            .collect();
+        Ring {
+            slots,
+            mask: capacity - 1,
+            tail: AtomicUsize::new(0),
+            head: AtomicUsize::new(0),
+            dropped: AtomicU64::new(0),
+        }
+    }
+
+    /// Producer: stores `event`, or counts it as dropped if the ring is full.
+    ///
+    /// # Safety
+    /// Only the ring's one producer thread may call this.
+    #[inline]
+    pub unsafe fn push(&self, event: RawEvent) -> bool {
+        let tail = self.tail.load(Ordering::Relaxed);
+        let head = self.head.load(Ordering::Acquire);
+        if tail.wrapping_sub(head) > self.mask {
+            self.dropped
+                .store(self.dropped.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
+            return false;
+        }
+        // SAFETY: the slot at `tail` is outside head..tail, so the consumer does not read it.
+        unsafe { (*self.slots[tail & self.mask].get()).write(event) };
+        self.tail.store(tail.wrapping_add(1), Ordering::Release);
+        true
+    }
+
+    /// Consumer: passes every stored event to `take`, oldest first, and frees their slots.
+    ///
+    /// # Safety
+    /// Only one consumer at a time may call this.
+    pub unsafe fn drain(&self, mut take: impl FnMut(&RawEvent)) -> usize {
+        let head = self.head.load(Ordering::Relaxed);
+        let tail = self.tail.load(Ordering::Acquire);
+        let n = tail.wrapping_sub(head);
+        for i in 0..n {
+            // SAFETY: slots in head..tail were written and released by the producer.
+            let event =
+                unsafe { (*self.slots[head.wrapping_add(i) & self.mask].get()).assume_init_ref() };
+            take(event);
+        }
+        self.head.store(tail, Ordering::Release);
+        n
+    }
+
+    /// Events refused so far because the ring was full.
+    pub fn dropped(&self) -> u64 {
+        self.dropped.load(Ordering::Relaxed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ev(i: u64) -> RawEvent {
+        RawEvent {
+            timestamp_ns: i,
+            ..RawEvent::default()
+        }
+    }
+
+    #[test]
+    fn full_ring_drops_and_counts() {
+        let ring = Ring::new(4);
+        // SAFETY: single-threaded test: one producer, one consumer.
+        unsafe {
+            for i in 0..6 {
+                assert_eq!(ring.push(ev(i)), i < 4);
+            }
+            assert_eq!(ring.dropped(), 2);
+            let mut seen = Vec::new();
+            assert_eq!(ring.drain(|e| seen.push(e.timestamp_ns)), 4);
+            assert_eq!(seen, [0, 1, 2, 3]);
+            assert!(ring.push(ev(9)));
+        }
+    }
+
+    #[test]
+    fn concurrent_producer_and_consumer_lose_nothing_but_drops() {
+        let ring = std::sync::Arc::new(Ring::new(64));
+        let producer = {
+            let ring = ring.clone();
+            // SAFETY: this thread is the only producer.
+            std::thread::spawn(move || {
+                (0..200_000)
+                    .filter(|&i| unsafe { ring.push(ev(i)) })
+                    .count() as u64
+            })
+        };
+        let mut got = Vec::new();
+        while !producer.is_finished() {
+            // SAFETY: this thread is the only consumer.
+            unsafe { ring.drain(|e| got.push(e.timestamp_ns)) };
+        }
+        let pushed = producer.join().unwrap();
+        // SAFETY: as above.
+        unsafe { ring.drain(|e| got.push(e.timestamp_ns)) };
+        assert_eq!(got.len() as u64, pushed);
+        assert_eq!(pushed + ring.dropped(), 200_000);
+        assert!(got.windows(2).all(|w| w[0] < w[1]), "order kept");
+    }
+}

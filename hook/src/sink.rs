@@ -1,0 +1,386 @@
+//! The consumer side: opening the trace, the flusher thread, and the last flush at exit.
+//!
+//! Records are encoded by the reader crate's `format` module (one definition of the format).
+//! The first record is the metadata extension record (which is also the layout marker); counters
+//! records carry the events that could not be recorded, as running totals.
+
+use std::fs::{File, OpenOptions};
+use std::io::{self, Write};
+use std::os::fd::AsRawFd;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, Once, PoisonError};
+use std::time::Duration;
+
+use ggml_viz_config::{Config, Sources};
+use ggml_viz_reader::ext::{self, Counters};
+use ggml_viz_reader::format::{self, ExtensionKind, Layout, Payload};
+use serde_json::json;
+
+use crate::capture::{self, Entry, Recorder};
+use crate::names::{Names, Owner};
+use crate::ring::RawEvent;
+
+pub struct Sink {
+    file: io::BufWriter<File>,
+    pub path: PathBuf,
+    layout: Layout,
+    /// Encoding buffer, reused.
+    buf: Vec<u8>,
+    label: String,
+    /// Names already written in a backend_names record.
+    names_written: usize,
+    counters_written: Counters,
+    closed: bool,
+}
+
+/// Starts tracing in this process: configuration, output file, metadata record, flusher thread,
+/// exit and fork handlers. `None` (after one line on stderr, where something failed) leaves the
+/// program running untraced.
+pub fn start() -> Option<Box<Recorder>> {
+    crate::clock::init();
+    let config = match Config::load(&Sources::from_process_env()) {
+        Ok(config) => config,
+        Err(err) => {
+            crate::say(format_args!("{err}; the program runs untraced"));
+            return None;
+        }
+    };
+    if config.disable {
+        if config.verbose {
+            crate::say(format_args!("disabled by configuration"));
+        }
+        return None;
+    }
+    let layout: Layout = config.layout.parse().unwrap_or(Layout::Packed);
+    let (file, path) = match open_output(&config.output) {
+        Ok(opened) => opened,
+        Err((path, err)) => {
+            crate::say(format_args!(
+                "cannot write the trace to {path}: {err}; the program runs untraced"
+            ));
+            return None;
+        }
+    };
+    let mut sink = Sink {
+        file: io::BufWriter::with_capacity(1 << 16, file),
+        path,
+        layout,
+        buf: Vec::with_capacity(1 << 16),
+        label: String::new(),
+        names_written: 0,
+        counters_written: Counters::default(),
+        closed: false,
+    };
+    #[cfg(target_os = "linux")]
+    let ggml_version = crate::resolve::helpers_of_any_copy().and_then(|h| h.version());
+    #[cfg(not(target_os = "linux"))]
+    let ggml_version = None;
+    let metadata = crate::metadata::collect(&config, ggml_version);
+    format::encode_header(&mut sink.buf);
+    ext::encode_extension(
+        &mut sink.buf,
+        layout,
+        ExtensionKind::Metadata,
+        crate::clock::now_ns(),
+        0,
+        &metadata,
+    );
+    if let Err(err) = sink.write_buf() {
+        crate::say(format_args!(
+            "cannot write the trace to {}: {err}; the program runs untraced",
+            sink.path.display()
+        ));
+        return None;
+    }
+    if config.verbose {
+        crate::say(format_args!("tracing to {}", sink.path.display()));
+    }
+    let recorder = Box::new(Recorder {
+        generation: capture::next_generation(),
+        rings: Mutex::new(Vec::new()),
+        names: Names::new(),
+        offered: AtomicU64::new(0),
+        over_max_events: AtomicU64::new(0),
+        graphs_begun: AtomicU64::new(0),
+        sink: Mutex::new(sink),
+        config,
+    });
+    install_process_handlers();
+    Some(recorder)
+}
+
+/// Spawns the flusher of the recorder just made active.
+pub fn spawn_flusher(recorder: &'static Recorder) {
+    let interval = Duration::from_millis(recorder.config.flush_interval_ms);
+    let spawned = std::thread::Builder::new()
+        .name("ggml-viz-flush".into())
+        .spawn(move || {
+            loop {
+                std::thread::sleep(interval);
+                let mut sink = recorder.sink.lock().unwrap_or_else(PoisonError::into_inner);
+                if sink.closed {
+                    return;
+                }
+                let _ = catch_unwind(AssertUnwindSafe(|| sink.flush(recorder)));
+            }
+        });
+    if let Err(err) = spawned {
+        crate::say(format_args!(
+            "cannot start the flusher thread ({err}); events are written at exit only"
+        ));
+    }
+}
+
+/// `%p` becomes the pid, `%h` the host name, `%%` a percent sign.
+pub fn expand_path(template: &str) -> String {
+    let mut out = String::new();
+    let mut chars = template.chars();
+    while let Some(c) = chars.next() {
+        match (c, chars.clone().next()) {
+            ('%', Some('p')) => out.push_str(&std::process::id().to_string()),
+            ('%', Some('h')) => out.push_str(&crate::metadata::host_name()),
+            ('%', Some('%')) => out.push('%'),
+            _ => {
+                out.push(c);
+                continue;
+            }
+        }
+        chars.next();
+    }
+    out
+}
+
+/// Opens the trace for writing. A file that another live process is tracing into (it holds the
+/// lock on it) is left alone: we write `PATH.PID` instead, and say so.
+fn open_output(template: &str) -> Result<(File, PathBuf), (String, io::Error)> {
+    let path = PathBuf::from(expand_path(template));
+    let fail = |path: &PathBuf, err| (path.display().to_string(), err);
+    let file = open_locked(&path).map_err(|err| fail(&path, err))?;
+    if let Some(file) = file {
+        return Ok((file, path));
+    }
+    let alternative = PathBuf::from(format!("{}.{}", path.display(), std::process::id()));
+    crate::say(format_args!(
+        "{} is being written by another live process; writing {} instead",
+        path.display(),
+        alternative.display()
+    ));
+    match open_locked(&alternative) {
+        Ok(Some(file)) => Ok((file, alternative)),
+        Ok(None) => Err(fail(
+            &alternative,
+            io::Error::new(io::ErrorKind::WouldBlock, "locked by another process"),
+        )),
+        Err(err) => Err(fail(&alternative, err)),
+    }
+}
+
+/// The file, emptied and locked for us; `None` if another process holds its lock.
+fn open_locked(path: &PathBuf) -> io::Result<Option<File>> {
+    let file = OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(path)?;
+    // SAFETY: flock on a descriptor we own.
+    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        let err = io::Error::last_os_error();
+        return if err.kind() == io::ErrorKind::WouldBlock {
+            Ok(None)
+        } else {
+            Err(err)
+        };
+    }
+    file.set_len(0)?;
+    Ok(Some(file))
+}
+
+fn install_process_handlers() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        // SAFETY: both handlers are `extern "C"` functions that never unwind.
+        unsafe {
+            libc::atexit(at_exit);
+            libc::pthread_atfork(None, None, Some(after_fork_in_child));
+        }
+    });
+}
+
+extern "C" fn at_exit() {
+    let _ = catch_unwind(|| {
+        if let Some(recorder) = capture::active() {
+            recorder
+                .sink
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .close(recorder);
+        }
+    });
+}
+
+extern "C" fn after_fork_in_child() {
+    let _ = catch_unwind(capture::reset_after_fork);
+}
+
+impl Sink {
+    fn write_buf(&mut self) -> io::Result<()> {
+        self.file.write_all(&self.buf)?;
+        self.buf.clear();
+        self.file.flush()
+    }
+
+    /// Drains every ring into the file, with new names and changed counters.
+    pub fn flush(&mut self, r: &Recorder) {
+        if self.closed {
+            return;
+        }
+        let rings: Vec<_> = r
+            .rings
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        for ring in rings {
+            // SAFETY: the sink lock is held, so this is the only consumer.
+            unsafe { ring.drain(|event| self.encode(event, &r.names)) };
+        }
+        self.encode_new_names(&r.names);
+        let counters = Counters {
+            dropped_ring_full: r.dropped_ring_full(),
+            over_max_events: r.over_max_events.load(Ordering::Relaxed),
+        };
+        if counters != self.counters_written {
+            self.encode_counters(counters);
+        }
+        if let Err(err) = self.write_buf() {
+            crate::say(format_args!(
+                "writing the trace to {} failed: {err}; tracing stops, the program runs on",
+                self.path.display()
+            ));
+            self.closed = true;
+            capture::go_inert();
+        }
+    }
+
+    /// The last flush: final counters, said on stderr when events were lost.
+    pub fn close(&mut self, r: &Recorder) {
+        if self.closed {
+            return;
+        }
+        self.flush(r);
+        if self.closed {
+            return;
+        }
+        let counters = self.counters_written;
+        // Always end with a counters record: "nothing lost" is then written, not assumed.
+        self.encode_counters(counters);
+        let _ = self.write_buf();
+        self.closed = true;
+        if counters.lost() > 0 {
+            crate::say(format_args!(
+                "{} event(s) were not recorded in {}: {} dropped with a full ring (raise GGML_VIZ_BUFFER_SIZE), \
+                 {} over GGML_VIZ_MAX_EVENTS",
+                counters.lost(),
+                self.path.display(),
+                counters.dropped_ring_full,
+                counters.over_max_events
+            ));
+        }
+    }
+
+    fn encode(&mut self, e: &RawEvent, names: &Names) {
+        let payload = match e.type_code {
+            0 | 1 => Payload::Graph {
+                graph_ptr: e.a,
+                n_nodes: e.b,
+                n_threads: e.c,
+                backend_ptr: e.d,
+            },
+            _ => Payload::Thread {
+                object_ptr: e.a,
+                thread_index: e.b,
+                n_threads: e.c,
+                value: e.d,
+            },
+        };
+        self.label.clear();
+        let entry = Entry::from_code(e.entry);
+        if let Some(entry) = entry {
+            self.label.push_str(entry.name());
+        }
+        let interned = names
+            .get(e.name_id)
+            .map(|(_, _, name)| name)
+            .filter(|n| !n.is_empty());
+        if let Some(name) = interned.or_else(|| entry.and_then(Entry::implied_backend)) {
+            self.label.push(' ');
+            self.label.push_str(name);
+        }
+        let label = (!self.label.is_empty()).then_some(self.label.as_bytes());
+        format::encode_record(
+            &mut self.buf,
+            self.layout,
+            e.type_code,
+            e.timestamp_ns,
+            e.thread_id,
+            &payload,
+            label,
+        );
+    }
+
+    fn encode_new_names(&mut self, names: &Names) {
+        let n = names.len();
+        if n == self.names_written {
+            return;
+        }
+        let backends: Vec<_> = (self.names_written..n)
+            .filter_map(|i| names.get(i as u16 + 1))
+            .map(|(ptr, owner, name)| {
+                let kind = match owner {
+                    Owner::Backend => "backend",
+                    Owner::Scheduler => "scheduler",
+                };
+                json!({ "ptr": ptr, "name": name, "kind": kind })
+            })
+            .collect();
+        let payload = json!({ "backends": backends });
+        ext::encode_extension(
+            &mut self.buf,
+            self.layout,
+            ExtensionKind::BackendNames,
+            crate::clock::now_ns(),
+            0,
+            &payload,
+        );
+        self.names_written = n;
+    }
+
+    fn encode_counters(&mut self, counters: Counters) {
+        ext::encode_extension(
+            &mut self.buf,
+            self.layout,
+            ExtensionKind::Counters,
+            crate::clock::now_ns(),
+            0,
+            &counters,
+        );
+        self.counters_written = counters;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn path_patterns_expand() {
+        let pid = std::process::id().to_string();
+        assert_eq!(expand_path("t-%p.ggmlviz"), format!("t-{pid}.ggmlviz"));
+        assert_eq!(
+            expand_path("100%%-%h"),
+            format!("100%-{}", crate::metadata::host_name())
+        );
+        assert_eq!(expand_path("plain%"), "plain%");
+    }
+}
