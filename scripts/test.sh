@@ -4,6 +4,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+if ! command -v patchelf >/dev/null; then
+  echo "test.sh: installing patchelf" >&2
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get install -y -qq patchelf >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq patchelf; }
+fi
 if ! python3 -c "import gguf" 2>/dev/null; then
   echo "test.sh: installing the gguf Python package" >&2
   python3 -m pip install -q gguf
@@ -12,6 +17,6 @@ GGML_VIZ_LLAMA_BUILD="$(bash scripts/setup-llama.sh | tail -n 1)"
 export GGML_VIZ_LLAMA_BUILD
 
 cargo clippy --workspace --all-targets --locked -- -D warnings
-# Release: the end-to-end tests preload the hook into llama.cpp and measure nothing, but a debug
-# hook would make them slower than they need to be.
+# The end-to-end tests (tests/) preload the built hook and run the built CLI: build them first.
+cargo build --workspace --release --locked
 cargo test --workspace --release --locked

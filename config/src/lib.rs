@@ -434,8 +434,10 @@ mod tests {
     #[test]
     fn errors_name_the_setting_and_the_source() {
         let file = write_temp("bad.json", r#"{"buffer_size": 3000}"#);
-        let mut sources = Sources::default();
-        sources.config_file = Some(file.clone());
+        let sources = Sources {
+            config_file: Some(file.clone()),
+            ..Sources::default()
+        };
         let err = Config::load(&sources).unwrap_err();
         assert_eq!(err.setting, "buffer_size");
         assert_eq!(err.origin, Origin::File(file.clone()));
@@ -461,9 +463,11 @@ mod tests {
 
     #[test]
     fn json_round_trips_through_overrides() {
-        let mut c = Config::default();
-        c.max_graphs = 3;
-        c.verbose = true;
+        let c = Config {
+            max_graphs: 3,
+            verbose: true,
+            ..Config::default()
+        };
         let env = [(OVERRIDES_ENV, Value::Object(c.to_json()).to_string())];
         assert_eq!(Config::load(&Sources::from_pairs(env)).unwrap(), c);
     }

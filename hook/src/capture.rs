@@ -171,6 +171,12 @@ fn recorder() -> Option<&'static Recorder> {
     }
 }
 
+/// Starts the recorder if this is the first interposed call (so that the configuration, and
+/// with it `verbose`, is known before the real function is looked up).
+pub fn start_if_needed() {
+    let _ = recorder();
+}
+
 /// The recorder if one is active, without starting one.
 pub fn active() -> Option<&'static Recorder> {
     if STATE.load(Ordering::Acquire) != ACTIVE {

@@ -23,6 +23,7 @@ const GGML_STATUS_FAILED: c_int = -1;
 /// argument after the C function's own `$n` arguments.
 macro_rules! trampoline {
     ($name:ident($($arg:ident: $ty:ty),*) $(-> $ret:ty)?, $imp:ident, x86_64: $x86:literal, aarch64: $arm:literal) => {
+        #[doc = concat!("`", stringify!($name), "`, traced.\n\n# Safety\nggml's own contract: ggml objects from the caller's copy of ggml.")]
         #[cfg(target_arch = "x86_64")]
         #[unsafe(naked)]
         #[unsafe(no_mangle)]
@@ -32,6 +33,7 @@ macro_rules! trampoline {
             core::arch::naked_asm!(concat!("mov ", $x86, ", [rsp]"), "jmp {imp}", imp = sym $imp)
         }
 
+        #[doc = concat!("`", stringify!($name), "`, traced.\n\n# Safety\nggml's own contract: ggml objects from the caller's copy of ggml.")]
         #[cfg(target_arch = "aarch64")]
         #[unsafe(naked)]
         #[unsafe(no_mangle)]
@@ -40,6 +42,7 @@ macro_rules! trampoline {
             core::arch::naked_asm!(concat!("mov ", $arm, ", x30"), "b {imp}", imp = sym $imp)
         }
 
+        #[doc = concat!("`", stringify!($name), "`, traced.\n\n# Safety\nggml's own contract: ggml objects from the caller's copy of ggml.")]
         #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
         #[unsafe(no_mangle)]
         pub unsafe extern "C" fn $name($($arg: $ty),*) $(-> $ret)? {
@@ -60,12 +63,13 @@ trampoline!(ggml_backend_sched_synchronize(sched: Ptr), sched_synchronize, x86_6
 
 /// Runs our own code; a panic in it is swallowed (a panic that left an `extern "C"` function
 /// would abort the host).
-fn guarded<T>(f: impl FnOnce() -> Option<T>) -> Option<T> {
-    catch_unwind(AssertUnwindSafe(f)).ok().flatten()
+fn guarded<T>(f: impl FnOnce() -> T) -> Option<T> {
+    catch_unwind(AssertUnwindSafe(f)).ok()
 }
 
 fn real_function(entry: Entry, return_address: usize) -> Option<&'static Resolved> {
-    let found = guarded(|| resolve(entry, return_address));
+    guarded(capture::start_if_needed);
+    let found = guarded(|| resolve(entry, return_address)).flatten();
     if found.is_none() {
         static SAID: AtomicBool = AtomicBool::new(false);
         if !SAID.swap(true, Ordering::Relaxed) {
@@ -91,11 +95,11 @@ fn traced_graph(
     let scope = if real.ambiguous {
         None
     } else {
-        guarded(|| capture::graph_begin(entry, |r| describe(real.helpers, r)))
+        guarded(|| capture::graph_begin(entry, |r| describe(real.helpers, r))).flatten()
     };
     let status = call(real.real);
     if let Some(scope) = scope {
-        guarded(|| Some(capture::graph_end(scope)));
+        guarded(|| capture::graph_end(scope));
     }
     status
 }
@@ -115,10 +119,11 @@ fn traced_wait(
         None
     } else {
         guarded(|| capture::wait_begin(entry, object, |r| name_of(r, real.helpers, object, owner)))
+            .flatten()
     };
     call(real.real);
     if let Some(scope) = scope {
-        guarded(|| Some(capture::wait_end(scope)));
+        guarded(|| capture::wait_end(scope));
     }
 }
 

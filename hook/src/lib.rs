@@ -25,6 +25,10 @@ pub mod resolve;
 pub mod ring;
 pub mod sink;
 
+/// `verbose` of the configuration in force: say more on stderr (where each call site goes).
+pub(crate) static VERBOSE: std::sync::atomic::AtomicBool =
+    std::sync::atomic::AtomicBool::new(false);
+
 /// One line on stderr, with the `ggml-viz:` prefix. Never panics (stderr may be closed).
 pub(crate) fn say(msg: std::fmt::Arguments<'_>) {
     use std::io::Write;

@@ -176,6 +176,15 @@ pub fn resolve(entry: Entry, return_address: usize) -> Option<&'static Resolved>
         helpers,
         ambiguous,
     }));
+    if crate::VERBOSE.load(Ordering::Relaxed) {
+        let path = |address| object_of(address).map(|o| o.path.to_string_lossy().into_owned());
+        crate::say(format_args!(
+            "{} called from {} goes to {}",
+            name.to_string_lossy(),
+            path(return_address).unwrap_or_else(|| format!("{return_address:#x}")),
+            path(real).unwrap_or_else(|| format!("{real:#x}")),
+        ));
+    }
     if ambiguous {
         crate::say(format_args!(
             "several copies of ggml define {} and the caller at {return_address:#x} belongs to none of them; \

@@ -47,6 +47,7 @@ pub fn start() -> Option<Box<Recorder>> {
             return None;
         }
     };
+    crate::VERBOSE.store(config.verbose, std::sync::atomic::Ordering::Relaxed);
     if config.disable {
         if config.verbose {
             crate::say(format_args!("disabled by configuration"));

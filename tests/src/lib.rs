@@ -1,1 +1,204 @@
-//! Helpers shared by the end-to-end tests (see `tests/tests/`).
+//! Helpers shared by the end-to-end tests in `tests/tests/`: where the built hook, the CLI and
+//! llama.cpp are, a tiny model, scratch directories, and trace checks.
+//!
+//! The tests need `cargo build --release --workspace` first and `GGML_VIZ_LLAMA_BUILD` pointing at
+//! a llama.cpp build; `scripts/test.sh` does both.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::OnceLock;
+
+use ggml_viz_reader::format::{EventType, Payload};
+use ggml_viz_reader::{Damage, Event, TraceFile, TraceStats};
+
+/// `target/release` (or whichever profile built this test).
+pub fn target_dir() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    exe.parent().and_then(Path::parent).unwrap().to_path_buf()
+}
+
+fn built(name: &str) -> PathBuf {
+    let path = target_dir().join(name);
+    assert!(
+        path.exists(),
+        "{} is missing: run `cargo build --release --workspace` first (scripts/test.sh does)",
+        path.display()
+    );
+    path
+}
+
+pub fn hook() -> PathBuf {
+    built("libggml_viz_hook.so")
+}
+
+pub fn ggml_viz() -> PathBuf {
+    built("ggml-viz")
+}
+
+/// The `bin/` directory of the llama.cpp build (binaries and shared ggml libraries).
+pub fn llama_bin() -> PathBuf {
+    let build = std::env::var_os("GGML_VIZ_LLAMA_BUILD")
+        .expect("GGML_VIZ_LLAMA_BUILD is not set: run the tests through scripts/test.sh, which builds llama.cpp");
+    let bin = PathBuf::from(build).join("bin");
+    assert!(
+        bin.join("llama-simple").exists(),
+        "no llama-simple in {}",
+        bin.display()
+    );
+    bin
+}
+
+pub fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("fixtures")
+        .join(name)
+}
+
+/// A fresh, empty directory for one test.
+pub fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("ggml-viz-e2e-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// The tiny random-weight llama model, generated once per test process.
+pub fn tiny_model() -> PathBuf {
+    static MODEL: OnceLock<PathBuf> = OnceLock::new();
+    MODEL
+        .get_or_init(|| {
+            let path = scratch("model").join("tiny-llama.gguf");
+            let out = Command::new("python3")
+                .arg(fixture("make_tiny_llama.py"))
+                .arg(&path)
+                .output()
+                .unwrap();
+            assert!(
+                out.status.success(),
+                "model generation failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            path
+        })
+        .clone()
+}
+
+/// `cmd` with the hook preloaded and the given `GGML_VIZ_*` settings.
+pub fn with_hook(mut cmd: Command, settings: &[(&str, &str)]) -> Command {
+    cmd.env("LD_PRELOAD", hook());
+    for (k, v) in settings {
+        cmd.env(k, v);
+    }
+    cmd
+}
+
+pub fn run(mut cmd: Command) -> Output {
+    cmd.output()
+        .unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"))
+}
+
+pub fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// Every event of a trace, its damage and its stats.
+pub fn read_trace(path: &Path) -> (Vec<Event<'static>>, Option<Damage>, TraceStats) {
+    let trace = TraceFile::open(path, None)
+        .unwrap_or_else(|e| panic!("cannot open {}: {e}", path.display()));
+    let mut events = Vec::new();
+    let mut damage = None;
+    for item in trace.events() {
+        match item {
+            Ok(e) => events.push(e.into_owned()),
+            Err(d) => damage = Some(d),
+        }
+    }
+    let stats = TraceStats::collect(
+        events
+            .iter()
+            .cloned()
+            .map(Ok)
+            .chain(damage.clone().map(Err)),
+    );
+    (events, damage, stats)
+}
+
+/// Graph events pair up properly nested on every thread (same graph and label at both ends) and
+/// every thread's timestamps never go back. Returns the outermost pairs' labels, in order.
+pub fn check_nesting(events: &[Event<'_>]) -> Vec<String> {
+    let mut open: HashMap<u32, Vec<&Event<'_>>> = HashMap::new();
+    let mut last: HashMap<u32, u64> = HashMap::new();
+    let mut outermost = Vec::new();
+    for e in events.iter().filter(|e| e.event_type().is_some()) {
+        if let Some(prev) = last.insert(e.thread_id, e.timestamp_ns) {
+            assert!(
+                e.timestamp_ns >= prev,
+                "time went back on thread {}",
+                e.thread_id
+            );
+        }
+        let stack = open.entry(e.thread_id).or_default();
+        match e.event_type() {
+            Some(EventType::GraphComputeBegin) => {
+                if stack.is_empty() {
+                    outermost.push(e.label_str().unwrap_or_default().into_owned());
+                }
+                stack.push(e);
+            }
+            Some(EventType::GraphComputeEnd) => {
+                let begin = stack
+                    .pop()
+                    .unwrap_or_else(|| panic!("graph end without begin: {e:?}"));
+                assert_eq!(begin.payload, e.payload, "begin and end differ");
+                assert_eq!(begin.label, e.label);
+            }
+            _ => {}
+        }
+    }
+    for (tid, stack) in open {
+        assert!(
+            stack.is_empty(),
+            "thread {tid} has {} graph(s) never ended",
+            stack.len()
+        );
+    }
+    outermost
+}
+
+/// `(n_nodes, n_threads)` of every graph begin event whose label starts with `entry`.
+pub fn graphs_of(events: &[Event<'_>], entry: &str) -> Vec<(u32, u32)> {
+    events
+        .iter()
+        .filter(|e| e.event_type() == Some(EventType::GraphComputeBegin))
+        .filter(|e| {
+            e.label_str()
+                .is_some_and(|l| l.split(' ').next() == Some(entry))
+        })
+        .map(|e| match e.payload {
+            Payload::Graph {
+                n_nodes, n_threads, ..
+            } => (n_nodes, n_threads),
+            _ => unreachable!(),
+        })
+        .collect()
+}
+
+/// The `graph n_nodes=K threads=T result=X` lines the ctypes fixture prints.
+pub fn fixture_graphs(stdout: &str) -> Vec<(u32, u32)> {
+    stdout
+        .lines()
+        .filter_map(|l| l.split_once("graph n_nodes="))
+        .map(|(_, rest)| {
+            let mut words = rest.split(' ');
+            let n: u32 = words.next().unwrap().parse().unwrap();
+            let t: u32 = words
+                .next()
+                .unwrap()
+                .trim_start_matches("threads=")
+                .parse()
+                .unwrap();
+            (n, t)
+        })
+        .collect()
+}

@@ -1,0 +1,265 @@
+//! ggml loaded `RTLD_LOCAL` through Python ctypes (as Python bindings load it): traced all the
+//! same, with fork, kill -9, many threads on tiny rings, and two copies of ggml in one process.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use ggml_viz_e2e::*;
+use ggml_viz_reader::format::EventType;
+
+fn fixture_cmd(libdirs: &[&Path], args: &[&str]) -> Command {
+    let mut cmd = Command::new("python3");
+    cmd.arg(fixture("ggml_ctypes.py")).args(libdirs).args(args);
+    cmd
+}
+
+#[test]
+fn an_rtld_local_ggml_is_traced_with_exact_nodes_and_threads() {
+    let dir = scratch("rtld-local");
+    let trace = dir.join("t.ggmlviz");
+    let bin = llama_bin();
+    let args = ["--nodes", "5", "--repeat", "3", "--threads", "2"];
+    let plain = run(fixture_cmd(&[&bin], &args));
+    let traced = run(with_hook(
+        fixture_cmd(&[&bin], &args),
+        &[("GGML_VIZ_OUTPUT", trace.to_str().unwrap())],
+    ));
+    assert!(traced.status.success(), "{}", text(&traced.stderr));
+    assert_eq!(
+        text(&traced.stdout),
+        text(&plain.stdout),
+        "results changed under the hook"
+    );
+    let (events, damage, _) = read_trace(&trace);
+    assert_eq!(damage, None);
+    check_nesting(&events);
+    // Python's own call binds inside the library; the inner ggml_graph_compute goes through the PLT.
+    assert_eq!(
+        graphs_of(&events, "ggml_graph_compute"),
+        fixture_graphs(&text(&plain.stdout))
+    );
+}
+
+#[test]
+fn after_fork_the_child_writes_its_own_file_and_the_parents_is_untouched() {
+    let dir = scratch("fork");
+    let bin = llama_bin();
+    let out = run(with_hook(
+        fixture_cmd(&[&bin], &["--nodes", "3", "--repeat", "2", "--fork"]),
+        &[(
+            "GGML_VIZ_OUTPUT",
+            dir.join("t-%p.ggmlviz").to_str().unwrap(),
+        )],
+    ));
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let stdout = text(&out.stdout);
+    assert!(stdout.contains("child exit=0"), "{stdout}");
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    files.sort();
+    assert_eq!(files.len(), 2, "{files:?}");
+    let mut computes: Vec<(u32, u64)> = files
+        .iter()
+        .map(|f| {
+            let (events, damage, stats) = read_trace(f);
+            assert_eq!(damage, None, "{}", f.display());
+            check_nesting(&events);
+            (stats.metadata.unwrap().pid, stats.graph_computes)
+        })
+        .collect();
+    computes.sort_by_key(|c| c.1);
+    // Parent: 2 before the fork + 2 after. Child: 3 of its own and none of the parent's.
+    assert_eq!(computes.iter().map(|c| c.1).collect::<Vec<_>>(), [3, 4]);
+    assert_ne!(computes[0].0, computes[1].0);
+}
+
+#[test]
+fn kill_9_leaves_a_file_that_reads_cleanly_up_to_a_truncated_tail() {
+    let dir = scratch("kill9");
+    let trace = dir.join("t.ggmlviz");
+    let bin = llama_bin();
+    let mut child = with_hook(
+        fixture_cmd(&[&bin], &["--nodes", "2", "--forever"]),
+        &[
+            ("GGML_VIZ_OUTPUT", trace.to_str().unwrap()),
+            ("GGML_VIZ_FLUSH_INTERVAL", "20"),
+        ],
+    )
+    .stdout(Stdio::piped())
+    .spawn()
+    .unwrap();
+    let start = Instant::now();
+    // Wait until a few flushes have written graph events, then kill without warning.
+    loop {
+        std::thread::sleep(Duration::from_millis(50));
+        let len = std::fs::metadata(&trace).map(|m| m.len()).unwrap_or(0);
+        if len > 20_000 || start.elapsed() > Duration::from_secs(20) {
+            break;
+        }
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let (events, damage, stats) = read_trace(&trace);
+    assert!(
+        damage.as_ref().is_none_or(|d| d.is_truncation()),
+        "{damage:?}"
+    );
+    assert!(
+        stats.count(EventType::GraphComputeBegin) > 50,
+        "{} graph begins",
+        stats.count(EventType::GraphComputeBegin)
+    );
+    assert!(stats.metadata.is_some());
+    // Only the last graph may be left open by the kill.
+    assert!(stats.unmatched_graph_begins <= 1 && stats.unmatched_graph_ends == 0);
+    assert!(events.len() > 100);
+}
+
+#[test]
+fn thirty_two_threads_on_tiny_rings_count_every_drop_exactly() {
+    let dir = scratch("threads");
+    let trace = dir.join("t.ggmlviz");
+    let bin = llama_bin();
+    let (threads, repeat) = (32, 20);
+    let out = run(with_hook(
+        fixture_cmd(
+            &[&bin],
+            &[
+                "--nodes",
+                "2",
+                "--repeat",
+                &repeat.to_string(),
+                "--parallel",
+                &threads.to_string(),
+            ],
+        ),
+        &[
+            ("GGML_VIZ_OUTPUT", trace.to_str().unwrap()),
+            ("GGML_VIZ_BUFFER_SIZE", "4"),
+            ("GGML_VIZ_FLUSH_INTERVAL", "50"),
+        ],
+    ));
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(fixture_graphs(&text(&out.stdout)).len(), threads * repeat);
+    let (_, damage, stats) = read_trace(&trace);
+    assert_eq!(damage, None);
+    // Python calls ggml_graph_compute_with_ctx inside the library (untraced); its inner
+    // ggml_graph_compute, through the PLT, records one pair.
+    let produced = (threads * repeat * 2) as u64;
+    let recorded =
+        stats.count(EventType::GraphComputeBegin) + stats.count(EventType::GraphComputeEnd);
+    let counters = stats.counters.expect("counters record");
+    assert_eq!(
+        recorded + counters.dropped_ring_full + counters.over_max_events,
+        produced
+    );
+    assert!(
+        counters.dropped_ring_full > 0,
+        "a 4-event ring under 32 threads should drop"
+    );
+    assert!(
+        text(&out.stderr).contains("event(s) were not recorded"),
+        "{}",
+        text(&out.stderr)
+    );
+}
+
+#[test]
+fn the_event_cap_counts_what_it_refuses() {
+    let dir = scratch("cap");
+    let trace = dir.join("t.ggmlviz");
+    let bin = llama_bin();
+    let out = run(with_hook(
+        fixture_cmd(&[&bin], &["--nodes", "2", "--repeat", "10"]),
+        &[
+            ("GGML_VIZ_OUTPUT", trace.to_str().unwrap()),
+            ("GGML_VIZ_MAX_EVENTS", "7"),
+        ],
+    ));
+    assert!(out.status.success());
+    let (_, _, stats) = read_trace(&trace);
+    let recorded =
+        stats.count(EventType::GraphComputeBegin) + stats.count(EventType::GraphComputeEnd);
+    assert_eq!(recorded, 7);
+    assert_eq!(stats.counters.unwrap().over_max_events, 20 - 7);
+}
+
+/// Copies this build's ggml libraries into `dir` under names of their own (as wheel repair tools
+/// do), so that two copies can be loaded side by side.
+fn private_copy(dir: &Path, tag: &str) {
+    std::fs::create_dir_all(dir).unwrap();
+    let bin = llama_bin();
+    let base = format!("libggml-base-{tag}.so");
+    let cpu = format!("libggml-cpu-{tag}.so");
+    std::fs::copy(bin.join("libggml-base.so"), dir.join(&base)).unwrap();
+    std::fs::copy(bin.join("libggml-cpu.so"), dir.join(&cpu)).unwrap();
+    let patch = |args: &[&str]| {
+        let out = Command::new("patchelf")
+            .args(args)
+            .output()
+            .expect("patchelf is installed by scripts/test.sh");
+        assert!(
+            out.status.success(),
+            "patchelf {args:?}: {}",
+            text(&out.stderr)
+        );
+    };
+    let base_path = dir.join(&base);
+    let cpu_path = dir.join(&cpu);
+    patch(&["--set-soname", &base, base_path.to_str().unwrap()]);
+    patch(&[
+        "--replace-needed",
+        "libggml-base.so.0",
+        &base,
+        "--set-rpath",
+        "$ORIGIN",
+        cpu_path.to_str().unwrap(),
+    ]);
+}
+
+#[test]
+fn two_copies_of_ggml_each_get_their_own_calls() {
+    let dir = scratch("two-copies");
+    let (a, b) = (dir.join("a"), dir.join("b"));
+    private_copy(&a, "a");
+    private_copy(&b, "b");
+    let trace = dir.join("t.ggmlviz");
+    let args = ["--nodes", "3", "--repeat", "2"];
+    let plain = run(fixture_cmd(&[&a, &b], &args));
+    assert!(plain.status.success(), "{}", text(&plain.stderr));
+    let traced = run(with_hook(
+        fixture_cmd(&[&a, &b], &args),
+        &[
+            ("GGML_VIZ_OUTPUT", trace.to_str().unwrap()),
+            ("GGML_VIZ_VERBOSE", "1"),
+        ],
+    ));
+    assert!(traced.status.success(), "{}", text(&traced.stderr));
+    assert_eq!(text(&traced.stdout), text(&plain.stdout));
+    // Copy a computes 3-node graphs, copy b 5-node graphs.
+    let (events, _, _) = read_trace(&trace);
+    assert_eq!(
+        graphs_of(&events, "ggml_graph_compute"),
+        fixture_graphs(&text(&plain.stdout))
+    );
+    assert_eq!(
+        fixture_graphs(&text(&plain.stdout))
+            .iter()
+            .map(|g| g.0)
+            .collect::<Vec<_>>(),
+        [3, 3, 5, 5]
+    );
+    let stderr = text(&traced.stderr);
+    for tag in ["a", "b"] {
+        let own = format!("libggml-cpu-{tag}.so");
+        let line = format!(
+            "ggml_graph_compute called from {} goes to {}",
+            dir.join(tag).join(&own).display(),
+            dir.join(tag).join(&own).display()
+        );
+        assert!(stderr.contains(&line), "expected `{line}` in:\n{stderr}");
+    }
+}

@@ -1,0 +1,187 @@
+//! The hook preloaded into real llama.cpp (`llama-simple`) on a tiny generated model.
+
+use std::process::Command;
+
+use ggml_viz_e2e::*;
+
+fn llama_simple(n_predict: u32) -> Command {
+    let mut cmd = Command::new(llama_bin().join("llama-simple"));
+    cmd.arg("-m")
+        .arg(tiny_model())
+        .args(["-n", &n_predict.to_string(), "hello world"]);
+    cmd
+}
+
+/// The "decoded N tokens" that llama-simple reports: one llama_decode call each.
+fn decoded_batches(stderr: &str) -> usize {
+    let line = stderr
+        .lines()
+        .find(|l| l.contains("decoded "))
+        .expect("llama-simple reports decoded tokens");
+    line.split("decoded ")
+        .nth(1)
+        .unwrap()
+        .split(' ')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+#[test]
+fn llama_simple_prints_the_same_text_and_records_one_graph_per_batch() {
+    let dir = scratch("llama-simple");
+    let trace = dir.join("trace.ggmlviz");
+    let plain = run(llama_simple(12));
+    assert!(plain.status.success(), "{}", text(&plain.stderr));
+    let traced = run(with_hook(
+        llama_simple(12),
+        &[("GGML_VIZ_OUTPUT", trace.to_str().unwrap())],
+    ));
+    assert!(traced.status.success(), "{}", text(&traced.stderr));
+    assert_eq!(
+        text(&traced.stdout),
+        text(&plain.stdout),
+        "the hook changed the program's output"
+    );
+    assert!(
+        !text(&traced.stderr).contains("ggml-viz:"),
+        "unexpected message: {}",
+        text(&traced.stderr)
+    );
+
+    let (events, damage, stats) = read_trace(&trace);
+    assert_eq!(damage, None);
+    let outermost = check_nesting(&events);
+    let batches = decoded_batches(&text(&traced.stderr));
+    assert_eq!(
+        stats.graph_computes as usize, batches,
+        "one outermost graph compute per llama_decode"
+    );
+    assert!(
+        outermost
+            .iter()
+            .all(|l| l == "ggml_backend_sched_graph_compute_async CPU"),
+        "{outermost:?}"
+    );
+    // Inside each: the scheduler's split on the CPU backend, and the CPU backend's ggml_graph_compute.
+    let sched = graphs_of(&events, "ggml_backend_sched_graph_compute_async");
+    let backend = graphs_of(&events, "ggml_backend_graph_compute_async");
+    let cpu = graphs_of(&events, "ggml_graph_compute");
+    assert_eq!(
+        (sched.len(), backend.len(), cpu.len()),
+        (batches, batches, batches)
+    );
+    for ((s, b), c) in sched.iter().zip(&backend).zip(&cpu) {
+        assert!(
+            s.0 > 0 && b.0 > 0 && b.0 <= s.0,
+            "n_nodes: scheduler {s:?}, split {b:?}"
+        );
+        assert_eq!(c.0, b.0, "the CPU backend computes the split it was given");
+        assert!(
+            c.1 >= 1,
+            "ggml_graph_compute records the cplan's thread count"
+        );
+    }
+    let meta = stats.metadata.expect("metadata record");
+    assert_eq!(meta.ggml_version.as_deref(), Some("0.25.3"));
+    assert!(meta.command_line[0].ends_with("llama-simple"));
+    assert_eq!(stats.counters.map(|c| c.lost()), Some(0));
+}
+
+#[test]
+fn the_capture_window_skips_and_limits_graph_computes() {
+    let dir = scratch("window");
+    let trace = dir.join("trace.ggmlviz");
+    let out = run(with_hook(
+        llama_simple(10),
+        &[
+            ("GGML_VIZ_OUTPUT", trace.to_str().unwrap()),
+            ("GGML_VIZ_SKIP_GRAPHS", "2"),
+            ("GGML_VIZ_MAX_GRAPHS", "3"),
+        ],
+    ));
+    assert!(out.status.success());
+    let (events, _, stats) = read_trace(&trace);
+    check_nesting(&events);
+    assert!(decoded_batches(&text(&out.stderr)) >= 5);
+    assert_eq!(stats.graph_computes, 3);
+}
+
+#[test]
+fn unwritable_output_is_said_once_and_the_program_runs_untraced() {
+    let plain = run(llama_simple(6));
+    let traced = run(with_hook(
+        llama_simple(6),
+        &[("GGML_VIZ_OUTPUT", "/nonexistent/dir/trace.ggmlviz")],
+    ));
+    assert_eq!(traced.status.code(), plain.status.code());
+    assert_eq!(text(&traced.stdout), text(&plain.stdout));
+    let stderr = text(&traced.stderr);
+    let ours: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.starts_with("ggml-viz:"))
+        .collect();
+    assert_eq!(ours.len(), 1, "{ours:?}");
+    assert!(
+        ours[0].contains("/nonexistent/dir/trace.ggmlviz") && ours[0].contains("untraced"),
+        "{}",
+        ours[0]
+    );
+}
+
+#[test]
+fn a_bad_setting_is_named_and_the_program_runs_untraced() {
+    let dir = scratch("bad-setting");
+    let traced = run(with_hook(
+        llama_simple(4),
+        &[
+            ("GGML_VIZ_OUTPUT", dir.join("t.ggmlviz").to_str().unwrap()),
+            ("GGML_VIZ_BUFFER_SIZE", "1000"),
+        ],
+    ));
+    assert!(traced.status.success());
+    let stderr = text(&traced.stderr);
+    assert!(
+        stderr.contains(
+            "ggml-viz: setting `buffer_size` from environment variable GGML_VIZ_BUFFER_SIZE"
+        ),
+        "{stderr}"
+    );
+    assert_eq!(
+        std::fs::read_dir(&dir).unwrap().count(),
+        0,
+        "no trace is written"
+    );
+}
+
+#[test]
+fn processes_that_never_call_ggml_are_untouched() {
+    let dir = scratch("inert");
+    let settings = [(
+        "GGML_VIZ_OUTPUT",
+        dir.join("t-%p.ggmlviz").to_str().unwrap().to_string(),
+    )];
+    let settings: Vec<(&str, &str)> = settings.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    // Threads of the shell itself, output and exit status, with and without the hook.
+    let script = "echo out; echo err >&2; ls /proc/$$/task | wc -l; exit 3";
+    let sh = || {
+        let mut c = Command::new("sh");
+        c.args(["-c", script]);
+        c
+    };
+    let plain = run(sh());
+    let traced = run(with_hook(sh(), &settings));
+    assert_eq!(traced.status.code(), Some(3));
+    assert_eq!(
+        (traced.stdout.clone(), traced.stderr.clone()),
+        (plain.stdout, plain.stderr)
+    );
+    let t = run(with_hook(Command::new("true"), &settings));
+    assert!(t.status.success() && t.stdout.is_empty() && t.stderr.is_empty());
+    assert_eq!(
+        std::fs::read_dir(&dir).unwrap().count(),
+        0,
+        "no file for processes that never call ggml"
+    );
+}
