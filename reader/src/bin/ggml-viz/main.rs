@@ -3,6 +3,7 @@
 mod dump;
 mod info;
 mod input;
+mod record;
 
 use std::io::{self, Write};
 use std::process::ExitCode;
@@ -22,6 +23,7 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    Record(record::RecordArgs),
     Info(info::InfoArgs),
     Dump(dump::DumpArgs),
 }
@@ -33,6 +35,8 @@ pub enum Failure {
     Data(String),
     /// Writing the output failed (exit 2); a closed pipe is not a failure.
     Output(io::Error),
+    /// The request cannot be carried out as given (exit 1).
+    Usage(String),
 }
 
 impl From<io::Error> for Failure {
@@ -55,11 +59,16 @@ fn main() -> ExitCode {
         }
     };
     let result = match cli.command {
-        Command::Info(args) => info::run(args),
-        Command::Dump(args) => dump::run(args),
+        Command::Record(args) => record::run(args),
+        Command::Info(args) => info::run(args).map(|()| 0),
+        Command::Dump(args) => dump::run(args).map(|()| 0),
     };
     match result {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(code) => ExitCode::from(code),
+        Err(Failure::Usage(msg)) => {
+            eprintln!("ggml-viz: {msg}");
+            ExitCode::from(1)
+        }
         Err(Failure::Output(err)) if err.kind() == io::ErrorKind::BrokenPipe => ExitCode::SUCCESS,
         Err(Failure::Output(err)) => {
             eprintln!("ggml-viz: cannot write output: {err}");

@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# The main job on a built-in default: builds ggml-viz and llama.cpp (cached), generates a tiny
+# model, records llama-simple generating 32 tokens under the hook, and summarizes the trace.
+#   bash scripts/demo.sh [OUTPUT.ggmlviz]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+out="${1:-demo.ggmlviz}"
+
+python3 -c "import gguf" 2>/dev/null || python3 -m pip install -q gguf
+build="$(bash scripts/setup-llama.sh | tail -n 1)"
+cargo build --release --workspace --locked
+model="${GGML_VIZ_CACHE:-$HOME/.cache/ggml-viz}/tiny-llama.gguf"
+[ -f "$model" ] || python3 tests/fixtures/make_tiny_llama.py "$model"
+
+./target/release/ggml-viz record -o "$out" -- \
+  "$build/bin/llama-simple" -m "$model" -n 32 "hello world" 2> >(grep -E '^ggml-viz:|^main:' >&2)
+echo
+./target/release/ggml-viz info "$out"

@@ -1,0 +1,119 @@
+//! `ggml-viz record`: the README's main job.
+
+use std::process::Command;
+
+use ggml_viz_e2e::*;
+
+fn record(args: &[&str], program: &[&str]) -> Command {
+    let mut cmd = Command::new(ggml_viz());
+    cmd.arg("record").args(args).arg("--").args(program);
+    cmd
+}
+
+fn simple_args(n: &str) -> Vec<String> {
+    let bin = llama_bin().join("llama-simple");
+    vec![
+        bin.to_str().unwrap().into(),
+        "-m".into(),
+        tiny_model().to_str().unwrap().into(),
+        "-n".into(),
+        n.into(),
+        "hello".into(),
+    ]
+}
+
+#[test]
+fn record_runs_llama_simple_and_summarizes_its_trace() {
+    let dir = scratch("record");
+    let trace = dir.join("r.ggmlviz");
+    let program = simple_args("9");
+    let program: Vec<&str> = program.iter().map(String::as_str).collect();
+    let plain = run({
+        let mut c = Command::new(program[0]);
+        c.args(&program[1..]);
+        c
+    });
+    let out = run(record(&["-o", trace.to_str().unwrap()], &program));
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), text(&plain.stdout));
+    let (_, damage, stats) = read_trace(&trace);
+    assert_eq!(damage, None);
+    let stderr = text(&out.stderr);
+    assert!(
+        stderr.contains(&format!(
+            "ggml-viz: {} graph computes, graph time mean",
+            stats.graph_computes
+        )),
+        "{stderr}"
+    );
+    assert!(stats.graph_computes >= 9);
+    assert!(stderr.contains("0 lost"), "{stderr}");
+}
+
+#[test]
+fn flags_outrank_the_config_file_which_outranks_the_environment() {
+    let dir = scratch("precedence");
+    let config = dir.join("c.json");
+    std::fs::write(&config, r#"{"instrumentation": {"max_graphs": 2}}"#).unwrap();
+    let program = simple_args("8");
+    let program: Vec<&str> = program.iter().map(String::as_str).collect();
+    let graphs = |extra: &[&str], name: &str| {
+        let trace = dir.join(name);
+        let mut args = vec!["-o", trace.to_str().unwrap()];
+        args.extend_from_slice(extra);
+        let mut cmd = record(&args, &program);
+        cmd.env("GGML_VIZ_MAX_GRAPHS", "1");
+        let out = run(cmd);
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        read_trace(&trace).2.graph_computes
+    };
+    assert_eq!(graphs(&[], "env.ggmlviz"), 1);
+    assert_eq!(
+        graphs(&["--config", config.to_str().unwrap()], "file.ggmlviz"),
+        2
+    );
+    assert_eq!(
+        graphs(
+            &["--config", config.to_str().unwrap(), "--max-graphs", "3"],
+            "flag.ggmlviz"
+        ),
+        3
+    );
+}
+
+#[test]
+fn record_returns_the_programs_status_and_says_when_there_is_no_trace() {
+    let dir = scratch("record-status");
+    let trace = dir.join("none.ggmlviz");
+    let out = run(record(
+        &["-o", trace.to_str().unwrap()],
+        &["sh", "-c", "exit 7"],
+    ));
+    assert_eq!(out.status.code(), Some(7));
+    assert!(
+        text(&out.stderr).contains("no trace at"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert!(!trace.exists());
+}
+
+#[test]
+fn a_bad_flag_fails_before_the_program_runs() {
+    let dir = scratch("record-bad");
+    let marker = dir.join("ran");
+    let out = run(record(
+        &["--buffer-size", "1000"],
+        &["touch", marker.to_str().unwrap()],
+    ));
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out.stderr).contains("buffer_size"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert!(
+        !marker.exists(),
+        "the program must not run with a bad configuration"
+    );
+}
