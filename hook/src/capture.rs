@@ -75,10 +75,10 @@ pub struct Recorder {
     pub generation: u64,
     pub rings: Mutex<Vec<&'static Ring>>,
     pub names: Names,
-    /// Events offered: recorded, dropped with a full ring, or over the cap.
-    pub offered: AtomicU64,
+    /// Events handed out to threads' budgets from the cap (`max_events`), at most the cap.
+    pub reserved: AtomicU64,
     pub over_max_events: AtomicU64,
-    /// Outermost graph computes begun, recorded or not (the capture window counts these).
+    /// Outermost graph computes begun, recorded or not; counted only when a capture window is set.
     pub graphs_begun: AtomicU64,
     pub sink: Mutex<crate::sink::Sink>,
 }
@@ -98,7 +98,29 @@ impl Recorder {
         let c = &self.config;
         index >= c.skip_graphs && (c.max_graphs == 0 || index - c.skip_graphs < c.max_graphs)
     }
+
+    /// Whether a capture window is set (else graph computes need no counting).
+    fn has_window(&self) -> bool {
+        self.config.skip_graphs > 0 || self.config.max_graphs > 0
+    }
+
+    /// Takes up to [`BUDGET_CHUNK`] events from the cap for one thread; 0 when the cap is used up.
+    fn reserve(&self) -> u64 {
+        let max = self.config.max_events;
+        let taken = self.reserved.fetch_add(BUDGET_CHUNK, Ordering::Relaxed);
+        if taken >= max {
+            // Keep the counter from creeping towards overflow once the cap is reached.
+            self.reserved.store(max, Ordering::Relaxed);
+            return 0;
+        }
+        BUDGET_CHUNK.min(max - taken)
+    }
 }
+
+/// Events a thread takes from the cap at a time, so that the producer does not touch a shared
+/// counter on every event. A thread may be refused while another still holds unused budget:
+/// then fewer than `max_events` are recorded, and the refusals are counted all the same.
+const BUDGET_CHUNK: u64 = 256;
 
 const UNSTARTED: u8 = 0;
 const STARTING: u8 = 1;
@@ -120,6 +142,8 @@ struct Local {
     depth: Cell<u32>,
     /// Whether the outermost open graph compute is inside the capture window.
     recording: Cell<bool>,
+    /// Events this thread may still record under the cap.
+    budget: Cell<u64>,
 }
 
 thread_local! {
@@ -130,6 +154,7 @@ thread_local! {
             tid: Cell::new(0),
             depth: Cell::new(0),
             recording: Cell::new(false),
+            budget: Cell::new(0),
         }
     };
 }
@@ -208,6 +233,7 @@ pub fn reset_after_fork() {
         l.tid.set(0);
         l.depth.set(0);
         l.recording.set(false);
+        l.budget.set(0);
     });
 }
 
@@ -238,14 +264,20 @@ fn ring_of(l: &Local, r: &'static Recorder) -> &'static Ring {
 }
 
 fn push(l: &Local, r: &'static Recorder, mut event: RawEvent) {
-    if r.offered.fetch_add(1, Ordering::Relaxed) >= r.config.max_events {
-        r.over_max_events.fetch_add(1, Ordering::Relaxed);
-        return;
+    let ring = ring_of(l, r);
+    let mut budget = l.budget.get();
+    if budget == 0 {
+        budget = r.reserve();
+        if budget == 0 {
+            r.over_max_events.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
     }
+    l.budget.set(budget - 1);
     event.thread_id = thread_id(l);
-    event.timestamp_ns = crate::clock::now_ns();
+    event.ticks = crate::clock::now_ticks();
     // SAFETY: this thread is its ring's only producer.
-    unsafe { ring_of(l, r).push(event) };
+    unsafe { ring.push(event) };
 }
 
 /// What a graph event says, besides its type and time.
@@ -294,8 +326,9 @@ pub fn graph_begin(
     LOCAL.with(|l| {
         let depth = l.depth.get();
         if depth == 0 {
-            let index = r.graphs_begun.fetch_add(1, Ordering::Relaxed);
-            l.recording.set(r.graph_in_window(index));
+            let in_window = !r.has_window()
+                || r.graph_in_window(r.graphs_begun.fetch_add(1, Ordering::Relaxed));
+            l.recording.set(in_window);
         }
         l.depth.set(depth + 1);
         let recording = l.recording.get();
@@ -346,7 +379,7 @@ pub struct WaitScope {
     entry: Entry,
     object: *mut c_void,
     name_id: u16,
-    start_ns: u64,
+    start_ticks: u64,
 }
 
 pub fn wait_begin(
@@ -359,7 +392,8 @@ pub fn wait_begin(
         if l.depth.get() > 0 {
             l.recording.get()
         } else {
-            r.graph_in_window(r.graphs_begun.load(Ordering::Relaxed).saturating_sub(1))
+            !r.has_window()
+                || r.graph_in_window(r.graphs_begun.load(Ordering::Relaxed).saturating_sub(1))
         }
     });
     recording.then(|| WaitScope {
@@ -367,12 +401,12 @@ pub fn wait_begin(
         entry,
         object,
         name_id: name_id(r),
-        start_ns: crate::clock::now_ns(),
+        start_ticks: crate::clock::now_ticks(),
     })
 }
 
 pub fn wait_end(scope: WaitScope) {
-    let waited = crate::clock::now_ns().saturating_sub(scope.start_ns);
+    let waited = crate::clock::now_ticks().saturating_sub(scope.start_ticks);
     let event = RawEvent {
         type_code: ggml_viz_reader::EventType::BarrierWait.code(),
         entry: scope.entry as u8,

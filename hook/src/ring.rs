@@ -11,10 +11,11 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 /// One event as the producer stores it: plain data, turned into a GGMLVIZ record by the sink.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct RawEvent {
-    pub timestamp_ns: u64,
+    /// When, in [`crate::clock::now_ticks`] ticks.
+    pub ticks: u64,
     /// The union's first u64 (graph, tensor or object pointer).
     pub a: u64,
-    /// The union's last u64 (backend pointer, or a value).
+    /// The union's last u64 (backend pointer, or a duration in ticks for barrier waits).
     pub d: u64,
     /// The union's u32 fields (n_nodes / op_type, n_threads).
     pub b: u32,
@@ -113,7 +114,7 @@ mod tests {
 
     fn ev(i: u64) -> RawEvent {
         RawEvent {
-            timestamp_ns: i,
+            ticks: i,
             ..RawEvent::default()
         }
     }
@@ -128,7 +129,7 @@ mod tests {
             }
             assert_eq!(ring.dropped(), 2);
             let mut seen = Vec::new();
-            assert_eq!(ring.drain(|e| seen.push(e.timestamp_ns)), 4);
+            assert_eq!(ring.drain(|e| seen.push(e.ticks)), 4);
             assert_eq!(seen, [0, 1, 2, 3]);
             assert!(ring.push(ev(9)));
         }
@@ -149,11 +150,11 @@ mod tests {
         let mut got = Vec::new();
         while !producer.is_finished() {
             // SAFETY: this thread is the only consumer.
-            unsafe { ring.drain(|e| got.push(e.timestamp_ns)) };
+            unsafe { ring.drain(|e| got.push(e.ticks)) };
         }
         let pushed = producer.join().unwrap();
         // SAFETY: as above.
-        unsafe { ring.drain(|e| got.push(e.timestamp_ns)) };
+        unsafe { ring.drain(|e| got.push(e.ticks)) };
         assert_eq!(got.len() as u64, pushed);
         assert_eq!(pushed + ring.dropped(), 200_000);
         assert!(got.windows(2).all(|w| w[0] < w[1]), "order kept");

@@ -33,6 +33,7 @@ pub struct Sink {
     names_written: usize,
     counters_written: Counters,
     closed: bool,
+    clock: crate::clock::TickConverter,
 }
 
 /// Starts tracing in this process: configuration, output file, metadata record, flusher thread,
@@ -73,6 +74,7 @@ pub fn start() -> Option<Box<Recorder>> {
         names_written: 0,
         counters_written: Counters::default(),
         closed: false,
+        clock: crate::clock::TickConverter::new(),
     };
     #[cfg(target_os = "linux")]
     let ggml_version = crate::resolve::helpers_of_any_copy().and_then(|h| h.version());
@@ -102,7 +104,7 @@ pub fn start() -> Option<Box<Recorder>> {
         generation: capture::next_generation(),
         rings: Mutex::new(Vec::new()),
         names: Names::new(),
-        offered: AtomicU64::new(0),
+        reserved: AtomicU64::new(0),
         over_max_events: AtomicU64::new(0),
         graphs_begun: AtomicU64::new(0),
         sink: Mutex::new(sink),
@@ -237,6 +239,9 @@ impl Sink {
         if self.closed {
             return;
         }
+        // Before draining: every event drained now is older than this calibration point, or a
+        // few microseconds newer.
+        self.clock.recalibrate();
         let rings: Vec<_> = r
             .rings
             .lock()
@@ -302,7 +307,7 @@ impl Sink {
                 object_ptr: e.a,
                 thread_index: e.b,
                 n_threads: e.c,
-                value: e.d,
+                value: self.clock.to_ns(e.d),
             },
         };
         self.label.clear();
@@ -323,7 +328,7 @@ impl Sink {
             &mut self.buf,
             self.layout,
             e.type_code,
-            e.timestamp_ns,
+            self.clock.to_epoch_ns(e.ticks),
             e.thread_id,
             &payload,
             label,
