@@ -131,6 +131,7 @@ const INERT: u8 = 3;
 static STATE: AtomicU8 = AtomicU8::new(UNSTARTED);
 static RECORDER: AtomicPtr<Recorder> = AtomicPtr::new(std::ptr::null_mut());
 static GENERATION: AtomicU64 = AtomicU64::new(0);
+static MISSED_WHILE_STARTING: AtomicU64 = AtomicU64::new(0);
 
 /// Per-thread state. No destructors: it stays usable while the host's `atexit` handlers run,
 /// after Rust's own thread-locals are gone.
@@ -159,47 +160,48 @@ thread_local! {
     };
 }
 
-/// The active recorder, starting it on the first call. `None`: do not trace this call.
-fn recorder() -> Option<&'static Recorder> {
-    match STATE.load(Ordering::Acquire) {
-        ACTIVE => {
-            // SAFETY: RECORDER is set before STATE becomes ACTIVE and recorders are never freed.
-            let r = RECORDER.load(Ordering::Acquire);
-            (!r.is_null()).then(|| unsafe { &*r })
-        }
-        UNSTARTED => {
-            if STATE
-                .compare_exchange(UNSTARTED, STARTING, Ordering::AcqRel, Ordering::Acquire)
-                .is_ok()
-            {
-                let state = match crate::sink::start() {
-                    Some(recorder) => {
-                        let recorder: &'static Recorder = Box::leak(recorder);
-                        RECORDER.store(
-                            recorder as *const Recorder as *mut Recorder,
-                            Ordering::Release,
-                        );
-                        crate::sink::spawn_flusher(recorder);
-                        ACTIVE
-                    }
-                    None => INERT,
-                };
-                STATE.store(state, Ordering::Release);
-                if state == ACTIVE {
-                    return recorder();
-                }
+/// The active recorder, starting it on the first call. `None`: do not trace this call. A call
+/// that arrives while another thread is starting the recorder is not traced (it does not wait):
+/// its `events` are counted as missed.
+fn recorder(events: u64) -> Option<&'static Recorder> {
+    if STATE.load(Ordering::Acquire) == UNSTARTED
+        && STATE
+            .compare_exchange(UNSTARTED, STARTING, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+    {
+        let state = match crate::sink::start() {
+            Some(recorder) => {
+                let recorder: &'static Recorder = Box::leak(recorder);
+                RECORDER.store(
+                    recorder as *const Recorder as *mut Recorder,
+                    Ordering::Release,
+                );
+                crate::sink::spawn_flusher(recorder);
+                ACTIVE
             }
-            // Another thread is starting it: this call goes untraced rather than wait.
+            None => INERT,
+        };
+        STATE.store(state, Ordering::Release);
+    }
+    match STATE.load(Ordering::Acquire) {
+        ACTIVE => active(),
+        STARTING => {
+            MISSED_WHILE_STARTING.fetch_add(events, Ordering::Relaxed);
             None
         }
         _ => None,
     }
 }
 
+/// Events of calls that arrived while the recorder was being started.
+pub fn missed_while_starting() -> u64 {
+    MISSED_WHILE_STARTING.load(Ordering::Relaxed)
+}
+
 /// Starts the recorder if this is the first interposed call (so that the configuration, and
 /// with it `verbose`, is known before the real function is looked up).
 pub fn start_if_needed() {
-    let _ = recorder();
+    let _ = recorder(0);
 }
 
 /// The recorder if one is active, without starting one.
@@ -227,6 +229,7 @@ pub fn go_inert() {
 pub fn reset_after_fork() {
     RECORDER.store(std::ptr::null_mut(), Ordering::Release);
     STATE.store(UNSTARTED, Ordering::Release);
+    MISSED_WHILE_STARTING.store(0, Ordering::Relaxed);
     LOCAL.with(|l| {
         l.ring.set(std::ptr::null());
         l.generation.set(u64::MAX);
@@ -322,7 +325,8 @@ pub fn graph_begin(
     entry: Entry,
     describe: impl FnOnce(&'static Recorder) -> GraphInfo,
 ) -> Option<GraphScope> {
-    let r = recorder()?;
+    // A begin and an end event.
+    let r = recorder(2)?;
     LOCAL.with(|l| {
         let depth = l.depth.get();
         if depth == 0 {
@@ -387,7 +391,7 @@ pub fn wait_begin(
     object: *mut c_void,
     name_id: impl FnOnce(&'static Recorder) -> u16,
 ) -> Option<WaitScope> {
-    let r = recorder()?;
+    let r = recorder(1)?;
     let recording = LOCAL.with(|l| {
         if l.depth.get() > 0 {
             l.recording.get()

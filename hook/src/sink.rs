@@ -255,6 +255,7 @@ impl Sink {
         let counters = Counters {
             dropped_ring_full: r.dropped_ring_full(),
             over_max_events: r.over_max_events.load(Ordering::Relaxed),
+            missed_while_starting: capture::missed_while_starting(),
         };
         if counters != self.counters_written {
             self.encode_counters(counters);
@@ -286,11 +287,12 @@ impl Sink {
         if counters.lost() > 0 {
             crate::say(format_args!(
                 "{} event(s) were not recorded in {}: {} dropped with a full ring (raise GGML_VIZ_BUFFER_SIZE), \
-                 {} over GGML_VIZ_MAX_EVENTS",
+                 {} over GGML_VIZ_MAX_EVENTS, {} while tracing started",
                 counters.lost(),
                 self.path.display(),
                 counters.dropped_ring_full,
-                counters.over_max_events
+                counters.over_max_events,
+                counters.missed_while_starting
             ));
         }
     }

@@ -57,11 +57,13 @@ pub struct Counters {
     pub dropped_ring_full: u64,
     /// Not recorded because the event cap (`max_events`) was reached.
     pub over_max_events: u64,
+    /// Not recorded because the call came while the writer was starting on another thread.
+    pub missed_while_starting: u64,
 }
 
 impl Counters {
     pub fn lost(&self) -> u64 {
-        self.dropped_ring_full + self.over_max_events
+        self.dropped_ring_full + self.over_max_events + self.missed_while_starting
     }
 }
 

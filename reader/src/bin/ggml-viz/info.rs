@@ -179,10 +179,11 @@ fn write_extensions(out: &mut impl Write, stats: &TraceStats) -> io::Result<()> 
     if let Some(c) = stats.counters {
         writeln!(
             out,
-            "lost events:     {} ({} dropped with a full ring, {} over max_events)",
+            "lost events:     {} ({} dropped with a full ring, {} over max_events, {} while tracing started)",
             c.lost(),
             c.dropped_ring_full,
-            c.over_max_events
+            c.over_max_events,
+            c.missed_while_starting
         )?;
     }
     if stats.unreadable_extensions > 0 {
