@@ -57,8 +57,10 @@ impl Entry {
         }
     }
 
+    /// The C name without its NUL (labels are built from it for every event).
     pub fn name(self) -> &'static str {
-        self.c_name().to_str().expect("ASCII")
+        // SAFETY: the names above are ASCII, so valid UTF-8.
+        unsafe { std::str::from_utf8_unchecked(self.c_name().to_bytes()) }
     }
 
     /// The backend an entry point always runs on, where its arguments name none.

@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::capture::{self, Entry, GraphInfo, Recorder};
 use crate::names::Owner;
-use crate::resolve::{Helpers, Resolved, resolve};
+use crate::resolve::{Helpers, Resolved, describe_route, resolve};
 
 type Ptr = *mut c_void;
 
@@ -67,19 +67,32 @@ fn guarded<T>(f: impl FnOnce() -> T) -> Option<T> {
     catch_unwind(AssertUnwindSafe(f)).ok()
 }
 
+/// The real function, resolved before tracing starts (so that the trace's metadata can name the
+/// ggml version of the copy that is called); then tracing is started if this is the first call.
 fn real_function(entry: Entry, return_address: usize) -> Option<&'static Resolved> {
-    guarded(capture::start_if_needed);
     let found = guarded(|| resolve(entry, return_address)).flatten();
-    if found.is_none() {
-        static SAID: AtomicBool = AtomicBool::new(false);
-        if !SAID.swap(true, Ordering::Relaxed) {
-            crate::say(format_args!(
-                "no loaded library defines {}; the call fails",
-                entry.name()
-            ));
+    guarded(capture::start_if_needed);
+    match found {
+        Some((resolved, fresh)) => {
+            if fresh && crate::VERBOSE.load(Ordering::Relaxed) {
+                crate::say(format_args!(
+                    "{}",
+                    describe_route(entry, return_address, resolved)
+                ));
+            }
+            Some(resolved)
+        }
+        None => {
+            static SAID: AtomicBool = AtomicBool::new(false);
+            if !SAID.swap(true, Ordering::Relaxed) {
+                crate::say(format_args!(
+                    "no loaded library defines {}; the call fails",
+                    entry.name()
+                ));
+            }
+            None
         }
     }
-    found
 }
 
 /// The common body of the graph entry points.

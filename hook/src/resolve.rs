@@ -16,8 +16,8 @@
 
 use std::ffi::{CStr, CString, c_char, c_int, c_void};
 use std::ptr;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
+use std::sync::{Mutex, OnceLock};
 
 use crate::capture::Entry;
 
@@ -124,8 +124,26 @@ const EMPTY: CacheSlot = CacheSlot {
 };
 static CACHE: [CacheSlot; CACHE_SLOTS] = [EMPTY; CACHE_SLOTS];
 
-/// Serializes the slow path; holds the helpers already found, by defining object.
-static SLOW: Mutex<Vec<(usize, &'static Helpers)>> = Mutex::new(Vec::new());
+/// What the slow path has learnt; its lock serializes the slow path.
+struct Slow {
+    /// Helpers already found, by the base address of the object defining the real function.
+    helpers: Vec<(usize, &'static Helpers)>,
+    /// `dlopen(RTLD_NOLOAD)` handles by object path, kept open: each `dlopen` costs thousands of
+    /// instructions, and holding a reference to a loaded object only keeps it loaded.
+    handles: Vec<(CString, usize)>,
+}
+
+static SLOW: Mutex<Slow> = Mutex::new(Slow {
+    helpers: Vec::new(),
+    handles: Vec::new(),
+});
+
+/// The helpers of the first copy of ggml a call was resolved to (for the trace's metadata).
+static FIRST_HELPERS: OnceLock<&'static Helpers> = OnceLock::new();
+
+pub fn first_helpers() -> Option<&'static Helpers> {
+    FIRST_HELPERS.get().copied()
+}
 
 /// A call site calls one function, so the return address alone is the key. Without one (an
 /// architecture we have no trampoline for) the entry's number stands in: never a code address.
@@ -157,39 +175,31 @@ fn cached(key: usize) -> Option<&'static Resolved> {
     None
 }
 
-/// The real function for `entry` called from `return_address`, or `None` if no loaded object
-/// defines it.
-pub fn resolve(entry: Entry, return_address: usize) -> Option<&'static Resolved> {
+/// The real function for `entry` called from `return_address`, and whether this call resolved it
+/// afresh; `None` if no loaded object defines it.
+pub fn resolve(entry: Entry, return_address: usize) -> Option<(&'static Resolved, bool)> {
     let key = cache_key(entry, return_address);
     if let Some(found) = cached(key) {
-        return Some(found);
+        return Some((found, false));
     }
-    let mut helpers_by_object = SLOW.lock().unwrap_or_else(|p| p.into_inner());
+    let mut slow = SLOW.lock().unwrap_or_else(|p| p.into_inner());
     if let Some(found) = cached(key) {
-        return Some(found);
+        return Some((found, false));
     }
     let name = entry.c_name();
-    let (real, ambiguous) = find_real(name, return_address)?;
-    let helpers = helpers_for(real, &mut helpers_by_object);
+    let (real, ambiguous) = slow.find_real(name, return_address)?;
+    let helpers = slow.helpers_for(real);
+    let _ = FIRST_HELPERS.set(helpers);
     let resolved: &'static Resolved = Box::leak(Box::new(Resolved {
         real,
         helpers,
         ambiguous,
     }));
-    if crate::VERBOSE.load(Ordering::Relaxed) {
-        let path = |address| object_of(address).map(|o| o.path.to_string_lossy().into_owned());
-        crate::say(format_args!(
-            "{} called from {} goes to {}",
-            name.to_string_lossy(),
-            path(return_address).unwrap_or_else(|| format!("{return_address:#x}")),
-            path(real).unwrap_or_else(|| format!("{real:#x}")),
-        ));
-    }
     if ambiguous {
         crate::say(format_args!(
             "several copies of ggml define {} and the caller at {return_address:#x} belongs to none of them; \
              calling the first one, untraced",
-            name.to_string_lossy()
+            entry.name()
         ));
     }
     if let Some(slot) = probe(key).find(|s| s.key.load(Ordering::Relaxed) == 0) {
@@ -199,32 +209,121 @@ pub fn resolve(entry: Entry, return_address: usize) -> Option<&'static Resolved>
         );
         slot.key.store(key, Ordering::Release);
     }
-    Some(resolved)
+    Some((resolved, true))
 }
 
-/// The helpers of the copy that defines `real`, any copy's if that cannot be told.
-pub fn helpers_of_any_copy() -> Option<&'static Helpers> {
-    let mut helpers_by_object = SLOW.lock().unwrap_or_else(|p| p.into_inner());
-    if let Some((_, h)) = helpers_by_object.first() {
-        return Some(h);
-    }
-    let real = all_definitions(c"ggml_graph_n_nodes").into_iter().next()?;
-    Some(helpers_for(real, &mut helpers_by_object))
+/// Where a call site goes, for `verbose`: the caller's object and the real function's.
+pub fn describe_route(entry: Entry, return_address: usize, resolved: &Resolved) -> String {
+    let path = |address| object_of(address).map(|o| o.path.to_string_lossy().into_owned());
+    format!(
+        "{} called from {} goes to {}",
+        entry.name(),
+        path(return_address).unwrap_or_else(|| format!("{return_address:#x}")),
+        path(resolved.real).unwrap_or_else(|| format!("{:#x}", resolved.real)),
+    )
 }
 
-fn find_real(name: &CStr, return_address: usize) -> Option<(usize, bool)> {
-    if let Some(real) =
-        object_of(return_address).and_then(|caller| lookup_in_scope(&caller.path, name))
-    {
-        return Some((real, false));
+impl Slow {
+    fn find_real(&mut self, name: &CStr, return_address: usize) -> Option<(usize, bool)> {
+        if let Some(caller) = object_of(return_address) {
+            if let Some(real) = self.lookup_in_scope(&caller.path, name) {
+                return Some((real, false));
+            }
+        }
+        // SAFETY: dlsym with RTLD_NEXT and a valid C string.
+        let next = unsafe { libc::dlsym(libc::RTLD_NEXT, name.as_ptr()) } as usize;
+        if next != 0 && !is_ours(next) {
+            return Some((next, false));
+        }
+        let all = self.all_definitions(name);
+        all.first().map(|&real| (real, all.len() > 1))
     }
-    // SAFETY: dlsym with RTLD_NEXT and a valid C string.
-    let next = unsafe { libc::dlsym(libc::RTLD_NEXT, name.as_ptr()) } as usize;
-    if next != 0 && !is_ours(next) {
-        return Some((next, false));
+
+    /// `name` looked up in the scope of the already-loaded object at `path` (the object, then
+    /// its dependencies), unless that finds our own wrapper.
+    fn lookup_in_scope(&mut self, path: &CStr, name: &CStr) -> Option<usize> {
+        if path.is_empty() {
+            return None;
+        }
+        let handle = match self.handles.iter().find(|(p, _)| p.as_c_str() == path) {
+            Some((_, handle)) => *handle,
+            None => {
+                // SAFETY: RTLD_NOLOAD only returns a handle for an object that is already loaded.
+                let handle =
+                    unsafe { libc::dlopen(path.as_ptr(), libc::RTLD_NOLOAD | libc::RTLD_LAZY) };
+                self.handles.push((path.to_owned(), handle as usize));
+                handle as usize
+            }
+        };
+        if handle == 0 {
+            return None;
+        }
+        // SAFETY: a valid handle and C string.
+        let found = unsafe { libc::dlsym(handle as *mut c_void, name.as_ptr()) } as usize;
+        (found != 0 && !is_ours(found)).then_some(found)
     }
-    let all = all_definitions(name);
-    all.first().map(|&real| (real, all.len() > 1))
+
+    /// Every distinct definition of `name` in the loaded objects other than ours.
+    fn all_definitions(&mut self, name: &CStr) -> Vec<usize> {
+        let mut paths: Vec<CString> = Vec::new();
+        unsafe extern "C" fn collect(
+            info: *mut libc::dl_phdr_info,
+            _size: usize,
+            data: *mut c_void,
+        ) -> c_int {
+            // SAFETY: dl_iterate_phdr passes a valid info and our `paths`.
+            let (info, paths) = unsafe { (&*info, &mut *(data as *mut Vec<CString>)) };
+            if !info.dlpi_name.is_null() {
+                // SAFETY: dlpi_name is a NUL-terminated string owned by the loader.
+                paths.push(unsafe { CStr::from_ptr(info.dlpi_name) }.to_owned());
+            }
+            0
+        }
+        // SAFETY: the callback only copies names into `paths`, which outlives the call.
+        unsafe {
+            libc::dl_iterate_phdr(
+                Some(collect),
+                &mut paths as *mut Vec<CString> as *mut c_void,
+            )
+        };
+        let mut found = Vec::new();
+        for path in paths {
+            if let Some(address) = self.lookup_in_scope(&path, name) {
+                if !found.contains(&address) {
+                    found.push(address);
+                }
+            }
+        }
+        found
+    }
+
+    /// The helpers of the copy of ggml that defines `real`.
+    fn helpers_for(&mut self, real: usize) -> &'static Helpers {
+        let Some(object) = object_of(real) else {
+            return Box::leak(Box::default());
+        };
+        if let Some((_, helpers)) = self.helpers.iter().find(|(base, _)| *base == object.base) {
+            return helpers;
+        }
+        let mut get = |name: &CStr| self.lookup_in_scope(&object.path, name);
+        // SAFETY: each address is the named ggml function, whose C signature the type spells.
+        let helpers = unsafe {
+            Helpers {
+                graph_n_nodes: get(c"ggml_graph_n_nodes")
+                    .map(|a| std::mem::transmute::<usize, NNodesFn>(a)),
+                backend_name: get(c"ggml_backend_name")
+                    .map(|a| std::mem::transmute::<usize, NameFn>(a)),
+                sched_get_n_backends: get(c"ggml_backend_sched_get_n_backends")
+                    .map(|a| std::mem::transmute::<usize, SchedNBackendsFn>(a)),
+                sched_get_backend: get(c"ggml_backend_sched_get_backend")
+                    .map(|a| std::mem::transmute::<usize, SchedBackendFn>(a)),
+                version: get(c"ggml_version").map(|a| std::mem::transmute::<usize, VersionFn>(a)),
+            }
+        };
+        let helpers: &'static Helpers = Box::leak(Box::new(helpers));
+        self.helpers.push((object.base, helpers));
+        helpers
+    }
 }
 
 struct Object {
@@ -295,86 +394,4 @@ fn our_base() -> usize {
 
 fn is_ours(address: usize) -> bool {
     object_of(address).is_some_and(|o| o.base == our_base())
-}
-
-/// `name` looked up in the scope of the already-loaded object at `path` (the object, then its
-/// dependencies), unless that finds our own wrapper.
-fn lookup_in_scope(path: &CStr, name: &CStr) -> Option<usize> {
-    if path.is_empty() {
-        return None;
-    }
-    // SAFETY: RTLD_NOLOAD only returns a handle for an object that is already loaded.
-    let handle = unsafe { libc::dlopen(path.as_ptr(), libc::RTLD_NOLOAD | libc::RTLD_LAZY) };
-    if handle.is_null() {
-        return None;
-    }
-    // SAFETY: a valid handle and C string; the handle is closed right after, which only drops
-    // the reference RTLD_NOLOAD added.
-    let found = unsafe {
-        let found = libc::dlsym(handle, name.as_ptr()) as usize;
-        libc::dlclose(handle);
-        found
-    };
-    (found != 0 && !is_ours(found)).then_some(found)
-}
-
-/// Every distinct definition of `name` in the loaded objects other than ours.
-fn all_definitions(name: &CStr) -> Vec<usize> {
-    let mut paths: Vec<CString> = Vec::new();
-    unsafe extern "C" fn collect(
-        info: *mut libc::dl_phdr_info,
-        _size: usize,
-        data: *mut c_void,
-    ) -> c_int {
-        // SAFETY: dl_iterate_phdr passes a valid info and our `paths`.
-        let (info, paths) = unsafe { (&*info, &mut *(data as *mut Vec<CString>)) };
-        if !info.dlpi_name.is_null() {
-            // SAFETY: dlpi_name is a NUL-terminated string owned by the loader.
-            paths.push(unsafe { CStr::from_ptr(info.dlpi_name) }.to_owned());
-        }
-        0
-    }
-    // SAFETY: the callback only copies names into `paths`, which outlives the call.
-    unsafe {
-        libc::dl_iterate_phdr(
-            Some(collect),
-            &mut paths as *mut Vec<CString> as *mut c_void,
-        )
-    };
-    let mut found = Vec::new();
-    for path in paths {
-        if let Some(address) = lookup_in_scope(&path, name) {
-            if !found.contains(&address) {
-                found.push(address);
-            }
-        }
-    }
-    found
-}
-
-fn helpers_for(real: usize, known: &mut Vec<(usize, &'static Helpers)>) -> &'static Helpers {
-    let Some(object) = object_of(real) else {
-        return Box::leak(Box::default());
-    };
-    if let Some((_, helpers)) = known.iter().find(|(base, _)| *base == object.base) {
-        return helpers;
-    }
-    let get = |name: &CStr| lookup_in_scope(&object.path, name);
-    // SAFETY: each address is the named ggml function, whose C signature the type spells.
-    let helpers = unsafe {
-        Helpers {
-            graph_n_nodes: get(c"ggml_graph_n_nodes")
-                .map(|a| std::mem::transmute::<usize, NNodesFn>(a)),
-            backend_name: get(c"ggml_backend_name")
-                .map(|a| std::mem::transmute::<usize, NameFn>(a)),
-            sched_get_n_backends: get(c"ggml_backend_sched_get_n_backends")
-                .map(|a| std::mem::transmute::<usize, SchedNBackendsFn>(a)),
-            sched_get_backend: get(c"ggml_backend_sched_get_backend")
-                .map(|a| std::mem::transmute::<usize, SchedBackendFn>(a)),
-            version: get(c"ggml_version").map(|a| std::mem::transmute::<usize, VersionFn>(a)),
-        }
-    };
-    let helpers: &'static Helpers = Box::leak(Box::new(helpers));
-    known.push((object.base, helpers));
-    helpers
 }

@@ -77,7 +77,7 @@ pub fn start() -> Option<Box<Recorder>> {
         clock: crate::clock::TickConverter::new(),
     };
     #[cfg(target_os = "linux")]
-    let ggml_version = crate::resolve::helpers_of_any_copy().and_then(|h| h.version());
+    let ggml_version = crate::resolve::first_helpers().and_then(|h| h.version());
     #[cfg(not(target_os = "linux"))]
     let ggml_version = None;
     let metadata = crate::metadata::collect(&config, ggml_version);
