@@ -36,18 +36,20 @@ done
 median() { printf '%s\n' "$@" | sort -g | awk '{ a[NR] = $1 } END { print (NR % 2) ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2 }'; }
 mp="$(median "${plain[@]}")"; mh="$(median "${hooked[@]}")"
 
-instructions() { # $1: plain|hooked
+instructions() { # $1: plain|hooked, $2: tokens to generate
   local pre=()
   [ "$1" = hooked ] && pre=(env LD_PRELOAD="$hook" GGML_VIZ_OUTPUT="$tmp/cg-%p.ggmlviz")
   "${pre[@]}" valgrind --tool=callgrind --callgrind-out-file="$tmp/cg.out" \
-    "$build/bin/llama-simple" -m "$model" -n 16 "hello world" >/dev/null 2>&1
+    "$build/bin/llama-simple" -m "$model" -n "$2" "hello world" >/dev/null 2>&1
   awk '/^totals:|^summary:/ { print $2; exit }' "$tmp/cg.out"
 }
-ip1="$(instructions plain)"; ih1="$(instructions hooked)"; ip2="$(instructions plain)"; ih2="$(instructions hooked)"
+ip1="$(instructions plain 16)"; ih1="$(instructions hooked 16)"; ip2="$(instructions plain 16)"; ih2="$(instructions hooked 16)"
+ip3="$(instructions plain 128)"; ih3="$(instructions hooked 128)"
 
 printf '%-52s %16s %16s %9s\n' "measure" "without hook" "with hook" "ratio"
 printf '%-52s %16.1f %16.1f %9.4f\n' "llama-bench -t 1 tg$n_gen tokens/s (median of $rounds)" "$mp" "$mh" "$(echo "$mh / $mp" | bc -l)"
 printf '%-52s %16d %16d %9.6f\n' "llama-simple -n 16 instructions (callgrind, run 1)" "$ip1" "$ih1" "$(echo "$ih1 / $ip1" | bc -l)"
 printf '%-52s %16d %16d %9.6f\n' "llama-simple -n 16 instructions (callgrind, run 2)" "$ip2" "$ih2" "$(echo "$ih2 / $ip2" | bc -l)"
+printf '%-52s %16d %16d %9.6f\n' "llama-simple -n 128 instructions (callgrind)" "$ip3" "$ih3" "$(echo "$ih3 / $ip3" | bc -l)"
 echo "tokens/s, each round: without: ${plain[*]}"
 echo "tokens/s, each round: with:    ${hooked[*]}"

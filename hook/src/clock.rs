@@ -71,6 +71,8 @@ pub struct TickConverter {
     /// The last two calibration points, (ticks, monotonic ns).
     previous: (u64, u64),
     latest: (u64, u64),
+    /// Nanoseconds per tick between them (1 for nanosecond ticks, and until two points exist).
+    slope: f64,
 }
 
 impl TickConverter {
@@ -79,6 +81,7 @@ impl TickConverter {
         TickConverter {
             previous: point,
             latest: point,
+            slope: 1.0,
         }
     }
 
@@ -88,18 +91,10 @@ impl TickConverter {
         if point.0 > self.latest.0 && point.1 > self.latest.1 {
             self.previous = self.latest;
             self.latest = point;
-        }
-    }
-
-    /// Nanoseconds per tick, from the last two points (1 for nanosecond ticks, and until two
-    /// points exist).
-    fn slope(&self) -> f64 {
-        let (t0, m0) = self.previous;
-        let (t1, m1) = self.latest;
-        if !ticks_are_tsc() || t1 <= t0 {
-            1.0
-        } else {
-            (m1 - m0) as f64 / (t1 - t0) as f64
+            let ((t0, m0), (t1, m1)) = (self.previous, self.latest);
+            if ticks_are_tsc() {
+                self.slope = (m1 - m0) as f64 / (t1 - t0) as f64;
+            }
         }
     }
 
@@ -110,16 +105,16 @@ impl TickConverter {
         }
         let (t1, m1) = self.latest;
         let mono = if ticks >= t1 {
-            m1 + ((ticks - t1) as f64 * self.slope()) as u64
+            m1 + ((ticks - t1) as f64 * self.slope) as u64
         } else {
-            m1.saturating_sub(((t1 - ticks) as f64 * self.slope()) as u64)
+            m1.saturating_sub(((t1 - ticks) as f64 * self.slope) as u64)
         };
         mono.wrapping_add(epoch_offset())
     }
 
     /// A tick interval as nanoseconds.
     pub fn to_ns(&self, ticks: u64) -> u64 {
-        (ticks as f64 * self.slope()) as u64
+        (ticks as f64 * self.slope) as u64
     }
 }
 

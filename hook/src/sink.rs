@@ -4,6 +4,7 @@
 //! The first record is the metadata extension record (which is also the layout marker); counters
 //! records carry the events that could not be recorded, as running totals.
 
+use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
 use std::io::{self, Write};
 use std::os::fd::AsRawFd;
@@ -28,7 +29,8 @@ pub struct Sink {
     layout: Layout,
     /// Encoding buffer, reused.
     buf: Vec<u8>,
-    label: String,
+    /// Labels by (entry point, name id): built once, not per event.
+    labels: HashMap<(u8, u16), Vec<u8>>,
     /// Names already written in a backend_names record.
     names_written: usize,
     counters_written: Counters,
@@ -70,7 +72,7 @@ pub fn start() -> Option<Box<Recorder>> {
         path,
         layout,
         buf: Vec::with_capacity(1 << 16),
-        label: String::new(),
+        labels: HashMap::new(),
         names_written: 0,
         counters_written: Counters::default(),
         closed: false,
@@ -228,7 +230,11 @@ extern "C" fn after_fork_in_child() {
 }
 
 impl Sink {
+    /// Writes what was encoded; nothing at all (no system call) when nothing was.
     fn write_buf(&mut self) -> io::Result<()> {
+        if self.buf.is_empty() {
+            return Ok(());
+        }
         self.file.write_all(&self.buf)?;
         self.buf.clear();
         self.file.flush()
@@ -312,20 +318,10 @@ impl Sink {
                 value: self.clock.to_ns(e.d),
             },
         };
-        self.label.clear();
-        let entry = Entry::from_code(e.entry);
-        if let Some(entry) = entry {
-            self.label.push_str(entry.name());
-        }
-        let interned = names
-            .get(e.name_id)
-            .map(|(_, _, name)| name)
-            .filter(|n| !n.is_empty());
-        if let Some(name) = interned.or_else(|| entry.and_then(Entry::implied_backend)) {
-            self.label.push(' ');
-            self.label.push_str(name);
-        }
-        let label = (!self.label.is_empty()).then_some(self.label.as_bytes());
+        let label = self
+            .labels
+            .entry((e.entry, e.name_id))
+            .or_insert_with(|| label_of(e.entry, e.name_id, names));
         format::encode_record(
             &mut self.buf,
             self.layout,
@@ -333,7 +329,7 @@ impl Sink {
             self.clock.to_epoch_ns(e.ticks),
             e.thread_id,
             &payload,
-            label,
+            (!label.is_empty()).then_some(label.as_slice()),
         );
     }
 
@@ -375,6 +371,21 @@ impl Sink {
         );
         self.counters_written = counters;
     }
+}
+
+/// An event's label: the entry point and the backend or scheduler name (`ggml_backend_graph_compute_async CPU`).
+fn label_of(entry: u8, name_id: u16, names: &Names) -> Vec<u8> {
+    let entry = Entry::from_code(entry);
+    let mut label = entry.map(Entry::name).unwrap_or_default().to_string();
+    let interned = names
+        .get(name_id)
+        .map(|(_, _, name)| name)
+        .filter(|n| !n.is_empty());
+    if let Some(name) = interned.or_else(|| entry.and_then(Entry::implied_backend)) {
+        label.push(' ');
+        label.push_str(name);
+    }
+    label.into_bytes()
 }
 
 #[cfg(test)]

@@ -390,10 +390,12 @@ pub fn encode_record(
     payload: &Payload,
     label: Option<&[u8]>,
 ) {
-    out.push(type_code);
-    out.extend_from_slice(&timestamp_ns.to_le_bytes());
-    out.extend_from_slice(&thread_id.to_le_bytes());
-    let mut u = [0u8; 32];
+    // The fixed part is assembled on the stack and appended in one copy.
+    let mut fixed = [0u8; UNION_OFFSET + 32 + 1 + 4];
+    fixed[0] = type_code;
+    fixed[1..9].copy_from_slice(&timestamp_ns.to_le_bytes());
+    fixed[9..13].copy_from_slice(&thread_id.to_le_bytes());
+    let u = &mut fixed[UNION_OFFSET..UNION_OFFSET + 32];
     match *payload {
         Payload::Graph {
             graph_ptr,
@@ -440,16 +442,23 @@ pub fn encode_record(
             // The marker names the layout actually written, whatever the caller put there.
             u[8..12].copy_from_slice(&(layout.union_len() as u32).to_le_bytes());
         }
-        Payload::Unknown { raw } => u = raw,
+        Payload::Unknown { raw } => u.copy_from_slice(&raw),
     }
-    out.extend_from_slice(&u[..layout.union_len()]);
+    // The union ends at the layout's size: has_label (and the label length) overwrite whatever a
+    // 32-byte variant left beyond a 28-byte union.
+    let has_label_at = layout.fixed_len() - 1;
     match label {
         Some(label) => {
-            out.push(1);
-            out.extend_from_slice(&(label.len() as u32).to_le_bytes());
+            fixed[has_label_at] = 1;
+            fixed[has_label_at + 1..has_label_at + 5]
+                .copy_from_slice(&(label.len() as u32).to_le_bytes());
+            out.extend_from_slice(&fixed[..has_label_at + 5]);
             out.extend_from_slice(label);
         }
-        None => out.push(0),
+        None => {
+            fixed[has_label_at] = 0;
+            out.extend_from_slice(&fixed[..has_label_at + 1]);
+        }
     }
 }
 
