@@ -6,7 +6,8 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, OnceLock};
 
-const SLOTS: usize = 256;
+/// Names the table holds; ids run from 1 to this.
+pub const SLOTS: usize = 256;
 
 /// What kind of object a name belongs to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

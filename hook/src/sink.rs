@@ -4,7 +4,6 @@
 //! The first record is the metadata extension record (which is also the layout marker); counters
 //! records carry the events that could not be recorded, as running totals.
 
-use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
 use std::io::{self, Write};
 use std::os::fd::AsRawFd;
@@ -23,14 +22,18 @@ use crate::capture::{self, Entry, Recorder};
 use crate::names::{Names, Owner};
 use crate::ring::RawEvent;
 
+/// Name ids an event can carry: the name table's slots and 0 for none.
+const NAME_IDS: usize = crate::names::SLOTS + 1;
+
 pub struct Sink {
     file: io::BufWriter<File>,
     pub path: PathBuf,
     layout: Layout,
     /// Encoding buffer, reused.
     buf: Vec<u8>,
-    /// Labels by (entry point, name id): built once, not per event.
-    labels: HashMap<(u8, u16), Vec<u8>>,
+    /// Labels by entry point and name id (index `entry * NAME_IDS + name_id`): built once, not
+    /// per event; empty until built.
+    labels: Vec<Vec<u8>>,
     /// Names already written in a backend_names record.
     names_written: usize,
     counters_written: Counters,
@@ -72,7 +75,7 @@ pub fn start() -> Option<Box<Recorder>> {
         path,
         layout,
         buf: Vec::with_capacity(1 << 16),
-        labels: HashMap::new(),
+        labels: vec![Vec::new(); 256 * NAME_IDS],
         names_written: 0,
         counters_written: Counters::default(),
         closed: false,
@@ -318,10 +321,10 @@ impl Sink {
                 value: self.clock.to_ns(e.d),
             },
         };
-        let label = self
-            .labels
-            .entry((e.entry, e.name_id))
-            .or_insert_with(|| label_of(e.entry, e.name_id, names));
+        let label = &mut self.labels[e.entry as usize * NAME_IDS + (e.name_id as usize % NAME_IDS)];
+        if label.is_empty() {
+            *label = label_of(e.entry, e.name_id, names);
+        }
         format::encode_record(
             &mut self.buf,
             self.layout,
