@@ -176,39 +176,53 @@ fn call2(real: usize, a: Ptr, b: Ptr) -> c_int {
     unsafe { std::mem::transmute::<usize, ComputeFn>(real)(a, b) }
 }
 
-unsafe extern "C" fn sched_graph_compute(sched: Ptr, graph: Ptr, ret: usize) -> c_int {
+/// The four entry points that take a scheduler or backend and a graph.
+fn object_compute(entry: Entry, owner: Owner, object: Ptr, graph: Ptr, ret: usize) -> c_int {
     traced_graph(
-        Entry::SchedGraphCompute,
+        entry,
         ret,
-        |h, r| object_graph(h, r, sched, Owner::Scheduler, graph),
-        |f| call2(f, sched, graph),
+        |h, r| object_graph(h, r, object, owner, graph),
+        |f| call2(f, object, graph),
+    )
+}
+
+unsafe extern "C" fn sched_graph_compute(sched: Ptr, graph: Ptr, ret: usize) -> c_int {
+    object_compute(
+        Entry::SchedGraphCompute,
+        Owner::Scheduler,
+        sched,
+        graph,
+        ret,
     )
 }
 
 unsafe extern "C" fn sched_graph_compute_async(sched: Ptr, graph: Ptr, ret: usize) -> c_int {
-    traced_graph(
+    object_compute(
         Entry::SchedGraphComputeAsync,
+        Owner::Scheduler,
+        sched,
+        graph,
         ret,
-        |h, r| object_graph(h, r, sched, Owner::Scheduler, graph),
-        |f| call2(f, sched, graph),
     )
 }
 
 unsafe extern "C" fn backend_graph_compute(backend: Ptr, graph: Ptr, ret: usize) -> c_int {
-    traced_graph(
+    object_compute(
         Entry::BackendGraphCompute,
+        Owner::Backend,
+        backend,
+        graph,
         ret,
-        |h, r| object_graph(h, r, backend, Owner::Backend, graph),
-        |f| call2(f, backend, graph),
     )
 }
 
 unsafe extern "C" fn backend_graph_compute_async(backend: Ptr, graph: Ptr, ret: usize) -> c_int {
-    traced_graph(
+    object_compute(
         Entry::BackendGraphComputeAsync,
+        Owner::Backend,
+        backend,
+        graph,
         ret,
-        |h, r| object_graph(h, r, backend, Owner::Backend, graph),
-        |f| call2(f, backend, graph),
     )
 }
 

@@ -402,12 +402,7 @@ pub fn encode_record(
             n_nodes,
             n_threads,
             backend_ptr,
-        } => {
-            u[0..8].copy_from_slice(&graph_ptr.to_le_bytes());
-            u[8..12].copy_from_slice(&n_nodes.to_le_bytes());
-            u[12..16].copy_from_slice(&n_threads.to_le_bytes());
-            u[16..24].copy_from_slice(&backend_ptr.to_le_bytes());
-        }
+        } => put_quad(u, graph_ptr, n_nodes, n_threads, backend_ptr),
         Payload::Op {
             tensor_ptr,
             op_type,
@@ -429,12 +424,7 @@ pub fn encode_record(
             thread_index,
             n_threads,
             value,
-        } => {
-            u[0..8].copy_from_slice(&object_ptr.to_le_bytes());
-            u[8..12].copy_from_slice(&thread_index.to_le_bytes());
-            u[12..16].copy_from_slice(&n_threads.to_le_bytes());
-            u[16..24].copy_from_slice(&value.to_le_bytes());
-        }
+        } => put_quad(u, object_ptr, thread_index, n_threads, value),
         Payload::Extension(ext) => {
             u[0..4].copy_from_slice(&EXTENSION_MAGIC);
             u[4..6].copy_from_slice(&ext.kind.code().to_le_bytes());
@@ -460,6 +450,14 @@ pub fn encode_record(
             out.extend_from_slice(&fixed[..has_label_at + 1]);
         }
     }
+}
+
+/// The shape the graph and thread variants share: u64, u32, u32, u64.
+fn put_quad(u: &mut [u8], a: u64, b: u32, c: u32, d: u64) {
+    u[0..8].copy_from_slice(&a.to_le_bytes());
+    u[8..12].copy_from_slice(&b.to_le_bytes());
+    u[12..16].copy_from_slice(&c.to_le_bytes());
+    u[16..24].copy_from_slice(&d.to_le_bytes());
 }
 
 /// What can be wrong inside a record (as opposed to it being cut short).
