@@ -260,3 +260,41 @@ fn two_copies_of_ggml_each_get_their_own_calls() {
         assert!(stderr.contains(&line), "expected `{line}` in:\n{stderr}");
     }
 }
+
+#[test]
+fn without_pid_in_the_path_a_forked_child_leaves_the_parents_file_alone() {
+    let dir = scratch("fork-no-pid");
+    let trace = dir.join("t.ggmlviz");
+    let bin = llama_bin();
+    let out = run(with_hook(
+        fixture_cmd(&[&bin], &["--nodes", "3", "--repeat", "2", "--fork"]),
+        &[("GGML_VIZ_OUTPUT", trace.to_str().unwrap())],
+    ));
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let stderr = text(&out.stderr);
+    let notes: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.contains("is being written by another live process"))
+        .collect();
+    assert_eq!(notes.len(), 1, "{stderr}");
+    let (events, damage, stats) = read_trace(&trace);
+    assert_eq!(damage, None);
+    check_nesting(&events);
+    assert_eq!(
+        stats.graph_computes, 4,
+        "the parent's file holds the parent's graphs only"
+    );
+    let child_file = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p != &trace)
+        .expect("the child writes PATH.PID");
+    let (_, _, child) = read_trace(&child_file);
+    assert_eq!(child.graph_computes, 3);
+    assert!(
+        child_file
+            .to_str()
+            .unwrap()
+            .ends_with(&format!(".{}", child.metadata.unwrap().pid))
+    );
+}
