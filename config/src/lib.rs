@@ -44,6 +44,8 @@ pub struct Config {
     /// Events recorded at most; later ones are counted, not recorded.
     pub max_events: u64,
     pub op_timing: bool,
+    /// With op timing: time the ops of one recorded graph compute in this many.
+    pub op_sample: u64,
     pub memory_tracking: bool,
     pub thread_tracking: bool,
     pub tensor_names: bool,
@@ -67,6 +69,7 @@ impl Default for Config {
             disable: false,
             max_events: 10_000_000,
             op_timing: true,
+            op_sample: 1,
             memory_tracking: false,
             thread_tracking: false,
             tensor_names: true,
@@ -153,6 +156,11 @@ const SETTINGS: &[Setting] = &[
         key: "op_timing",
         env: "GGML_VIZ_OP_TIMING",
         file_path: &["instrumentation", "enable_op_timing"],
+    },
+    Setting {
+        key: "op_sample",
+        env: "GGML_VIZ_OP_SAMPLE",
+        file_path: &["instrumentation", "op_sample"],
     },
     Setting {
         key: "memory_tracking",
@@ -286,6 +294,12 @@ impl Config {
             "disable" => self.disable = boolean(v)?,
             "max_events" => self.max_events = integer(v)?,
             "op_timing" => self.op_timing = boolean(v)?,
+            "op_sample" => {
+                self.op_sample = integer(v)?;
+                if self.op_sample == 0 {
+                    return Err("must be at least 1 (1 times every graph compute's ops)".into());
+                }
+            }
             "memory_tracking" => self.memory_tracking = boolean(v)?,
             "thread_tracking" => self.thread_tracking = boolean(v)?,
             "tensor_names" => self.tensor_names = boolean(v)?,
@@ -330,6 +344,7 @@ impl Config {
         m.insert("disable".into(), self.disable.into());
         m.insert("max_events".into(), self.max_events.into());
         m.insert("op_timing".into(), self.op_timing.into());
+        m.insert("op_sample".into(), self.op_sample.into());
         m.insert("memory_tracking".into(), self.memory_tracking.into());
         m.insert("thread_tracking".into(), self.thread_tracking.into());
         m.insert("tensor_names".into(), self.tensor_names.into());

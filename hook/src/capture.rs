@@ -26,10 +26,17 @@ pub enum Entry {
     GraphComputeWithCtx = 6,
     BackendSynchronize = 7,
     SchedSynchronize = 8,
+    SchedSetEvalCallback = 9,
+    LlamaDecode = 10,
+    LlamaEncode = 11,
+    LlamaProcess = 12,
+    LlamaBatchExtAdd = 13,
+    LlamaBatchExtAddToken = 14,
+    LlamaBatchExtClear = 15,
 }
 
 impl Entry {
-    const ALL: [Entry; 8] = [
+    const ALL: [Entry; 15] = [
         Entry::SchedGraphCompute,
         Entry::SchedGraphComputeAsync,
         Entry::BackendGraphCompute,
@@ -38,6 +45,13 @@ impl Entry {
         Entry::GraphComputeWithCtx,
         Entry::BackendSynchronize,
         Entry::SchedSynchronize,
+        Entry::SchedSetEvalCallback,
+        Entry::LlamaDecode,
+        Entry::LlamaEncode,
+        Entry::LlamaProcess,
+        Entry::LlamaBatchExtAdd,
+        Entry::LlamaBatchExtAddToken,
+        Entry::LlamaBatchExtClear,
     ];
 
     pub fn from_code(code: u8) -> Option<Entry> {
@@ -54,6 +68,13 @@ impl Entry {
             Entry::GraphComputeWithCtx => c"ggml_graph_compute_with_ctx",
             Entry::BackendSynchronize => c"ggml_backend_synchronize",
             Entry::SchedSynchronize => c"ggml_backend_sched_synchronize",
+            Entry::SchedSetEvalCallback => c"ggml_backend_sched_set_eval_callback",
+            Entry::LlamaDecode => c"llama_decode",
+            Entry::LlamaEncode => c"llama_encode",
+            Entry::LlamaProcess => c"llama_process",
+            Entry::LlamaBatchExtAdd => c"llama_batch_ext_add",
+            Entry::LlamaBatchExtAddToken => c"llama_batch_ext_add_token",
+            Entry::LlamaBatchExtClear => c"llama_batch_ext_clear",
         }
     }
 
@@ -80,6 +101,10 @@ pub struct Recorder {
     /// Events handed out to threads' budgets from the cap (`max_events`), at most the cap.
     pub reserved: AtomicU64,
     pub over_max_events: AtomicU64,
+    /// Recorded graph computes considered for op timing (for `op_sample`).
+    pub op_timed_graphs: AtomicU64,
+    /// Tensors seen by op timing: name, op, type, shape.
+    pub tensors: crate::ops::Tensors,
     /// Outermost graph computes begun, recorded or not; counted only when a capture window is set.
     pub graphs_begun: AtomicU64,
     pub sink: Mutex<crate::sink::Sink>,
@@ -147,6 +172,9 @@ struct Local {
     recording: Cell<bool>,
     /// Events this thread may still record under the cap.
     budget: Cell<u64>,
+    /// Our eval callback is driving a node: the graph computes and waits ggml makes for it are
+    /// part of the op, not recorded on their own.
+    in_op: Cell<bool>,
 }
 
 thread_local! {
@@ -158,6 +186,7 @@ thread_local! {
             depth: Cell::new(0),
             recording: Cell::new(false),
             budget: Cell::new(0),
+            in_op: Cell::new(false),
         }
     };
 }
@@ -239,6 +268,7 @@ pub fn reset_after_fork() {
         l.depth.set(0);
         l.recording.set(false);
         l.budget.set(0);
+        l.in_op.set(false);
     });
 }
 
@@ -306,6 +336,8 @@ pub struct GraphScope {
     entry: Entry,
     info: GraphInfo,
     recording: bool,
+    /// No other graph compute is open on this thread.
+    outermost: bool,
 }
 
 fn graph_event(type_code: u8, entry: Entry, info: &GraphInfo) -> RawEvent {
@@ -337,7 +369,7 @@ pub fn graph_begin(
             l.recording.set(in_window);
         }
         l.depth.set(depth + 1);
-        let recording = l.recording.get();
+        let recording = l.recording.get() && !l.in_op.get();
         let info = if recording {
             describe(r)
         } else {
@@ -351,8 +383,84 @@ pub fn graph_begin(
             entry,
             info,
             recording,
+            outermost: depth == 0,
         })
     })
+}
+
+impl GraphScope {
+    pub fn recorder(&self) -> &'static Recorder {
+        self.recorder
+    }
+
+    /// Whether this graph compute's ops should be timed: it is recorded and outermost (a nested
+    /// scheduler call is timed by the outer one), op timing is on, and it is the one in
+    /// `op_sample` that is sampled.
+    pub fn wants_op_timing(&self) -> bool {
+        let c = &self.recorder.config;
+        self.recording
+            && self.outermost
+            && c.op_timing
+            && self
+                .recorder
+                .op_timed_graphs
+                .fetch_add(1, Ordering::Relaxed)
+                % c.op_sample.max(1)
+                == 0
+    }
+}
+
+/// One node's op event: begin (`OP_COMPUTE_BEGIN`) or end.
+#[derive(Clone, Copy, Debug)]
+pub struct OpInfo {
+    pub tensor: *mut c_void,
+    pub op_type: u32,
+    pub op_size: u64,
+    pub backend: *mut c_void,
+    /// The tensor's entry in the recorder's tensor table.
+    pub tensor_id: u16,
+}
+
+fn op_event(type_code: u8, op: &OpInfo) -> RawEvent {
+    RawEvent {
+        type_code,
+        a: op.tensor as u64,
+        b: op.op_type,
+        size: op.op_size,
+        d: op.backend as u64,
+        name_id: op.tensor_id,
+        ..RawEvent::default()
+    }
+}
+
+/// Our eval callback is about to let ggml compute one node.
+pub fn op_begin(r: &'static Recorder, op: &OpInfo) {
+    LOCAL.with(|l| {
+        push(l, r, op_event(2, op));
+        l.in_op.set(true);
+    });
+}
+
+/// The node is computed and synchronized.
+pub fn op_end(r: &'static Recorder, op: &OpInfo) {
+    LOCAL.with(|l| {
+        l.in_op.set(false);
+        push(l, r, op_event(3, op));
+    });
+}
+
+/// An application-level span (`llama_decode`, `llama_encode`): begin or end, with the batch's
+/// tokens (`u32::MAX`: unknown) in `b`.
+pub fn span(entry: Entry, begin: bool, count: u32) {
+    let Some(r) = recorder(1) else { return };
+    let event = RawEvent {
+        type_code: ggml_viz_reader::format::EXTENSION_TYPE_CODE,
+        entry: entry as u8,
+        b: count,
+        c: u32::from(begin),
+        ..RawEvent::default()
+    };
+    LOCAL.with(|l| push(l, r, event));
 }
 
 /// After the real call: the end event.
@@ -395,7 +503,9 @@ pub fn wait_begin(
 ) -> Option<WaitScope> {
     let r = recorder(1)?;
     let recording = LOCAL.with(|l| {
-        if l.depth.get() > 0 {
+        if l.in_op.get() {
+            false
+        } else if l.depth.get() > 0 {
             l.recording.get()
         } else {
             !r.has_window()

@@ -10,9 +10,12 @@ use std::ffi::{c_int, c_void};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use crate::capture::{self, Entry, GraphInfo, Recorder};
+use crate::capture::{self, Entry, GraphInfo, GraphScope, Recorder};
+use crate::ggml::EvalCallback;
 use crate::names::Owner;
+use crate::ops::{self, OpDriver};
 use crate::resolve::{Helpers, Resolved, describe_route, resolve};
+use crate::spans;
 
 type Ptr = *mut c_void;
 
@@ -60,6 +63,15 @@ trampoline!(ggml_graph_compute(graph: Ptr, cplan: Ptr) -> c_int, graph_compute, 
 trampoline!(ggml_graph_compute_with_ctx(ctx: Ptr, graph: Ptr, n_threads: c_int) -> c_int, graph_compute_with_ctx, x86_64: "rcx", aarch64: "x3");
 trampoline!(ggml_backend_synchronize(backend: Ptr), backend_synchronize, x86_64: "rsi", aarch64: "x1");
 trampoline!(ggml_backend_sched_synchronize(sched: Ptr), sched_synchronize, x86_64: "rsi", aarch64: "x1");
+trampoline!(ggml_backend_sched_set_eval_callback(sched: Ptr, callback: Option<EvalCallback>, user_data: Ptr), sched_set_eval_callback, x86_64: "rcx", aarch64: "x3");
+// The batch is passed in memory on x86-64 (it is over 16 bytes) and by reference on aarch64, so
+// the return address goes in the register after `ctx`.
+trampoline!(llama_decode(ctx: Ptr, batch: LlamaBatch) -> i32, llama_decode_impl, x86_64: "rsi", aarch64: "x2");
+trampoline!(llama_encode(ctx: Ptr, batch: LlamaBatch) -> i32, llama_encode_impl, x86_64: "rsi", aarch64: "x2");
+trampoline!(llama_process(ctx: Ptr, kind: c_int, batch: Ptr) -> i32, llama_process_impl, x86_64: "rcx", aarch64: "x3");
+trampoline!(llama_batch_ext_add(batch: Ptr, seq_id: i32) -> i32, batch_ext_add, x86_64: "rdx", aarch64: "x2");
+trampoline!(llama_batch_ext_add_token(batch: Ptr, seq_id: i32, token: i32) -> i32, batch_ext_add_token, x86_64: "rcx", aarch64: "x3");
+trampoline!(llama_batch_ext_clear(batch: Ptr), batch_ext_clear, x86_64: "rsi", aarch64: "x1");
 
 /// Runs our own code; a panic in it is swallowed (a panic that left an `extern "C"` function
 /// would abort the host).
@@ -100,7 +112,7 @@ fn traced_graph(
     entry: Entry,
     return_address: usize,
     describe: impl FnOnce(&Helpers, &'static Recorder) -> GraphInfo,
-    call: impl FnOnce(usize) -> c_int,
+    call: impl FnOnce(&'static Resolved, Option<&GraphScope>) -> c_int,
 ) -> c_int {
     let Some(real) = real_function(entry, return_address) else {
         return GGML_STATUS_FAILED;
@@ -110,7 +122,7 @@ fn traced_graph(
     } else {
         guarded(|| capture::graph_begin(entry, |r| describe(real.helpers, r))).flatten()
     };
-    let status = call(real.real);
+    let status = call(real, scope.as_ref());
     if let Some(scope) = scope {
         guarded(|| capture::graph_end(scope));
     }
@@ -176,13 +188,27 @@ fn call2(real: usize, a: Ptr, b: Ptr) -> c_int {
     unsafe { std::mem::transmute::<usize, ComputeFn>(real)(a, b) }
 }
 
-/// The four entry points that take a scheduler or backend and a graph.
+/// The four entry points that take a scheduler or backend and a graph. A scheduler's compute
+/// gets our eval callback when its ops are to be timed (see [`crate::ops`]).
 fn object_compute(entry: Entry, owner: Owner, object: Ptr, graph: Ptr, ret: usize) -> c_int {
     traced_graph(
         entry,
         ret,
         |h, r| object_graph(h, r, object, owner, graph),
-        |f| call2(f, object, graph),
+        |real, scope| {
+            let timed = owner == Owner::Scheduler
+                && real.helpers.can_time_ops()
+                && scope.is_some_and(GraphScope::wants_op_timing);
+            let Some(scope) = scope.filter(|_| timed) else {
+                return call2(real.real, object, graph);
+            };
+            let mut driver = OpDriver::new(scope.recorder(), real.helpers, object);
+            // SAFETY: `driver` stays in this frame until it is uninstalled below.
+            unsafe { driver.install() };
+            let status = call2(real.real, object, graph);
+            driver.uninstall();
+            status
+        },
     )
 }
 
@@ -248,8 +274,8 @@ unsafe extern "C" fn graph_compute(graph: Ptr, cplan: Ptr, ret: usize) -> c_int 
         backend: std::ptr::null_mut(),
         name_id: 0,
     };
-    traced_graph(Entry::GraphCompute, ret, describe, |f| {
-        call2(f, graph, cplan)
+    traced_graph(Entry::GraphCompute, ret, describe, |real, _| {
+        call2(real.real, graph, cplan)
     })
 }
 
@@ -267,9 +293,9 @@ unsafe extern "C" fn graph_compute_with_ctx(
         backend: std::ptr::null_mut(),
         name_id: 0,
     };
-    traced_graph(Entry::GraphComputeWithCtx, ret, describe, |f| {
-        // SAFETY: `f` is the real ggml_graph_compute_with_ctx, whose C signature this is.
-        unsafe { std::mem::transmute::<usize, ComputeWithCtxFn>(f)(ctx, graph, n_threads) }
+    traced_graph(Entry::GraphComputeWithCtx, ret, describe, |real, _| {
+        // SAFETY: `real` is the real ggml_graph_compute_with_ctx, whose C signature this is.
+        unsafe { std::mem::transmute::<usize, ComputeWithCtxFn>(real.real)(ctx, graph, n_threads) }
     })
 }
 
@@ -292,4 +318,127 @@ unsafe extern "C" fn sched_synchronize(sched: Ptr, ret: usize) {
     traced_wait(Entry::SchedSynchronize, ret, sched, Owner::Scheduler, |f| {
         call_wait(f, sched)
     })
+}
+
+unsafe extern "C" fn sched_set_eval_callback(
+    sched: Ptr,
+    callback: Option<EvalCallback>,
+    user_data: Ptr,
+    ret: usize,
+) {
+    let Some(real) = real_function(Entry::SchedSetEvalCallback, ret) else {
+        return;
+    };
+    guarded(|| ops::remember_app_callback(sched, callback, user_data));
+    type SetFn = unsafe extern "C" fn(Ptr, Option<EvalCallback>, Ptr);
+    // SAFETY: the real ggml_backend_sched_set_eval_callback, with the caller's arguments.
+    unsafe { std::mem::transmute::<usize, SetFn>(real.real)(sched, callback, user_data) }
+}
+
+/// `struct llama_batch` (llama.h), passed by value to llama_decode and llama_encode.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct LlamaBatch {
+    n_tokens: i32,
+    token: Ptr,
+    embd: Ptr,
+    pos: Ptr,
+    n_seq_id: Ptr,
+    seq_id: Ptr,
+    logits: Ptr,
+}
+
+/// A span around one llama call (`name` says which), with `n_tokens` (`u32::MAX`: unknown).
+fn traced_span(
+    name: Entry,
+    n_tokens: u32,
+    real: &Resolved,
+    call: impl FnOnce(usize) -> i32,
+) -> i32 {
+    guarded(|| capture::span(name, true, n_tokens));
+    let status = call(real.real);
+    guarded(|| capture::span(name, false, n_tokens));
+    status
+}
+
+type LlamaFn = unsafe extern "C" fn(Ptr, LlamaBatch) -> i32;
+
+unsafe extern "C" fn llama_decode_impl(ctx: Ptr, batch: LlamaBatch, ret: usize) -> i32 {
+    let Some(real) = real_function(Entry::LlamaDecode, ret) else {
+        return -1;
+    };
+    // SAFETY: the real llama_decode, with the caller's arguments.
+    traced_span(
+        Entry::LlamaDecode,
+        batch.n_tokens.max(0) as u32,
+        real,
+        |f| unsafe { std::mem::transmute::<usize, LlamaFn>(f)(ctx, batch) },
+    )
+}
+
+unsafe extern "C" fn llama_encode_impl(ctx: Ptr, batch: LlamaBatch, ret: usize) -> i32 {
+    let Some(real) = real_function(Entry::LlamaEncode, ret) else {
+        return -1;
+    };
+    // SAFETY: the real llama_encode, with the caller's arguments.
+    traced_span(
+        Entry::LlamaEncode,
+        batch.n_tokens.max(0) as u32,
+        real,
+        |f| unsafe { std::mem::transmute::<usize, LlamaFn>(f)(ctx, batch) },
+    )
+}
+
+/// `llama_process(ctx, LLAMA_PROCESS_TYPE_{ENCODE,DECODE}, batch_ext)`: recorded as the
+/// llama_encode / llama_decode span it stands for.
+unsafe extern "C" fn llama_process_impl(ctx: Ptr, kind: c_int, batch: Ptr, ret: usize) -> i32 {
+    let Some(real) = real_function(Entry::LlamaProcess, ret) else {
+        return -1;
+    };
+    let name = if kind == 0 {
+        Entry::LlamaEncode
+    } else {
+        Entry::LlamaDecode
+    };
+    let n_tokens = guarded(|| spans::batch_tokens(batch))
+        .flatten()
+        .unwrap_or(u32::MAX);
+    type ProcessFn = unsafe extern "C" fn(Ptr, c_int, Ptr) -> i32;
+    // SAFETY: the real llama_process, with the caller's arguments.
+    traced_span(name, n_tokens, real, |f| unsafe {
+        std::mem::transmute::<usize, ProcessFn>(f)(ctx, kind, batch)
+    })
+}
+
+unsafe extern "C" fn batch_ext_add(batch: Ptr, seq_id: i32, ret: usize) -> i32 {
+    let Some(real) = real_function(Entry::LlamaBatchExtAdd, ret) else {
+        return -1;
+    };
+    type AddFn = unsafe extern "C" fn(Ptr, i32) -> i32;
+    // SAFETY: the real llama_batch_ext_add, with the caller's arguments.
+    let index = unsafe { std::mem::transmute::<usize, AddFn>(real.real)(batch, seq_id) };
+    guarded(|| spans::token_added(batch, index));
+    index
+}
+
+unsafe extern "C" fn batch_ext_add_token(batch: Ptr, seq_id: i32, token: i32, ret: usize) -> i32 {
+    let Some(real) = real_function(Entry::LlamaBatchExtAddToken, ret) else {
+        return -1;
+    };
+    type AddTokenFn = unsafe extern "C" fn(Ptr, i32, i32) -> i32;
+    // SAFETY: the real llama_batch_ext_add_token, with the caller's arguments.
+    let index =
+        unsafe { std::mem::transmute::<usize, AddTokenFn>(real.real)(batch, seq_id, token) };
+    guarded(|| spans::token_added(batch, index));
+    index
+}
+
+unsafe extern "C" fn batch_ext_clear(batch: Ptr, ret: usize) {
+    let Some(real) = real_function(Entry::LlamaBatchExtClear, ret) else {
+        return;
+    };
+    type ClearFn = unsafe extern "C" fn(Ptr);
+    // SAFETY: the real llama_batch_ext_clear, with the caller's argument.
+    unsafe { std::mem::transmute::<usize, ClearFn>(real.real)(batch) };
+    guarded(|| spans::batch_cleared(batch));
 }

@@ -18,12 +18,17 @@ pub mod capture;
 pub mod clock;
 #[cfg(target_os = "linux")]
 pub mod exports;
+pub mod ggml;
 pub mod metadata;
 pub mod names;
+#[cfg(target_os = "linux")]
+pub mod ops;
 #[cfg(target_os = "linux")]
 pub mod resolve;
 pub mod ring;
 pub mod sink;
+#[cfg(target_os = "linux")]
+pub mod spans;
 
 /// `verbose` of the configuration in force: say more on stderr (where each call site goes).
 pub(crate) static VERBOSE: std::sync::atomic::AtomicBool =

@@ -11,93 +11,16 @@
 //! used, and when that fails too (ggml loaded `RTLD_LOCAL`) every loaded object is searched.
 //! Results are cached per call site in atomics; the slow path takes a lock, once per call site.
 //!
-//! The helpers we call ourselves (`ggml_graph_n_nodes`, `ggml_backend_name`, …) come from the
-//! scope of the object that defines the real function, so they belong to the same copy.
+//! The helpers we call ourselves ([`Helpers`]: `ggml_graph_n_nodes`, `ggml_backend_name`, …) come
+//! from the scope of the object that defines the real function, so they belong to the same copy.
 
-use std::ffi::{CStr, CString, c_char, c_int, c_void};
+use std::ffi::{CStr, CString, c_int, c_void};
 use std::ptr;
 use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
 use std::sync::{Mutex, OnceLock};
 
 use crate::capture::Entry;
-
-type NNodesFn = unsafe extern "C" fn(*mut c_void) -> c_int;
-type NameFn = unsafe extern "C" fn(*mut c_void) -> *const c_char;
-type SchedNBackendsFn = unsafe extern "C" fn(*mut c_void) -> c_int;
-type SchedBackendFn = unsafe extern "C" fn(*mut c_void, c_int) -> *mut c_void;
-type VersionFn = unsafe extern "C" fn() -> *const c_char;
-
-/// The ggml functions we call ourselves, from one copy of ggml. Any may be missing (an old
-/// ggml); the event then carries 0 or no name.
-#[derive(Debug, Default)]
-pub struct Helpers {
-    graph_n_nodes: Option<NNodesFn>,
-    backend_name: Option<NameFn>,
-    sched_get_n_backends: Option<SchedNBackendsFn>,
-    sched_get_backend: Option<SchedBackendFn>,
-    version: Option<VersionFn>,
-}
-
-impl Helpers {
-    /// `ggml_graph_n_nodes(graph)`, or 0.
-    ///
-    /// # Safety
-    /// `graph` must be a graph of this copy of ggml (it is: the caller passed it to this copy).
-    pub unsafe fn n_nodes(&self, graph: *mut c_void) -> u32 {
-        match self.graph_n_nodes {
-            // SAFETY: the function belongs to the copy that owns `graph`.
-            Some(f) if !graph.is_null() => unsafe { f(graph) }.max(0) as u32,
-            _ => 0,
-        }
-    }
-
-    /// `ggml_backend_name(backend)`.
-    ///
-    /// # Safety
-    /// `backend` must be a backend of this copy of ggml.
-    pub unsafe fn backend_name(&self, backend: *mut c_void) -> String {
-        match self.backend_name {
-            // SAFETY: as above; the name is a NUL-terminated string owned by the backend.
-            Some(f) if !backend.is_null() => unsafe { c_string(f(backend)) },
-            _ => String::new(),
-        }
-    }
-
-    /// The names of a scheduler's backends, joined with `+` (`CUDA0+CPU`).
-    ///
-    /// # Safety
-    /// `sched` must be a scheduler of this copy of ggml.
-    pub unsafe fn sched_name(&self, sched: *mut c_void) -> String {
-        let (Some(count), Some(get)) = (self.sched_get_n_backends, self.sched_get_backend) else {
-            return String::new();
-        };
-        // SAFETY: as above.
-        let n = unsafe { count(sched) }.clamp(0, 16);
-        // SAFETY: indices are below the scheduler's backend count.
-        (0..n)
-            .map(|i| unsafe { self.backend_name(get(sched, i)) })
-            .collect::<Vec<_>>()
-            .join("+")
-    }
-
-    /// `ggml_version()`, where this ggml has it.
-    pub fn version(&self) -> Option<String> {
-        // SAFETY: ggml_version takes nothing and returns a static string.
-        self.version
-            .map(|f| unsafe { c_string(f()) })
-            .filter(|v| !v.is_empty())
-    }
-}
-
-/// # Safety
-/// `p` is null or a NUL-terminated string.
-unsafe fn c_string(p: *const c_char) -> String {
-    if p.is_null() {
-        return String::new();
-    }
-    // SAFETY: per the contract.
-    unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
-}
+pub use crate::ggml::Helpers;
 
 /// Where a call goes.
 #[derive(Debug)]
@@ -145,14 +68,12 @@ pub fn first_helpers() -> Option<&'static Helpers> {
     FIRST_HELPERS.get().copied()
 }
 
-/// A call site calls one function, so the return address alone is the key. Without one (an
-/// architecture we have no trampoline for) the entry's number stands in: never a code address.
+/// The entry point and the return address together: one call site can call several entry
+/// points (libffi's, or any call through a function pointer), and one entry point is called from
+/// many sites. User-space addresses fit in 56 bits, so the entry goes above them; without a
+/// return address (an architecture we have no trampoline for) the entry alone is the key.
 fn cache_key(entry: Entry, return_address: usize) -> usize {
-    if return_address != 0 {
-        return_address
-    } else {
-        entry as usize
-    }
+    ((entry as usize) << 56) | (return_address & ((1 << 56) - 1))
 }
 
 fn probe(key: usize) -> impl Iterator<Item = &'static CacheSlot> {
@@ -305,21 +226,7 @@ impl Slow {
         if let Some((_, helpers)) = self.helpers.iter().find(|(base, _)| *base == object.base) {
             return helpers;
         }
-        let mut get = |name: &CStr| self.lookup_in_scope(&object.path, name);
-        // SAFETY: each address is the named ggml function, whose C signature the type spells.
-        let helpers = unsafe {
-            Helpers {
-                graph_n_nodes: get(c"ggml_graph_n_nodes")
-                    .map(|a| std::mem::transmute::<usize, NNodesFn>(a)),
-                backend_name: get(c"ggml_backend_name")
-                    .map(|a| std::mem::transmute::<usize, NameFn>(a)),
-                sched_get_n_backends: get(c"ggml_backend_sched_get_n_backends")
-                    .map(|a| std::mem::transmute::<usize, SchedNBackendsFn>(a)),
-                sched_get_backend: get(c"ggml_backend_sched_get_backend")
-                    .map(|a| std::mem::transmute::<usize, SchedBackendFn>(a)),
-                version: get(c"ggml_version").map(|a| std::mem::transmute::<usize, VersionFn>(a)),
-            }
-        };
+        let helpers = Helpers::load(|name| self.lookup_in_scope(&object.path, name));
         let helpers: &'static Helpers = Box::leak(Box::new(helpers));
         self.helpers.push((object.base, helpers));
         helpers

@@ -17,6 +17,8 @@ pub struct RawEvent {
     pub a: u64,
     /// The union's last u64 (backend pointer, or a duration in ticks for barrier waits).
     pub d: u64,
+    /// Op events: `op_size`, the bytes of the node's result.
+    pub size: u64,
     /// The union's u32 fields (n_nodes / op_type, n_threads).
     pub b: u32,
     pub c: u32,
@@ -24,7 +26,8 @@ pub struct RawEvent {
     pub type_code: u8,
     /// Which entry point recorded it: an index into [`crate::capture::Entry`].
     pub entry: u8,
-    /// Interned name of the backend or scheduler (see [`crate::names`]); 0 for none.
+    /// Graph and wait events: interned name of the backend or scheduler (see [`crate::names`]).
+    /// Op events: the tensor's entry in [`crate::ops::Tensors`]. 0 for none.
     pub name_id: u16,
 }
 

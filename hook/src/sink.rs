@@ -31,6 +31,10 @@ pub struct Sink {
     layout: Layout,
     /// Encoding buffer, reused.
     buf: Vec<u8>,
+    /// For each tensor-name group, the tensor info last written (the reader keeps the latest).
+    info_of_group: Vec<u16>,
+    /// Op types whose names were written.
+    op_names_written: std::collections::HashSet<u32>,
     /// Labels by entry point and name id (index `entry * NAME_IDS + name_id`): built once, not
     /// per event; empty until built.
     labels: Vec<Vec<u8>>,
@@ -76,6 +80,8 @@ pub fn start() -> Option<Box<Recorder>> {
         layout,
         buf: Vec::with_capacity(1 << 16),
         labels: vec![Vec::new(); 256 * NAME_IDS],
+        info_of_group: Vec::new(),
+        op_names_written: Default::default(),
         names_written: 0,
         counters_written: Counters::default(),
         closed: false,
@@ -112,6 +118,8 @@ pub fn start() -> Option<Box<Recorder>> {
         reserved: AtomicU64::new(0),
         over_max_events: AtomicU64::new(0),
         graphs_begun: AtomicU64::new(0),
+        op_timed_graphs: AtomicU64::new(0),
+        tensors: crate::ops::Tensors::new(),
         sink: Mutex::new(sink),
         config,
     });
@@ -258,7 +266,7 @@ impl Sink {
             .clone();
         for ring in rings {
             // SAFETY: the sink lock is held, so this is the only consumer.
-            unsafe { ring.drain(|event| self.encode(event, &r.names)) };
+            unsafe { ring.drain(|event| self.encode(event, r)) };
         }
         self.encode_new_names(&r.names);
         let counters = Counters {
@@ -306,7 +314,8 @@ impl Sink {
         }
     }
 
-    fn encode(&mut self, e: &RawEvent, names: &Names) {
+    fn encode(&mut self, e: &RawEvent, r: &Recorder) {
+        let timestamp_ns = self.clock.to_epoch_ns(e.ticks);
         let payload = match e.type_code {
             0 | 1 => Payload::Graph {
                 graph_ptr: e.a,
@@ -314,6 +323,8 @@ impl Sink {
                 n_threads: e.c,
                 backend_ptr: e.d,
             },
+            2 | 3 => return self.encode_op(e, timestamp_ns, r),
+            format::EXTENSION_TYPE_CODE => return self.encode_span(e, timestamp_ns),
             _ => Payload::Thread {
                 object_ptr: e.a,
                 thread_index: e.b,
@@ -323,16 +334,111 @@ impl Sink {
         };
         let label = &mut self.labels[e.entry as usize * NAME_IDS + (e.name_id as usize % NAME_IDS)];
         if label.is_empty() {
-            *label = label_of(e.entry, e.name_id, names);
+            *label = label_of(e.entry, e.name_id, &r.names);
         }
         format::encode_record(
             &mut self.buf,
             self.layout,
             e.type_code,
-            self.clock.to_epoch_ns(e.ticks),
+            timestamp_ns,
             e.thread_id,
             &payload,
             (!label.is_empty()).then_some(label.as_slice()),
+        );
+    }
+
+    /// An op event, preceded by the tensor-info (and op-name) records it needs.
+    fn encode_op(&mut self, e: &RawEvent, timestamp_ns: u64, r: &Recorder) {
+        let info = r.tensors.get(e.name_id);
+        if let Some(info) = info.filter(|_| e.type_code == 2) {
+            let group = info.group as usize;
+            if self.info_of_group.len() <= group {
+                self.info_of_group.resize(group + 1, 0);
+            }
+            if self.info_of_group[group] != e.name_id {
+                self.info_of_group[group] = e.name_id;
+                self.encode_tensor_info(info, timestamp_ns, e.thread_id);
+            }
+        }
+        let payload = Payload::Op {
+            tensor_ptr: e.a,
+            op_type: e.b,
+            op_size: e.size,
+            backend_ptr: e.d,
+        };
+        let label = info
+            .filter(|_| r.config.tensor_names)
+            .map(|i| i.name.as_bytes());
+        format::encode_record(
+            &mut self.buf,
+            self.layout,
+            e.type_code,
+            timestamp_ns,
+            e.thread_id,
+            &payload,
+            label,
+        );
+    }
+
+    fn encode_tensor_info(
+        &mut self,
+        info: &crate::ops::TensorInfo,
+        timestamp_ns: u64,
+        thread_id: u32,
+    ) {
+        if let Some(op_type) = info.op_type {
+            if self.op_names_written.insert(op_type) {
+                let mut names = ext::OpNames::default();
+                names
+                    .names
+                    .insert(op_type.to_string(), info.op_name.clone());
+                ext::encode_extension(
+                    &mut self.buf,
+                    self.layout,
+                    ExtensionKind::OpNames,
+                    timestamp_ns,
+                    thread_id,
+                    &names,
+                );
+            }
+        }
+        let payload = ext::TensorInfo {
+            name: info.name.clone(),
+            op: info.op.clone(),
+            op_type: info.op_type,
+            op_name: info.op_type.map(|_| info.op_name.clone()),
+            type_name: info.type_name.clone(),
+            ne: info.ne,
+            flops: info.flops,
+        };
+        ext::encode_extension(
+            &mut self.buf,
+            self.layout,
+            ExtensionKind::TensorInfo,
+            timestamp_ns,
+            thread_id,
+            &payload,
+        );
+    }
+
+    fn encode_span(&mut self, e: &RawEvent, timestamp_ns: u64) {
+        let kind = if e.c == 1 {
+            ExtensionKind::SpanBegin
+        } else {
+            ExtensionKind::SpanEnd
+        };
+        let name = Entry::from_code(e.entry).map_or("span", Entry::name);
+        let span = ext::Span {
+            name: name.into(),
+            n_tokens: (e.b != u32::MAX).then_some(e.b),
+        };
+        ext::encode_extension(
+            &mut self.buf,
+            self.layout,
+            kind,
+            timestamp_ns,
+            e.thread_id,
+            &span,
         );
     }
 

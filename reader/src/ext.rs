@@ -97,3 +97,55 @@ pub fn encode_extension<T: Serialize>(
 pub fn parse_payload<'de, T: Deserialize<'de>>(label: &'de [u8]) -> Option<T> {
     serde_json::from_slice(label).ok()
 }
+
+/// `ggml_op` value (as a decimal string) to `ggml_op_name`, for the ggml that ran. Records add to
+/// the table.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct OpNames {
+    pub names: std::collections::BTreeMap<String, String>,
+}
+
+/// Backends and schedulers by pointer. Records add to the table.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct BackendNames {
+    pub backends: Vec<BackendName>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct BackendName {
+    pub ptr: u64,
+    pub name: String,
+    /// `backend` or `scheduler`.
+    pub kind: String,
+}
+
+/// An application-level span (`llama_decode`, `llama_encode`), on the record's thread.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Span {
+    pub name: String,
+    /// Tokens in the batch, for llama_decode / llama_encode.
+    pub n_tokens: Option<u32>,
+}
+
+/// What a node is: applies to the op events with this tensor name (their label) that follow it,
+/// until the next record for the same name.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct TensorInfo {
+    pub name: String,
+    /// `ggml_op_desc`: the op, or the unary / GLU sub-op (`MUL_MAT`, `SILU`).
+    pub op: String,
+    /// `t->op` and `ggml_op_name` of it, when the writer could read the struct safely.
+    pub op_type: Option<u32>,
+    pub op_name: Option<String>,
+    /// `ggml_type_name` of the result (`f32`, `q4_0`).
+    #[serde(rename = "type")]
+    pub type_name: String,
+    pub ne: [i64; 4],
+    /// Floating-point operations, where well defined (MUL_MAT: 2·K·M·N).
+    pub flops: Option<u64>,
+}

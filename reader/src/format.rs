@@ -157,6 +157,9 @@ pub enum ExtensionKind {
     SpanBegin,
     /// An application-level span closes.
     SpanEnd,
+    /// A node's name, op, type, shape and FLOP count; applies to the op events of that tensor name
+    /// that follow, until the next record for the same name (JSON).
+    TensorInfo,
     /// A kind this reader does not know (a newer writer); kept, shown by number.
     Other(u16),
 }
@@ -170,6 +173,7 @@ impl ExtensionKind {
             4 => ExtensionKind::BackendNames,
             5 => ExtensionKind::SpanBegin,
             6 => ExtensionKind::SpanEnd,
+            7 => ExtensionKind::TensorInfo,
             other => ExtensionKind::Other(other),
         }
     }
@@ -182,6 +186,7 @@ impl ExtensionKind {
             ExtensionKind::BackendNames => 4,
             ExtensionKind::SpanBegin => 5,
             ExtensionKind::SpanEnd => 6,
+            ExtensionKind::TensorInfo => 7,
             ExtensionKind::Other(code) => code,
         }
     }
@@ -194,6 +199,7 @@ impl ExtensionKind {
             ExtensionKind::BackendNames => "backend_names".into(),
             ExtensionKind::SpanBegin => "span_begin".into(),
             ExtensionKind::SpanEnd => "span_end".into(),
+            ExtensionKind::TensorInfo => "tensor_info".into(),
             ExtensionKind::Other(code) => format!("extension_{code}").into(),
         }
     }

@@ -1,0 +1,233 @@
+//! The ggml functions we call ourselves, from one copy of ggml, and what we read of its structs.
+//!
+//! Every function is looked up at run time (see [`crate::resolve`]); any may be missing in an old
+//! ggml, and then the event carries 0 or no name.
+
+use std::ffi::{CStr, c_char, c_int, c_void};
+
+type Ptr = *mut c_void;
+
+/// The eval callback of `ggml_backend_sched` (`ggml_backend_sched_eval_callback`).
+pub type EvalCallback = unsafe extern "C" fn(Ptr, bool, Ptr) -> bool;
+
+/// The functions, by index into [`Helpers::fns`].
+#[derive(Clone, Copy)]
+enum F {
+    GraphNNodes,
+    BackendName,
+    SchedGetNBackends,
+    SchedGetBackend,
+    Version,
+    SchedSetEvalCallback,
+    SchedGetTensorBackend,
+    Nbytes,
+    OpName,
+    OpDesc,
+    GetName,
+    TypeName,
+}
+
+const NAMES: [&CStr; 12] = [
+    c"ggml_graph_n_nodes",
+    c"ggml_backend_name",
+    c"ggml_backend_sched_get_n_backends",
+    c"ggml_backend_sched_get_backend",
+    c"ggml_version",
+    c"ggml_backend_sched_set_eval_callback",
+    c"ggml_backend_sched_get_tensor_backend",
+    c"ggml_nbytes",
+    c"ggml_op_name",
+    c"ggml_op_desc",
+    c"ggml_get_name",
+    c"ggml_type_name",
+];
+
+#[derive(Debug, Default)]
+pub struct Helpers {
+    /// Addresses, 0 where the function is missing.
+    fns: [usize; NAMES.len()],
+}
+
+/// # Safety
+/// `p` is null or a NUL-terminated string.
+unsafe fn c_string(p: *const c_char) -> String {
+    if p.is_null() {
+        return String::new();
+    }
+    // SAFETY: per the contract.
+    unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
+}
+
+/// Generates a typed accessor for one function: `None` if missing.
+macro_rules! function {
+    ($method:ident, $f:expr, fn($($arg:ty),*) -> $ret:ty) => {
+        fn $method(&self) -> Option<unsafe extern "C" fn($($arg),*) -> $ret> {
+            let address = self.fns[$f as usize];
+            // SAFETY: a non-zero address is the named ggml function, whose C signature this is.
+            (address != 0).then(|| unsafe { std::mem::transmute::<usize, unsafe extern "C" fn($($arg),*) -> $ret>(address) })
+        }
+    };
+}
+
+impl Helpers {
+    /// Looks every function up with `lookup` (in the scope of one copy of ggml).
+    pub fn load(mut lookup: impl FnMut(&CStr) -> Option<usize>) -> Helpers {
+        let mut fns = [0; NAMES.len()];
+        for (slot, name) in fns.iter_mut().zip(NAMES) {
+            *slot = lookup(name).unwrap_or(0);
+        }
+        Helpers { fns }
+    }
+
+    function!(graph_n_nodes_fn, F::GraphNNodes, fn(Ptr) -> c_int);
+    function!(backend_name_fn, F::BackendName, fn(Ptr) -> *const c_char);
+    function!(sched_n_backends_fn, F::SchedGetNBackends, fn(Ptr) -> c_int);
+    function!(sched_backend_fn, F::SchedGetBackend, fn(Ptr, c_int) -> Ptr);
+    function!(version_fn, F::Version, fn() -> *const c_char);
+    function!(
+        set_eval_callback_fn,
+        F::SchedSetEvalCallback,
+        fn(Ptr, Option<EvalCallback>, Ptr) -> ()
+    );
+    function!(
+        tensor_backend_fn,
+        F::SchedGetTensorBackend,
+        fn(Ptr, Ptr) -> Ptr
+    );
+    function!(nbytes_fn, F::Nbytes, fn(Ptr) -> usize);
+    function!(op_name_fn, F::OpName, fn(c_int) -> *const c_char);
+    function!(op_desc_fn, F::OpDesc, fn(Ptr) -> *const c_char);
+    function!(get_name_fn, F::GetName, fn(Ptr) -> *const c_char);
+    function!(type_name_fn, F::TypeName, fn(c_int) -> *const c_char);
+
+    /// `ggml_graph_n_nodes(graph)`, or 0.
+    ///
+    /// # Safety
+    /// `graph` must be a graph of this copy of ggml (it is: the caller passed it to this copy).
+    pub unsafe fn n_nodes(&self, graph: Ptr) -> u32 {
+        match self.graph_n_nodes_fn() {
+            // SAFETY: the function belongs to the copy that owns `graph`.
+            Some(f) if !graph.is_null() => unsafe { f(graph) }.max(0) as u32,
+            _ => 0,
+        }
+    }
+
+    /// `ggml_backend_name(backend)`.
+    ///
+    /// # Safety
+    /// `backend` must be a backend of this copy of ggml.
+    pub unsafe fn backend_name(&self, backend: Ptr) -> String {
+        match self.backend_name_fn() {
+            // SAFETY: as above; the name is a NUL-terminated string owned by the backend.
+            Some(f) if !backend.is_null() => unsafe { c_string(f(backend)) },
+            _ => String::new(),
+        }
+    }
+
+    /// The names of a scheduler's backends, joined with `+` (`CUDA0+CPU`).
+    ///
+    /// # Safety
+    /// `sched` must be a scheduler of this copy of ggml.
+    pub unsafe fn sched_name(&self, sched: Ptr) -> String {
+        let (Some(count), Some(get)) = (self.sched_n_backends_fn(), self.sched_backend_fn()) else {
+            return String::new();
+        };
+        // SAFETY: as above.
+        let n = unsafe { count(sched) }.clamp(0, 16);
+        // SAFETY: indices are below the scheduler's backend count.
+        (0..n)
+            .map(|i| unsafe { self.backend_name(get(sched, i)) })
+            .collect::<Vec<_>>()
+            .join("+")
+    }
+
+    /// `ggml_version()`, where this ggml has it.
+    pub fn version(&self) -> Option<String> {
+        // SAFETY: ggml_version takes nothing and returns a static string.
+        self.version_fn()
+            .map(|f| unsafe { c_string(f()) })
+            .filter(|v| !v.is_empty())
+    }
+
+    /// Whether per-op timing can work with this ggml: it needs these functions.
+    pub fn can_time_ops(&self) -> bool {
+        self.set_eval_callback_fn().is_some()
+            && self.op_desc_fn().is_some()
+            && self.nbytes_fn().is_some()
+    }
+
+    /// `ggml_backend_sched_set_eval_callback`.
+    ///
+    /// # Safety
+    /// `sched` must be a scheduler of this copy of ggml; `callback` must accept `user_data`.
+    pub unsafe fn set_eval_callback(
+        &self,
+        sched: Ptr,
+        callback: Option<EvalCallback>,
+        user_data: Ptr,
+    ) {
+        if let Some(f) = self.set_eval_callback_fn() {
+            // SAFETY: per the contract.
+            unsafe { f(sched, callback, user_data) }
+        }
+    }
+
+    /// The backend the scheduler ran `tensor` on, or null.
+    ///
+    /// # Safety
+    /// `sched` and `tensor` must belong to this copy of ggml.
+    pub unsafe fn tensor_backend(&self, sched: Ptr, tensor: Ptr) -> Ptr {
+        // SAFETY: per the contract.
+        self.tensor_backend_fn()
+            .map_or(std::ptr::null_mut(), |f| unsafe { f(sched, tensor) })
+    }
+
+    /// `ggml_nbytes(tensor)`.
+    ///
+    /// # Safety
+    /// `tensor` must be a tensor of this copy of ggml.
+    pub unsafe fn nbytes(&self, tensor: Ptr) -> u64 {
+        // SAFETY: per the contract.
+        self.nbytes_fn().map_or(0, |f| unsafe { f(tensor) } as u64)
+    }
+
+    /// `ggml_op_name(op)`. Only for an `op` read from a live tensor whose offset was checked.
+    ///
+    /// # Safety
+    /// `op` must be a value of this ggml's `enum ggml_op`.
+    pub unsafe fn op_name(&self, op: u32) -> String {
+        // SAFETY: per the contract.
+        self.op_name_fn()
+            .map_or_else(String::new, |f| unsafe { c_string(f(op as c_int)) })
+    }
+
+    /// `ggml_op_desc(tensor)`: the op's name, or the unary / GLU sub-op's.
+    ///
+    /// # Safety
+    /// `tensor` must be a tensor of this copy of ggml.
+    pub unsafe fn op_desc(&self, tensor: Ptr) -> String {
+        // SAFETY: per the contract.
+        self.op_desc_fn()
+            .map_or_else(String::new, |f| unsafe { c_string(f(tensor)) })
+    }
+
+    /// `ggml_get_name(tensor)`.
+    ///
+    /// # Safety
+    /// `tensor` must be a tensor of this copy of ggml.
+    pub unsafe fn tensor_name(&self, tensor: Ptr) -> String {
+        // SAFETY: per the contract.
+        self.get_name_fn()
+            .map_or_else(String::new, |f| unsafe { c_string(f(tensor)) })
+    }
+
+    /// `ggml_type_name(type)`.
+    ///
+    /// # Safety
+    /// `ty` must be a value of this ggml's `enum ggml_type` (read from a live tensor).
+    pub unsafe fn type_name(&self, ty: u32) -> String {
+        // SAFETY: per the contract.
+        self.type_name_fn()
+            .map_or_else(String::new, |f| unsafe { c_string(f(ty as c_int)) })
+    }
+}
