@@ -1,0 +1,208 @@
+//! Per-op timing on real llama.cpp, and chaining with an application's own eval callback.
+
+use std::collections::{BTreeSet, HashMap};
+use std::process::Command;
+
+use ggml_viz_e2e::*;
+use ggml_viz_reader::Event;
+use ggml_viz_reader::ext::{self, Span, TensorInfo};
+use ggml_viz_reader::format::{EventType, ExtensionKind, Payload};
+
+fn llama_simple(n_predict: u32) -> Command {
+    let mut cmd = Command::new(llama_bin().join("llama-simple"));
+    cmd.arg("-m")
+        .arg(tiny_model())
+        .args(["-n", &n_predict.to_string(), "hello world"]);
+    cmd
+}
+
+fn ext_payloads<T: serde::de::DeserializeOwned>(
+    events: &[Event<'_>],
+    kind: ExtensionKind,
+) -> Vec<T> {
+    events
+        .iter()
+        .filter(|e| matches!(e.payload, Payload::Extension(x) if x.kind == kind))
+        .map(|e| ext::parse_payload(e.label.as_deref().unwrap()).expect("our payload parses"))
+        .collect()
+}
+
+/// Per outermost graph compute: its n_nodes and the op pairs inside it. Checks on the way that op
+/// pairs nest inside their graph on the same thread and that nothing else happens inside an op.
+fn ops_per_graph(events: &[Event<'_>]) -> Vec<(u32, usize)> {
+    let mut out = Vec::new();
+    let mut depth: HashMap<u32, u32> = HashMap::new();
+    let mut open_op: HashMap<u32, u64> = HashMap::new();
+    for e in events.iter().filter(|e| e.event_type().is_some()) {
+        let t = e.thread_id;
+        let d = depth.entry(t).or_default();
+        match e.event_type().unwrap() {
+            EventType::OpComputeBegin => {
+                assert!(*d > 0, "op outside a graph compute");
+                assert!(
+                    open_op.insert(t, e.timestamp_ns).is_none(),
+                    "ops overlap on a thread"
+                );
+                if let Some(graph) = out.last_mut() {
+                    graph.1 += 1;
+                }
+            }
+            EventType::OpComputeEnd => {
+                let begin = open_op.remove(&t).expect("op end without begin");
+                assert!(e.timestamp_ns >= begin);
+            }
+            other => {
+                assert!(!open_op.contains_key(&t), "{other:?} recorded inside an op");
+                match (other, e.payload) {
+                    (EventType::GraphComputeBegin, Payload::Graph { n_nodes, .. }) => {
+                        if *d == 0 {
+                            out.push((n_nodes, 0));
+                        }
+                        *d += 1;
+                    }
+                    (EventType::GraphComputeEnd, _) => *d -= 1,
+                    _ => {}
+                }
+            }
+        }
+    }
+    assert!(open_op.is_empty());
+    out
+}
+
+#[test]
+fn llama_simple_ops_are_timed_one_pair_per_node_with_names_and_spans() {
+    let dir = scratch("ops");
+    let trace = dir.join("t.ggmlviz");
+    let plain = run(llama_simple(8));
+    let traced = run(with_hook(
+        llama_simple(8),
+        &[("GGML_VIZ_OUTPUT", trace.to_str().unwrap())],
+    ));
+    assert!(traced.status.success(), "{}", text(&traced.stderr));
+    assert_eq!(
+        text(&traced.stdout),
+        text(&plain.stdout),
+        "op timing changed the output"
+    );
+
+    let (events, damage, stats) = read_trace(&trace);
+    assert_eq!(damage, None);
+    check_nesting(&events);
+    let graphs = ops_per_graph(&events);
+    let decoded: usize = text(&traced.stderr)
+        .lines()
+        .find_map(|l| l.split("decoded ").nth(1))
+        .and_then(|r| r.split(' ').next())
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert_eq!(graphs.len(), decoded);
+    for (n_nodes, ops) in &graphs {
+        assert_eq!(*ops as u32, *n_nodes, "one op pair per node of the graph");
+    }
+    assert_eq!(
+        stats.sub_graphs, 0,
+        "the per-node computes inside ops are not recorded as graphs"
+    );
+
+    // Op names from the trace itself, tensor labels as llama.cpp names them.
+    let infos: Vec<TensorInfo> = ext_payloads(&events, ExtensionKind::TensorInfo);
+    let ops: BTreeSet<&str> = infos.iter().map(|i| i.op.as_str()).collect();
+    for op in ["MUL_MAT", "RMS_NORM", "ROPE", "GET_ROWS", "MUL", "ADD"] {
+        assert!(ops.contains(op), "{op} missing from {ops:?}");
+    }
+    let labels: BTreeSet<String> = events
+        .iter()
+        .filter(|e| e.event_type() == Some(EventType::OpComputeBegin))
+        .filter_map(|e| e.label_str().map(|l| l.into_owned()))
+        .collect();
+    for name in ["Qcur-0", "ffn_out-1", "norm-0"] {
+        assert!(labels.contains(name), "{name} missing from op labels");
+    }
+    let mul_mat = infos
+        .iter()
+        .find(|i| i.op == "MUL_MAT" && i.name == "Qcur-0")
+        .unwrap();
+    assert_eq!(
+        mul_mat.flops,
+        Some(2 * 64 * 64 * mul_mat.ne[1] as u64),
+        "2·K·M·N for a 64x64 weight"
+    );
+    let op_names: Vec<ext::OpNames> = ext_payloads(&events, ExtensionKind::OpNames);
+    assert!(
+        op_names
+            .iter()
+            .any(|n| n.names.values().any(|v| v == "MUL_MAT"))
+    );
+
+    // One llama_decode span per decode call: the prompt, then one token at a time.
+    let spans: Vec<Span> = ext_payloads(&events, ExtensionKind::SpanBegin);
+    assert_eq!(spans.len(), decoded);
+    assert!(spans.iter().all(|s| s.name == "llama_decode"));
+    assert!(spans[0].n_tokens.unwrap() > 1);
+    assert!(spans[1..].iter().all(|s| s.n_tokens == Some(1)));
+}
+
+#[test]
+fn op_sampling_times_one_graph_in_n() {
+    let dir = scratch("ops-sample");
+    let trace = dir.join("t.ggmlviz");
+    let out = run(with_hook(
+        llama_simple(9),
+        &[
+            ("GGML_VIZ_OUTPUT", trace.to_str().unwrap()),
+            ("GGML_VIZ_OP_SAMPLE", "3"),
+        ],
+    ));
+    assert!(out.status.success());
+    let (events, _, _) = read_trace(&trace);
+    let graphs = ops_per_graph(&events);
+    let timed: Vec<usize> = graphs
+        .iter()
+        .enumerate()
+        .filter(|(_, g)| g.1 > 0)
+        .map(|(i, _)| i)
+        .collect();
+    assert_eq!(timed, (0..graphs.len()).step_by(3).collect::<Vec<_>>());
+}
+
+fn sched_app(extra: &[&str]) -> Command {
+    let mut cmd = Command::new("python3");
+    cmd.arg(fixture("ggml_sched_callback.py"))
+        .arg(llama_bin())
+        .args(extra);
+    cmd
+}
+
+#[test]
+fn the_applications_eval_callback_sees_exactly_what_it_would_without_us() {
+    for (extra, ops_per_compute) in [
+        (&[][..], 6),
+        (&["--stop", "n3"][..], 4),
+        (&["--want", ""][..], 6),
+    ] {
+        let dir = scratch("app-callback");
+        let trace = dir.join("t.ggmlviz");
+        let plain = run(sched_app(extra));
+        assert!(plain.status.success(), "{}", text(&plain.stderr));
+        let traced = run(with_hook(
+            sched_app(extra),
+            &[("GGML_VIZ_OUTPUT", trace.to_str().unwrap())],
+        ));
+        assert!(traced.status.success(), "{}", text(&traced.stderr));
+        assert_eq!(
+            text(&traced.stdout),
+            text(&plain.stdout),
+            "callback calls differ for {extra:?}"
+        );
+        assert!(text(&plain.stdout).contains("status=0"));
+        let (events, _, _) = read_trace(&trace);
+        let graphs = ops_per_graph(&events);
+        assert_eq!(
+            graphs.iter().map(|g| g.1).collect::<Vec<_>>(),
+            [ops_per_compute, ops_per_compute],
+            "{extra:?}"
+        );
+    }
+}
