@@ -30,7 +30,7 @@ fn ext_payloads<T: serde::de::DeserializeOwned>(
 /// Per outermost graph compute: its n_nodes and the op pairs inside it. Checks on the way that op
 /// pairs nest inside their graph on the same thread and that nothing else happens inside an op.
 fn ops_per_graph(events: &[Event<'_>]) -> Vec<(u32, usize)> {
-    let mut out = Vec::new();
+    let mut out: Vec<(u32, usize)> = Vec::new();
     let mut depth: HashMap<u32, u32> = HashMap::new();
     let mut open_op: HashMap<u32, u64> = HashMap::new();
     for e in events.iter().filter(|e| e.event_type().is_some()) {
