@@ -6,7 +6,7 @@
 //! - [`TraceFile`]: a finished trace, memory-mapped, iterated without copying labels.
 //! - [`StreamReader`]: a trace from any `io::Read` (a pipe, stdin).
 //! - [`Follower`]: a trace another process is still writing; each poll returns only new records.
-//! - [`TraceStats`]: the counts `ggml-viz info` prints.
+//! - [`TraceStats`]: the counts `ggml-viz info` prints; [`ops::OpAnalysis`]: per-op timings.
 //!
 //! No input makes a reader panic: damage is returned as a [`Damage`] that names the byte
 //! offset, after every complete event before it.
@@ -35,6 +35,7 @@ pub mod detect;
 pub mod ext;
 pub mod follow;
 pub mod format;
+pub mod ops;
 pub mod slice;
 pub mod stats;
 pub mod stream;

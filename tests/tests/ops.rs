@@ -142,6 +142,47 @@ fn llama_simple_ops_are_timed_one_pair_per_node_with_names_and_spans() {
     assert!(spans.iter().all(|s| s.name == "llama_decode"));
     assert!(spans[0].n_tokens.unwrap() > 1);
     assert!(spans[1..].iter().all(|s| s.n_tokens == Some(1)));
+
+    // `ggml-viz ops` names the ops, splits prefill from generation, and counts every MUL_MAT.
+    let mul_mats = events
+        .iter()
+        .filter(|e| e.event_type() == Some(EventType::OpComputeEnd))
+        .filter(|e| matches!(e.payload, Payload::Op { op_type, .. } if op_names.iter().any(|n| n.names.get(&op_type.to_string()).is_some_and(|v| v == "MUL_MAT"))))
+        .count();
+    let out = run({
+        let mut c = Command::new(ggml_viz());
+        c.args(["ops", "--top", "0"]).arg(&trace);
+        c
+    });
+    assert!(out.status.success());
+    let table = text(&out.stdout);
+    assert!(table.contains("op timing: on"), "{table}");
+    assert!(
+        table.contains("\nprefill (") && table.contains("\ngeneration ("),
+        "{table}"
+    );
+    let counted: usize = table
+        .lines()
+        .filter(|l| l.starts_with("MUL_MAT "))
+        .map(|l| {
+            l.split_whitespace()
+                .nth(1)
+                .unwrap()
+                .parse::<usize>()
+                .unwrap()
+        })
+        .sum();
+    assert_eq!(counted, mul_mats, "{table}");
+    let by_layer = run({
+        let mut c = Command::new(ggml_viz());
+        c.args(["ops", "--by", "layer"]).arg(&trace);
+        c
+    });
+    let by_layer = text(&by_layer.stdout);
+    assert!(
+        by_layer.contains("layer 0") && by_layer.contains("layer 1"),
+        "{by_layer}"
+    );
 }
 
 #[test]

@@ -165,6 +165,9 @@ fn write_extensions(out: &mut impl Write, stats: &TraceStats) -> io::Result<()> 
             d.world_size,
             d.job_id.as_deref().unwrap_or("-")
         )?;
+        if let Some(note) = ggml_viz_reader::ops::timing_note(&m.settings) {
+            writeln!(out, "op timing:       {note}")?;
+        }
         if !m.settings.is_empty() {
             let settings: Vec<String> =
                 m.settings.iter().map(|(k, v)| format!("{k}={v}")).collect();

@@ -3,6 +3,7 @@
 mod dump;
 mod info;
 mod input;
+mod ops;
 mod record;
 
 use std::io::{self, Write};
@@ -25,6 +26,7 @@ struct Cli {
 enum Command {
     Record(record::RecordArgs),
     Info(info::InfoArgs),
+    Ops(ops::OpsArgs),
     Dump(dump::DumpArgs),
 }
 
@@ -61,6 +63,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Record(args) => record::run(args),
         Command::Info(args) => info::run(args).map(|()| 0),
+        Command::Ops(args) => ops::run(args).map(|()| 0),
         Command::Dump(args) => dump::run(args).map(|()| 0),
     };
     match result {

@@ -212,6 +212,16 @@ fn summarize(path: &Path, started: std::time::SystemTime) {
         ),
         None => eprintln!(),
     }
+    if let Some(note) = stats
+        .metadata
+        .as_ref()
+        .and_then(|m| ggml_viz_reader::ops::timing_note(&m.settings))
+    {
+        eprintln!(
+            "ggml-viz: op timing {note}; see `ggml-viz ops {}`",
+            path.display()
+        );
+    }
     let lost = stats.counters.map_or(0, |c| c.lost());
     eprintln!(
         "ggml-viz: {} events on {} thread(s), {lost} lost",
