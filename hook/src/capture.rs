@@ -13,6 +13,7 @@ use ggml_viz_config::Config;
 
 use crate::names::{Names, Owner};
 use crate::ring::{RawEvent, Ring};
+use ggml_viz_reader::EventType;
 
 /// The exported entry points; the number is stored in every event (its label's first word).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -33,10 +34,12 @@ pub enum Entry {
     LlamaBatchExtAdd = 13,
     LlamaBatchExtAddToken = 14,
     LlamaBatchExtClear = 15,
+    BufferInit = 16,
+    BufferFree = 17,
 }
 
 impl Entry {
-    const ALL: [Entry; 15] = [
+    const ALL: [Entry; 17] = [
         Entry::SchedGraphCompute,
         Entry::SchedGraphComputeAsync,
         Entry::BackendGraphCompute,
@@ -52,6 +55,8 @@ impl Entry {
         Entry::LlamaBatchExtAdd,
         Entry::LlamaBatchExtAddToken,
         Entry::LlamaBatchExtClear,
+        Entry::BufferInit,
+        Entry::BufferFree,
     ];
 
     pub fn from_code(code: u8) -> Option<Entry> {
@@ -75,6 +80,8 @@ impl Entry {
             Entry::LlamaBatchExtAdd => c"llama_batch_ext_add",
             Entry::LlamaBatchExtAddToken => c"llama_batch_ext_add_token",
             Entry::LlamaBatchExtClear => c"llama_batch_ext_clear",
+            Entry::BufferInit => c"ggml_backend_buffer_init",
+            Entry::BufferFree => c"ggml_backend_buffer_free",
         }
     }
 
@@ -284,6 +291,8 @@ fn thread_id(l: &Local) -> u32 {
     }
 }
 
+/// This thread's ring, made and registered on its first event (with a THREAD_BEGIN event when
+/// thread tracking is on).
 fn ring_of(l: &Local, r: &'static Recorder) -> &'static Ring {
     if l.generation.get() != r.generation || l.ring.get().is_null() {
         let ring: &'static Ring = Box::leak(Box::new(Ring::new(r.config.buffer_size as usize)));
@@ -293,9 +302,87 @@ fn ring_of(l: &Local, r: &'static Recorder) -> &'static Ring {
             .push(ring);
         l.ring.set(ring);
         l.generation.set(r.generation);
+        if r.config.thread_tracking {
+            // Registers this thread's exit hook (a thread-local with a destructor).
+            THREAD_EXIT.with(|_| {});
+            push(l, r, thread_event(r, l, EventType::ThreadBegin));
+        }
     }
     // SAFETY: rings are leaked, never freed.
     unsafe { &*l.ring.get() }
+}
+
+/// THREAD_BEGIN or THREAD_FREE for this thread, labelled with its name.
+fn thread_event(r: &Recorder, l: &Local, ty: EventType) -> RawEvent {
+    let tid = thread_id(l);
+    let name_id = r.names.intern(tid as usize, Owner::Thread, thread_name);
+    RawEvent {
+        type_code: ty.code(),
+        name_id,
+        ..RawEvent::default()
+    }
+}
+
+fn thread_name() -> String {
+    let mut buf = [0u8; 64];
+    // SAFETY: the buffer is writable for its length; the name is NUL-terminated within it.
+    if unsafe { libc::pthread_getname_np(libc::pthread_self(), buf.as_mut_ptr().cast(), buf.len()) }
+        != 0
+    {
+        return String::new();
+    }
+    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+    String::from_utf8_lossy(&buf[..end]).into_owned()
+}
+
+/// Its destructor runs when the thread exits: the THREAD_FREE event.
+struct ThreadExit;
+
+impl Drop for ThreadExit {
+    fn drop(&mut self) {
+        let _ = std::panic::catch_unwind(|| {
+            let Some(r) = active() else { return };
+            LOCAL.with(|l| {
+                if l.generation.get() == r.generation && !l.ring.get().is_null() {
+                    push(l, r, thread_event(r, l, EventType::ThreadFree));
+                }
+            });
+        });
+    }
+}
+
+thread_local! {
+    static THREAD_EXIT: ThreadExit = const { ThreadExit };
+}
+
+/// A backend buffer was made (`alloc`, after `ggml_backend_buffer_init` returned it) or is about
+/// to be freed: TENSOR_ALLOC / TENSOR_FREE keyed by the buffer handle, with its real size, its
+/// base address and its buffer type's name. Only with memory tracking on.
+pub fn buffer_event(
+    alloc: bool,
+    buffer: *mut c_void,
+    size: u64,
+    base: u64,
+    buft_name: impl FnOnce(&Recorder) -> u16,
+) {
+    let Some(r) = recorder(1) else { return };
+    if !r.config.memory_tracking {
+        return;
+    }
+    let ty = if alloc {
+        EventType::TensorAlloc
+    } else {
+        EventType::TensorFree
+    };
+    let event = RawEvent {
+        type_code: ty.code(),
+        a: buffer as u64,
+        size,
+        d: base,
+        name_id: buft_name(r),
+        ..RawEvent::default()
+    };
+    LOCAL.with(|l| push(l, r, event));
 }
 
 fn push(l: &Local, r: &'static Recorder, mut event: RawEvent) {
@@ -524,7 +611,7 @@ pub fn wait_begin(
 pub fn wait_end(scope: WaitScope) {
     let waited = crate::clock::now_ticks().saturating_sub(scope.start_ticks);
     let event = RawEvent {
-        type_code: ggml_viz_reader::EventType::BarrierWait.code(),
+        type_code: EventType::BarrierWait.code(),
         entry: scope.entry as u8,
         a: scope.object as u64,
         d: waited,

@@ -68,6 +68,10 @@ trampoline!(ggml_backend_sched_set_eval_callback(sched: Ptr, callback: Option<Ev
 // the return address goes in the register after `ctx`.
 trampoline!(llama_decode(ctx: Ptr, batch: LlamaBatch) -> i32, llama_decode_impl, x86_64: "rsi", aarch64: "x2");
 trampoline!(llama_encode(ctx: Ptr, batch: LlamaBatch) -> i32, llama_encode_impl, x86_64: "rsi", aarch64: "x2");
+// The interface struct is passed by value: in memory on x86-64 (so the return address goes in
+// the register after `size`), by reference on aarch64.
+trampoline!(ggml_backend_buffer_init(buft: Ptr, iface: BufferIface, context: Ptr, size: usize) -> Ptr, buffer_init, x86_64: "rcx", aarch64: "x4");
+trampoline!(ggml_backend_buffer_free(buffer: Ptr), buffer_free, x86_64: "rsi", aarch64: "x1");
 trampoline!(llama_process(ctx: Ptr, kind: c_int, batch: Ptr) -> i32, llama_process_impl, x86_64: "rcx", aarch64: "x3");
 trampoline!(llama_batch_ext_add(batch: Ptr, seq_id: i32) -> i32, batch_ext_add, x86_64: "rdx", aarch64: "x2");
 trampoline!(llama_batch_ext_add_token(batch: Ptr, seq_id: i32, token: i32) -> i32, batch_ext_add_token, x86_64: "rcx", aarch64: "x3");
@@ -158,6 +162,9 @@ fn name_of(r: &Recorder, helpers: &Helpers, object: Ptr, owner: Owner) -> u16 {
         Owner::Backend => unsafe { helpers.backend_name(object) },
         // SAFETY: as above.
         Owner::Scheduler => unsafe { helpers.sched_name(object) },
+        // SAFETY: as above.
+        Owner::BufferType => unsafe { helpers.buft_name(object) },
+        Owner::Thread => String::new(),
     })
 }
 
@@ -441,4 +448,56 @@ unsafe extern "C" fn batch_ext_clear(batch: Ptr, ret: usize) {
     // SAFETY: the real llama_batch_ext_clear, with the caller's argument.
     unsafe { std::mem::transmute::<usize, ClearFn>(real.real)(batch) };
     guarded(|| spans::batch_cleared(batch));
+}
+
+/// `struct ggml_backend_buffer_i`, passed by value to `ggml_backend_buffer_init`: a table of
+/// function pointers (11 in ggml 0.25). We never read it, only pass it on, so it is declared
+/// larger than any version's: on x86-64 the extra words are copied from the caller's stack frame
+/// and ignored by ggml; on aarch64 a struct this size is passed by reference anyway.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct BufferIface([usize; 16]);
+
+unsafe extern "C" fn buffer_init(
+    buft: Ptr,
+    iface: BufferIface,
+    context: Ptr,
+    size: usize,
+    ret: usize,
+) -> Ptr {
+    let Some(real) = real_function(Entry::BufferInit, ret) else {
+        return std::ptr::null_mut();
+    };
+    type InitFn = unsafe extern "C" fn(Ptr, BufferIface, Ptr, usize) -> Ptr;
+    // SAFETY: the real ggml_backend_buffer_init, with the caller's arguments.
+    let buffer =
+        unsafe { std::mem::transmute::<usize, InitFn>(real.real)(buft, iface, context, size) };
+    if !buffer.is_null() {
+        guarded(|| {
+            // SAFETY: the buffer was just made by this copy of ggml.
+            let (base, size, _) = unsafe { real.helpers.buffer(buffer) };
+            capture::buffer_event(true, buffer, size, base, |r| {
+                name_of(r, real.helpers, buft, Owner::BufferType)
+            });
+        });
+    }
+    buffer
+}
+
+unsafe extern "C" fn buffer_free(buffer: Ptr, ret: usize) {
+    let Some(real) = real_function(Entry::BufferFree, ret) else {
+        return;
+    };
+    if !buffer.is_null() {
+        guarded(|| {
+            // SAFETY: the buffer is still live: it is freed below.
+            let (base, size, buft) = unsafe { real.helpers.buffer(buffer) };
+            capture::buffer_event(false, buffer, size, base, |r| {
+                name_of(r, real.helpers, buft, Owner::BufferType)
+            });
+        });
+    }
+    type FreeFn = unsafe extern "C" fn(Ptr);
+    // SAFETY: the real ggml_backend_buffer_free, with the caller's argument.
+    unsafe { std::mem::transmute::<usize, FreeFn>(real.real)(buffer) }
 }

@@ -25,9 +25,13 @@ enum F {
     OpDesc,
     GetName,
     TypeName,
+    BuftName,
+    BufferGetBase,
+    BufferGetSize,
+    BufferGetType,
 }
 
-const NAMES: [&CStr; 12] = [
+const NAMES: [&CStr; 16] = [
     c"ggml_graph_n_nodes",
     c"ggml_backend_name",
     c"ggml_backend_sched_get_n_backends",
@@ -40,6 +44,10 @@ const NAMES: [&CStr; 12] = [
     c"ggml_op_desc",
     c"ggml_get_name",
     c"ggml_type_name",
+    c"ggml_backend_buft_name",
+    c"ggml_backend_buffer_get_base",
+    c"ggml_backend_buffer_get_size",
+    c"ggml_backend_buffer_get_type",
 ];
 
 #[derive(Debug, Default)]
@@ -99,6 +107,10 @@ impl Helpers {
     function!(op_desc_fn, F::OpDesc, fn(Ptr) -> *const c_char);
     function!(get_name_fn, F::GetName, fn(Ptr) -> *const c_char);
     function!(type_name_fn, F::TypeName, fn(c_int) -> *const c_char);
+    function!(buft_name_fn, F::BuftName, fn(Ptr) -> *const c_char);
+    function!(buffer_base_fn, F::BufferGetBase, fn(Ptr) -> Ptr);
+    function!(buffer_size_fn, F::BufferGetSize, fn(Ptr) -> usize);
+    function!(buffer_type_fn, F::BufferGetType, fn(Ptr) -> Ptr);
 
     /// `ggml_graph_n_nodes(graph)`, or 0.
     ///
@@ -229,5 +241,33 @@ impl Helpers {
         // SAFETY: per the contract.
         self.type_name_fn()
             .map_or_else(String::new, |f| unsafe { c_string(f(ty as c_int)) })
+    }
+
+    /// `ggml_backend_buft_name(buft)`.
+    ///
+    /// # Safety
+    /// `buft` is null or a buffer type of this copy of ggml.
+    pub unsafe fn buft_name(&self, buft: Ptr) -> String {
+        match self.buft_name_fn() {
+            // SAFETY: per the contract.
+            Some(f) if !buft.is_null() => unsafe { c_string(f(buft)) },
+            _ => String::new(),
+        }
+    }
+
+    /// A buffer's base address, size and buffer type.
+    ///
+    /// # Safety
+    /// `buffer` is a live buffer of this copy of ggml.
+    pub unsafe fn buffer(&self, buffer: Ptr) -> (u64, u64, Ptr) {
+        // SAFETY: per the contract.
+        unsafe {
+            (
+                self.buffer_base_fn().map_or(0, |f| f(buffer) as u64),
+                self.buffer_size_fn().map_or(0, |f| f(buffer) as u64),
+                self.buffer_type_fn()
+                    .map_or(std::ptr::null_mut(), |f| f(buffer)),
+            )
+        }
     }
 }

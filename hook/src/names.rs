@@ -14,6 +14,21 @@ pub const SLOTS: usize = 256;
 pub enum Owner {
     Backend,
     Scheduler,
+    /// A buffer type (`CPU`, `CPU_Mapped`, `CUDA0`): keyed by its pointer.
+    BufferType,
+    /// A thread's name: keyed by its OS thread id.
+    Thread,
+}
+
+impl Owner {
+    pub fn name(self) -> &'static str {
+        match self {
+            Owner::Backend => "backend",
+            Owner::Scheduler => "scheduler",
+            Owner::BufferType => "buffer_type",
+            Owner::Thread => "thread",
+        }
+    }
 }
 
 struct Slot {

@@ -16,7 +16,6 @@ use std::time::Duration;
 use ggml_viz_config::{Config, Sources};
 use ggml_viz_reader::ext::{self, Counters};
 use ggml_viz_reader::format::{self, ExtensionKind, Layout, Payload};
-use serde_json::json;
 
 use crate::capture::{self, Entry, Recorder};
 use crate::names::{Names, Owner};
@@ -33,6 +32,8 @@ pub struct Sink {
     buf: Vec<u8>,
     /// For each tensor-name group, the tensor info last written (the reader keeps the latest).
     info_of_group: Vec<u16>,
+    /// Buffers allocated and not yet freed: handle to size and buffer type.
+    live_buffers: std::collections::BTreeMap<u64, (u64, String)>,
     /// Op types whose names were written.
     op_names_written: std::collections::HashSet<u32>,
     /// Labels by entry point and name id (index `entry * NAME_IDS + name_id`): built once, not
@@ -81,6 +82,7 @@ pub fn start() -> Option<Box<Recorder>> {
         buf: Vec::with_capacity(1 << 16),
         labels: vec![Vec::new(); 256 * NAME_IDS],
         info_of_group: Vec::new(),
+        live_buffers: Default::default(),
         op_names_written: Default::default(),
         names_written: 0,
         counters_written: Counters::default(),
@@ -297,6 +299,26 @@ impl Sink {
             return;
         }
         let counters = self.counters_written;
+        if r.config.memory_tracking {
+            let buffers = self
+                .live_buffers
+                .iter()
+                .map(|(&ptr, (size, buft))| ext::LiveBuffer {
+                    ptr,
+                    size: *size,
+                    buffer_type: buft.clone(),
+                })
+                .collect();
+            let live = ext::LiveBuffers { buffers };
+            ext::encode_extension(
+                &mut self.buf,
+                self.layout,
+                ExtensionKind::LiveBuffers,
+                crate::clock::now_ns(),
+                0,
+                &live,
+            );
+        }
         // Always end with a counters record: "nothing lost" is then written, not assumed.
         self.encode_counters(counters);
         let _ = self.write_buf();
@@ -324,6 +346,7 @@ impl Sink {
                 backend_ptr: e.d,
             },
             2 | 3 => return self.encode_op(e, timestamp_ns, r),
+            4 | 5 => return self.encode_buffer(e, timestamp_ns, r),
             format::EXTENSION_TYPE_CODE => return self.encode_span(e, timestamp_ns),
             _ => Payload::Thread {
                 object_ptr: e.a,
@@ -421,6 +444,30 @@ impl Sink {
         );
     }
 
+    /// TENSOR_ALLOC / TENSOR_FREE of a backend buffer: label `<buffer type>@<base address>`.
+    fn encode_buffer(&mut self, e: &RawEvent, timestamp_ns: u64, r: &Recorder) {
+        let buft = r.names.get(e.name_id).map_or("", |(_, _, name)| name);
+        if e.type_code == 4 {
+            self.live_buffers.insert(e.a, (e.size, buft.to_string()));
+        } else {
+            self.live_buffers.remove(&e.a);
+        }
+        let label = format!("{buft}@{:#x}", e.d);
+        let payload = Payload::Memory {
+            ptr: e.a,
+            size: e.size,
+        };
+        format::encode_record(
+            &mut self.buf,
+            self.layout,
+            e.type_code,
+            timestamp_ns,
+            e.thread_id,
+            &payload,
+            Some(label.as_bytes()),
+        );
+    }
+
     fn encode_span(&mut self, e: &RawEvent, timestamp_ns: u64) {
         let kind = if e.c == 1 {
             ExtensionKind::SpanBegin
@@ -449,15 +496,14 @@ impl Sink {
         }
         let backends: Vec<_> = (self.names_written..n)
             .filter_map(|i| names.get(i as u16 + 1))
-            .map(|(ptr, owner, name)| {
-                let kind = match owner {
-                    Owner::Backend => "backend",
-                    Owner::Scheduler => "scheduler",
-                };
-                json!({ "ptr": ptr, "name": name, "kind": kind })
+            .filter(|(_, owner, _)| *owner != Owner::Thread)
+            .map(|(ptr, owner, name)| ext::BackendName {
+                ptr: ptr as u64,
+                name: name.into(),
+                kind: owner.name().into(),
             })
             .collect();
-        let payload = json!({ "backends": backends });
+        let payload = ext::BackendNames { backends };
         ext::encode_extension(
             &mut self.buf,
             self.layout,
@@ -491,7 +537,9 @@ fn label_of(entry: u8, name_id: u16, names: &Names) -> Vec<u8> {
         .map(|(_, _, name)| name)
         .filter(|n| !n.is_empty());
     if let Some(name) = interned.or_else(|| entry.and_then(Entry::implied_backend)) {
-        label.push(' ');
+        if !label.is_empty() {
+            label.push(' ');
+        }
         label.push_str(name);
     }
     label.into_bytes()

@@ -149,3 +149,19 @@ pub struct TensorInfo {
     /// Floating-point operations, where well defined (MUL_MAT: 2·K·M·N).
     pub flops: Option<u64>,
 }
+
+/// Backend buffers allocated and never freed, as the writer closed the trace.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct LiveBuffers {
+    pub buffers: Vec<LiveBuffer>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct LiveBuffer {
+    /// The buffer handle (the `ptr` of its TENSOR_ALLOC).
+    pub ptr: u64,
+    pub size: u64,
+    pub buffer_type: String,
+}

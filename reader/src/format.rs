@@ -160,6 +160,8 @@ pub enum ExtensionKind {
     /// A node's name, op, type, shape and FLOP count; applies to the op events of that tensor name
     /// that follow, until the next record for the same name (JSON).
     TensorInfo,
+    /// Backend buffers still allocated when the writer closed the trace (JSON).
+    LiveBuffers,
     /// A kind this reader does not know (a newer writer); kept, shown by number.
     Other(u16),
 }
@@ -174,6 +176,7 @@ impl ExtensionKind {
             5 => ExtensionKind::SpanBegin,
             6 => ExtensionKind::SpanEnd,
             7 => ExtensionKind::TensorInfo,
+            8 => ExtensionKind::LiveBuffers,
             other => ExtensionKind::Other(other),
         }
     }
@@ -187,6 +190,7 @@ impl ExtensionKind {
             ExtensionKind::SpanBegin => 5,
             ExtensionKind::SpanEnd => 6,
             ExtensionKind::TensorInfo => 7,
+            ExtensionKind::LiveBuffers => 8,
             ExtensionKind::Other(code) => code,
         }
     }
@@ -200,6 +204,7 @@ impl ExtensionKind {
             ExtensionKind::SpanBegin => "span_begin".into(),
             ExtensionKind::SpanEnd => "span_end".into(),
             ExtensionKind::TensorInfo => "tensor_info".into(),
+            ExtensionKind::LiveBuffers => "live_buffers".into(),
             ExtensionKind::Other(code) => format!("extension_{code}").into(),
         }
     }

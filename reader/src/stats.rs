@@ -35,6 +35,8 @@ pub struct TraceStats {
     pub labels: u64,
     /// Events whose timestamp is earlier than the previous one of the same thread.
     pub backwards_timestamps: u64,
+    /// Backend buffers (TENSOR_ALLOC / TENSOR_FREE): counts, bytes, and the peak of live bytes.
+    pub memory: MemoryStats,
     pub metadata: Option<Metadata>,
     /// The last counters record (running totals).
     pub counters: Option<Counters>,
@@ -94,6 +96,25 @@ impl TraceStats {
                 }
             }
             Some(EventType::OpComputeBegin) => self.ops += 1,
+            Some(EventType::TensorAlloc) => {
+                if let Payload::Memory { ptr, size } = event.payload {
+                    self.memory.allocs += 1;
+                    self.memory.allocated_bytes += size;
+                    if self.memory.live.insert(ptr, size).is_none() {
+                        self.memory.live_bytes += size;
+                    }
+                    self.memory.peak_live_bytes =
+                        self.memory.peak_live_bytes.max(self.memory.live_bytes);
+                }
+            }
+            Some(EventType::TensorFree) => {
+                if let Payload::Memory { ptr, .. } = event.payload {
+                    self.memory.frees += 1;
+                    if let Some(size) = self.memory.live.remove(&ptr) {
+                        self.memory.live_bytes -= size;
+                    }
+                }
+            }
             _ => {}
         }
     }
@@ -107,6 +128,11 @@ impl TraceStats {
             ExtensionKind::Counters => {
                 self.counters = parse_payload(label);
                 self.counters.is_some()
+            }
+            ExtensionKind::LiveBuffers => {
+                self.memory.live_at_exit =
+                    parse_payload::<crate::ext::LiveBuffers>(label).map(|l| l.buffers.len() as u64);
+                self.memory.live_at_exit.is_some()
             }
             _ => parse_payload::<serde_json::Value>(label).is_some(),
         };
@@ -139,6 +165,20 @@ impl TraceStats {
             .filter(|(code, _)| EventType::from_code(**code).is_none())
             .map(|(c, n)| (*c, *n))
     }
+}
+
+/// What the TENSOR_ALLOC / TENSOR_FREE events of backend buffers add up to.
+#[derive(Clone, Debug, Default)]
+pub struct MemoryStats {
+    pub allocs: u64,
+    pub frees: u64,
+    pub allocated_bytes: u64,
+    pub peak_live_bytes: u64,
+    /// Bytes allocated and not freed by the end of the trace.
+    pub live_bytes: u64,
+    /// Buffers the writer reported still allocated when it closed the trace.
+    pub live_at_exit: Option<u64>,
+    live: HashMap<u64, u64>,
 }
 
 /// Mean, median and 99th percentile of durations (nearest rank), in nanoseconds.

@@ -247,3 +247,72 @@ fn the_applications_eval_callback_sees_exactly_what_it_would_without_us() {
         );
     }
 }
+
+#[test]
+fn memory_and_thread_tracking_balance_and_leave_the_output_alone() {
+    let dir = scratch("memory");
+    let trace = dir.join("t.ggmlviz");
+    let plain = run(llama_simple(4));
+    let traced = run(with_hook(
+        llama_simple(4),
+        &[
+            ("GGML_VIZ_OUTPUT", trace.to_str().unwrap()),
+            ("GGML_VIZ_MEMORY_TRACKING", "1"),
+            ("GGML_VIZ_THREAD_TRACKING", "1"),
+        ],
+    ));
+    assert!(traced.status.success(), "{}", text(&traced.stderr));
+    assert_eq!(text(&traced.stdout), text(&plain.stdout));
+    let (events, damage, stats) = read_trace(&trace);
+    assert_eq!(damage, None);
+
+    // Every buffer allocated is freed once, keyed by its handle; the model's weights are there.
+    let mut live: HashMap<u64, u64> = HashMap::new();
+    let mut mapped_bytes = 0;
+    for e in &events {
+        match (e.event_type(), e.payload) {
+            (Some(EventType::TensorAlloc), Payload::Memory { ptr, size }) => {
+                assert!(
+                    live.insert(ptr, size).is_none(),
+                    "buffer {ptr:#x} allocated twice"
+                );
+                if e.label_str().unwrap().starts_with("CPU_Mapped@") {
+                    mapped_bytes += size;
+                }
+            }
+            (Some(EventType::TensorFree), Payload::Memory { ptr, size }) => {
+                assert_eq!(
+                    live.remove(&ptr),
+                    Some(size),
+                    "free of {ptr:#x} without its alloc"
+                );
+            }
+            _ => {}
+        }
+    }
+    assert!(live.is_empty(), "{} buffer(s) never freed", live.len());
+    assert!(stats.memory.allocs > 0 && stats.memory.allocs == stats.memory.frees);
+    assert_eq!(stats.memory.live_at_exit, Some(0));
+    let model_bytes = std::fs::metadata(tiny_model()).unwrap().len();
+    assert!(
+        mapped_bytes > model_bytes / 2 && mapped_bytes <= model_bytes,
+        "CPU_Mapped {mapped_bytes} of a {model_bytes}-byte model"
+    );
+
+    // Each thread that recorded begins once and ends once, named.
+    let begins: Vec<&Event<'_>> = events
+        .iter()
+        .filter(|e| e.event_type() == Some(EventType::ThreadBegin))
+        .collect();
+    let frees = events
+        .iter()
+        .filter(|e| e.event_type() == Some(EventType::ThreadFree))
+        .count();
+    assert_eq!(begins.len(), stats.threads.len());
+    assert_eq!(frees, begins.len());
+    assert!(
+        begins
+            .iter()
+            .any(|e| e.label_str().as_deref() == Some("llama-simple"))
+    );
+}

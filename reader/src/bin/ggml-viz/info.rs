@@ -132,7 +132,22 @@ fn write_timing(out: &mut impl Write, stats: &TraceStats) -> io::Result<()> {
             stats.backwards_timestamps
         )?;
     }
-    writeln!(out, "ops:             {}", stats.ops)
+    writeln!(out, "ops:             {}", stats.ops)?;
+    let m = &stats.memory;
+    if m.allocs + m.frees > 0 {
+        writeln!(
+            out,
+            "memory:          {} buffer(s) allocated ({} bytes, peak {} live), {} freed, {} bytes not freed{}",
+            m.allocs,
+            m.allocated_bytes,
+            m.peak_live_bytes,
+            m.frees,
+            m.live_bytes,
+            m.live_at_exit
+                .map_or(String::new(), |n| format!(", {n} buffer(s) live at exit"))
+        )?;
+    }
+    Ok(())
 }
 
 fn write_extensions(out: &mut impl Write, stats: &TraceStats) -> io::Result<()> {
