@@ -66,6 +66,16 @@ unsafe fn c_string(p: *const c_char) -> String {
     unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
 }
 
+/// # Safety
+/// `p`, when given and not null, is a NUL-terminated string that outlives `'a`.
+unsafe fn borrowed<'a>(p: Option<*const c_char>) -> &'a CStr {
+    match p {
+        // SAFETY: per the contract.
+        Some(p) if !p.is_null() => unsafe { CStr::from_ptr(p) },
+        _ => c"",
+    }
+}
+
 /// Generates a typed accessor for one function: `None` if missing.
 macro_rules! function {
     ($method:ident, $f:expr, fn($($arg:ty),*) -> $ret:ty) => {
@@ -221,6 +231,24 @@ impl Helpers {
         // SAFETY: per the contract.
         self.op_desc_fn()
             .map_or_else(String::new, |f| unsafe { c_string(f(tensor)) })
+    }
+
+    /// `ggml_get_name(tensor)`, borrowed from the tensor (empty if the function is missing).
+    ///
+    /// # Safety
+    /// `tensor` must be a live tensor of this copy of ggml; the result lives as long as it.
+    pub unsafe fn tensor_name_cstr<'t>(&self, tensor: Ptr) -> &'t CStr {
+        // SAFETY: per the contract; ggml returns the tensor's NUL-terminated name.
+        unsafe { borrowed(self.get_name_fn().map(|f| f(tensor))) }
+    }
+
+    /// `ggml_op_desc(tensor)`, a static string (empty if the function is missing).
+    ///
+    /// # Safety
+    /// `tensor` must be a live tensor of this copy of ggml.
+    pub unsafe fn op_desc_cstr(&self, tensor: Ptr) -> &'static CStr {
+        // SAFETY: per the contract; ggml returns a static string.
+        unsafe { borrowed(self.op_desc_fn().map(|f| f(tensor))) }
     }
 
     /// `ggml_get_name(tensor)`.

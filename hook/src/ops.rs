@@ -308,14 +308,17 @@ impl Default for Tensors {
 }
 
 /// FNV-1a over the bytes that make a tensor info distinct (never 0).
-fn tensor_key(name: &[u8], op: u32, ty: u32, ne: [i64; 4]) -> u64 {
+fn tensor_key(strings: &[&[u8]], op: u32, ty: u32, ne: [i64; 4]) -> u64 {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     let mut eat = |bytes: &[u8]| {
         for &b in bytes {
             h = (h ^ b as u64).wrapping_mul(0x0100_0000_01b3);
         }
     };
-    eat(name);
+    for bytes in strings {
+        eat(bytes);
+        eat(&[0]);
+    }
     eat(&op.to_le_bytes());
     eat(&ty.to_le_bytes());
     for n in ne {
@@ -391,10 +394,16 @@ impl OpDriver {
 /// # Safety
 /// `tensor` is a live node of `sched`, both of the copy `h` belongs to.
 unsafe fn describe_node(h: &Helpers, r: &Recorder, sched: Ptr, tensor: Ptr) -> OpInfo {
+    // Borrowed C strings, not copies: this runs for every node. `desc` is a static string; the
+    // name lives in the tensor.
     // SAFETY: per the contract.
-    let (name, desc) = unsafe { (h.tensor_name(tensor), h.op_desc(tensor)) };
-    // SAFETY: as above.
-    let checked = unsafe { layout_ok(h, tensor, &desc) };
+    let (name, desc) = unsafe { (h.tensor_name_cstr(tensor), h.op_desc_cstr(tensor)) };
+    let checked = match LAYOUT.load(Ordering::Relaxed) {
+        LAYOUT_OK => true,
+        LAYOUT_WRONG => false,
+        // SAFETY: as above.
+        _ => unsafe { layout_ok(h, tensor, &desc.to_string_lossy()) },
+    };
     // SAFETY: fields are read only once the layout was checked.
     let (op_type, ty, ne) = if checked {
         unsafe {
@@ -407,7 +416,7 @@ unsafe fn describe_node(h: &Helpers, r: &Recorder, sched: Ptr, tensor: Ptr) -> O
     } else {
         (u32::MAX, 0, [0; 4])
     };
-    let key = tensor_key(format!("{name}\0{desc}").as_bytes(), op_type, ty, ne);
+    let key = tensor_key(&[name.to_bytes(), desc.to_bytes()], op_type, ty, ne);
     // SAFETY: as above.
     let tensor_id = r.tensors.intern(key, || unsafe { read_tensor(h, tensor) });
     // SAFETY: as above.
