@@ -31,6 +31,9 @@ pub struct TraceStats {
     pub unmatched_graph_ends: u64,
     /// Op begin events.
     pub ops: u64,
+    /// Op begin events per op type, and the names the trace gives the types (op_names records).
+    pub ops_by_type: BTreeMap<u32, u64>,
+    pub op_names: HashMap<u32, String>,
     /// Events that carry a label.
     pub labels: u64,
     /// Events whose timestamp is earlier than the previous one of the same thread.
@@ -95,7 +98,12 @@ impl TraceStats {
                     None => self.unmatched_graph_ends += 1,
                 }
             }
-            Some(EventType::OpComputeBegin) => self.ops += 1,
+            Some(EventType::OpComputeBegin) => {
+                self.ops += 1;
+                if let Payload::Op { op_type, .. } = event.payload {
+                    *self.ops_by_type.entry(op_type).or_default() += 1;
+                }
+            }
             Some(EventType::TensorAlloc) => {
                 if let Payload::Memory { ptr, size } = event.payload {
                     self.memory.allocs += 1;
@@ -129,6 +137,18 @@ impl TraceStats {
                 self.counters = parse_payload(label);
                 self.counters.is_some()
             }
+            ExtensionKind::OpNames => match parse_payload::<crate::ext::OpNames>(label) {
+                Some(names) => {
+                    self.op_names.extend(
+                        names
+                            .names
+                            .into_iter()
+                            .filter_map(|(k, v)| Some((k.parse().ok()?, v))),
+                    );
+                    true
+                }
+                None => false,
+            },
             ExtensionKind::LiveBuffers => {
                 self.memory.live_at_exit =
                     parse_payload::<crate::ext::LiveBuffers>(label).map(|l| l.buffers.len() as u64);
@@ -156,6 +176,25 @@ impl TraceStats {
 
     pub fn count(&self, ty: EventType) -> u64 {
         self.by_code.get(&ty.code()).copied().unwrap_or(0)
+    }
+
+    /// Op types with their counts, most frequent first, named where the trace names them.
+    pub fn op_type_counts(&self) -> Vec<(String, u64)> {
+        let mut v: Vec<(String, u64)> = self
+            .ops_by_type
+            .iter()
+            .map(|(t, n)| {
+                (
+                    self.op_names
+                        .get(t)
+                        .cloned()
+                        .unwrap_or_else(|| format!("op {t}")),
+                    *n,
+                )
+            })
+            .collect();
+        v.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+        v
     }
 
     /// Type codes outside 0..=8 (other writers' extensions, newer types) and their counts.

@@ -133,6 +133,20 @@ fn write_timing(out: &mut impl Write, stats: &TraceStats) -> io::Result<()> {
         )?;
     }
     writeln!(out, "ops:             {}", stats.ops)?;
+    let types = stats.op_type_counts();
+    if !types.is_empty() {
+        let shown: Vec<String> = types
+            .iter()
+            .take(8)
+            .map(|(name, n)| format!("{name} {n}"))
+            .collect();
+        let more = if types.len() > 8 {
+            format!(", … ({} types; see `ggml-viz ops`)", types.len())
+        } else {
+            String::new()
+        };
+        writeln!(out, "op types:        {}{more}", shown.join(", "))?;
+    }
     let m = &stats.memory;
     if m.allocs + m.frees > 0 {
         writeln!(
