@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# What the hook costs a real program: llama-bench -t 1 token generation with and without the hook,
+# What the graph-level hook costs a real program (op timing off: bench/op_timing.sh measures that):
+# llama-bench -t 1 token generation with and without the hook,
 # interleaved in rotating order (medians), and instructions executed by llama-simple under
 # callgrind (repeatable where wall-clock time is not). Prints one table.
 #   bash bench/overhead.sh            ROUNDS=10 N_GEN=256 to change the amount of work
@@ -20,7 +21,7 @@ command -v valgrind >/dev/null || { apt-get install -y -qq valgrind >/dev/null 2
 
 tokens_per_s() { # $1: plain|hooked
   local pre=()
-  [ "$1" = hooked ] && pre=(env LD_PRELOAD="$hook" GGML_VIZ_OUTPUT="$tmp/bench-%p.ggmlviz")
+  [ "$1" = hooked ] && pre=(env LD_PRELOAD="$hook" GGML_VIZ_OUTPUT="$tmp/bench-%p.ggmlviz" GGML_VIZ_OP_TIMING=0)
   "${pre[@]}" "$build/bin/llama-bench" -m "$model" -t 1 -p 0 -n "$n_gen" -r 3 -o csv 2>/dev/null \
     | tail -n 1 | awk -F'","' '{ gsub(/"/, "", $(NF-1)); print $(NF-1) }'
 }
@@ -38,7 +39,7 @@ mp="$(median "${plain[@]}")"; mh="$(median "${hooked[@]}")"
 
 instructions() { # $1: plain|hooked, $2: tokens to generate
   local pre=()
-  [ "$1" = hooked ] && pre=(env LD_PRELOAD="$hook" GGML_VIZ_OUTPUT="$tmp/cg-%p.ggmlviz")
+  [ "$1" = hooked ] && pre=(env LD_PRELOAD="$hook" GGML_VIZ_OUTPUT="$tmp/cg-%p.ggmlviz" GGML_VIZ_OP_TIMING=0)
   "${pre[@]}" valgrind --tool=callgrind --callgrind-out-file="$tmp/cg.out" \
     "$build/bin/llama-simple" -m "$model" -n "$2" "hello world" >/dev/null 2>&1
   awk '/^totals:|^summary:/ { print $2; exit }' "$tmp/cg.out"
