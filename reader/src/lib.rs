@@ -39,6 +39,7 @@ pub mod ops;
 pub mod slice;
 pub mod stats;
 pub mod stream;
+pub mod telemetry;
 
 pub use damage::{Damage, DamageKind};
 pub use decoder::Decoder;

@@ -5,6 +5,7 @@ mod info;
 mod input;
 mod ops;
 mod record;
+mod timeline;
 
 use std::io::{self, Write};
 use std::process::ExitCode;
@@ -27,6 +28,9 @@ enum Command {
     Record(record::RecordArgs),
     Info(info::InfoArgs),
     Ops(ops::OpsArgs),
+    Summary(timeline::SummaryArgs),
+    Diff(timeline::DiffArgs),
+    Export(timeline::ExportArgs),
     Dump(dump::DumpArgs),
 }
 
@@ -64,6 +68,9 @@ fn main() -> ExitCode {
         Command::Record(args) => record::run(args),
         Command::Info(args) => info::run(args).map(|()| 0),
         Command::Ops(args) => ops::run(args).map(|()| 0),
+        Command::Summary(args) => timeline::summary(args).map(|()| 0),
+        Command::Diff(args) => timeline::diff(args).map(|()| 0),
+        Command::Export(args) => timeline::export(args).map(|()| 0),
         Command::Dump(args) => dump::run(args).map(|()| 0),
     };
     match result {

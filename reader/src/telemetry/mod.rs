@@ -1,0 +1,326 @@
+//! The common telemetry model every import lands in, and the exports that read it.
+//!
+//! An importer turns its input into a stream of [`Record`]s handed to a [`Sink`]: processes and
+//! lanes (threads, devices, NCCL proxy lanes) as they are met, spans when they close (with their
+//! parent, depth and self time already known), counter samples, instants and warnings. Exporters
+//! and summaries are sinks, so nothing needs the whole input in memory.
+//!
+//! - importers: [`ggmlviz`], [`ge_log`];
+//! - sinks: [`perfetto::PerfettoWriter`], [`summary::Summary`], and [`Collected`] (everything, for
+//!   tests and small inputs).
+
+pub mod ge_log;
+pub mod ggmlviz;
+pub mod perfetto;
+pub mod summary;
+
+use std::fmt;
+
+/// A typed argument of a span.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Arg {
+    Int(i64),
+    UInt(u64),
+    Float(f64),
+    Str(String),
+}
+
+impl fmt::Display for Arg {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Arg::Int(v) => write!(f, "{v}"),
+            Arg::UInt(v) => write!(f, "{v}"),
+            Arg::Float(v) => write!(f, "{v}"),
+            Arg::Str(v) => f.write_str(v),
+        }
+    }
+}
+
+/// Who produced the data: one process of one job.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Process {
+    /// Our id for it, unique across all inputs of one run.
+    pub id: u32,
+    pub pid: u32,
+    pub name: String,
+    pub host: String,
+    pub job_id: Option<String>,
+    pub rank: Option<u32>,
+    pub local_rank: Option<u32>,
+    pub world_size: Option<u32>,
+}
+
+/// Where spans line up: a thread, a device queue, a proxy lane.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Lane {
+    /// Our id for it, unique across all inputs of one run.
+    pub id: u32,
+    pub process: u32,
+    /// The OS thread id where there is one.
+    pub tid: Option<u64>,
+    pub name: String,
+}
+
+/// A span, delivered when it closes.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Span {
+    /// Unique within one import.
+    pub id: u64,
+    pub parent: Option<u64>,
+    pub depth: u32,
+    pub lane: u32,
+    pub name: String,
+    pub category: String,
+    pub start_ns: u64,
+    pub end_ns: u64,
+    /// Duration minus the duration of its children.
+    pub self_ns: u64,
+    pub args: Vec<(String, Arg)>,
+}
+
+impl Span {
+    pub fn duration_ns(&self) -> u64 {
+        self.end_ns.saturating_sub(self.start_ns)
+    }
+}
+
+/// One value of a counter (live bytes of a buffer type, memory of a device).
+#[derive(Clone, Debug, PartialEq)]
+pub struct CounterSample {
+    pub process: u32,
+    pub name: String,
+    pub time_ns: u64,
+    pub value: f64,
+}
+
+/// What timestamps mean.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Clock {
+    /// Nanoseconds since the Unix epoch: comparable across inputs.
+    Epoch,
+    /// Nanoseconds from some start only this input knows (a monotonic clock).
+    Relative,
+}
+
+/// Everything an importer produces.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Record {
+    Process(Process),
+    Lane(Lane),
+    Span(Span),
+    Counter(CounterSample),
+    /// Something the user should know: bad lines, unmatched or crossing pairs, clock problems.
+    Warning(String),
+    Clock(Clock),
+}
+
+/// Receives an import.
+pub trait Sink {
+    fn record(&mut self, record: Record);
+}
+
+/// A sink that keeps everything.
+#[derive(Clone, Debug, Default)]
+pub struct Collected {
+    pub processes: Vec<Process>,
+    pub lanes: Vec<Lane>,
+    pub spans: Vec<Span>,
+    pub counters: Vec<CounterSample>,
+    pub warnings: Vec<String>,
+    pub clock: Option<Clock>,
+}
+
+impl Sink for Collected {
+    fn record(&mut self, record: Record) {
+        match record {
+            Record::Process(p) => self.processes.push(p),
+            Record::Lane(l) => self.lanes.push(l),
+            Record::Span(s) => self.spans.push(s),
+            Record::Counter(c) => self.counters.push(c),
+            Record::Warning(w) => self.warnings.push(w),
+            Record::Clock(c) => self.clock = Some(c),
+        }
+    }
+}
+
+/// Open spans of one lane, for importers that see begins and ends: assigns ids, parents and
+/// depths, and self time (duration minus children) at close.
+#[derive(Debug, Default)]
+pub struct SpanStack {
+    open: Vec<OpenSpan>,
+}
+
+#[derive(Debug)]
+pub struct OpenSpan {
+    pub id: u64,
+    pub name: String,
+    pub category: String,
+    pub start_ns: u64,
+    pub args: Vec<(String, Arg)>,
+    children_ns: u64,
+}
+
+impl SpanStack {
+    pub fn depth(&self) -> usize {
+        self.open.len()
+    }
+
+    pub fn top(&self) -> Option<&OpenSpan> {
+        self.open.last()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.open.is_empty()
+    }
+
+    pub fn open(
+        &mut self,
+        id: u64,
+        name: String,
+        category: String,
+        start_ns: u64,
+        args: Vec<(String, Arg)>,
+    ) {
+        self.open.push(OpenSpan {
+            id,
+            name,
+            category,
+            start_ns,
+            args,
+            children_ns: 0,
+        });
+    }
+
+    /// Closes the innermost open span at `end_ns`.
+    pub fn close(&mut self, lane: u32, end_ns: u64) -> Option<Span> {
+        let top = self.open.len().checked_sub(1)?;
+        self.close_at(top, lane, end_ns)
+    }
+
+    /// Closes the open span at `index` (0: outermost) at `end_ns`. Below the top only for
+    /// crossing pairs: the spans above it stay open.
+    pub fn close_at(&mut self, index: usize, lane: u32, end_ns: u64) -> Option<Span> {
+        if index >= self.open.len() {
+            return None;
+        }
+        let s = self.open.remove(index);
+        let end_ns = end_ns.max(s.start_ns);
+        let duration = end_ns - s.start_ns;
+        let parent = index.checked_sub(1).map(|p| &mut self.open[p]);
+        let parent_id = parent.map(|p| {
+            p.children_ns += duration;
+            p.id
+        });
+        Some(Span {
+            id: s.id,
+            parent: parent_id,
+            depth: index as u32,
+            lane,
+            name: s.name,
+            category: s.category,
+            start_ns: s.start_ns,
+            end_ns,
+            self_ns: duration.saturating_sub(s.children_ns),
+            args: s.args,
+        })
+    }
+}
+
+/// Nanoseconds since the epoch are after 2001 (1e18); a clock that starts near zero (the C++
+/// tool's monotonic clock: ~9.2e14, about 10 days) is not the epoch.
+pub fn clock_of(first_timestamp_ns: u64) -> Clock {
+    if first_timestamp_ns >= 1_000_000_000_000_000_000 {
+        Clock::Epoch
+    } else {
+        Clock::Relative
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn self_time_is_duration_minus_children() {
+        let mut stack = SpanStack::default();
+        stack.open(1, "graph".into(), "graph".into(), 0, vec![]);
+        stack.open(2, "op".into(), "op".into(), 10, vec![]);
+        let child = stack.close(0, 40).unwrap();
+        assert_eq!((child.parent, child.depth, child.self_ns), (Some(1), 1, 30));
+        let parent = stack.close(0, 100).unwrap();
+        assert_eq!((parent.parent, parent.depth, parent.self_ns), (None, 0, 70));
+    }
+}
+
+/// Input formats, recognised by content.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Format {
+    Ggmlviz,
+    GeLog,
+}
+
+impl std::str::FromStr for Format {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Format, String> {
+        match s {
+            "ggmlviz" => Ok(Format::Ggmlviz),
+            "ge-log" => Ok(Format::GeLog),
+            other => Err(format!(
+                "unknown input format {other:?}: expected ggmlviz or ge-log"
+            )),
+        }
+    }
+}
+
+/// What an import found wrong that makes it fail (after everything before it was delivered).
+#[derive(Debug)]
+pub struct ImportError(pub String);
+
+/// Imports the file at `path` into `sink`, recognising its format unless `format` is given.
+/// Corruption is an error (what came before it was delivered); a truncated tail is a warning.
+pub fn import_path<S: Sink>(
+    path: &std::path::Path,
+    format: Option<Format>,
+    layout: Option<crate::format::Layout>,
+    ids: &mut ggmlviz::Ids,
+    sink: &mut S,
+) -> Result<(), ImportError> {
+    let name = path.display().to_string();
+    let fail = |e: std::io::Error| ImportError(format!("cannot read {name}: {e}"));
+    let format = match format {
+        Some(f) => f,
+        None => {
+            let mut head = [0u8; 256];
+            let mut file = std::fs::File::open(path).map_err(fail)?;
+            let n = std::io::Read::read(&mut file, &mut head).map_err(fail)?;
+            let head = &head[..n];
+            if head.starts_with(&crate::format::MAGIC[..head.len().min(8)]) && !head.is_empty() {
+                Format::Ggmlviz
+            } else if ge_log::looks_like(
+                String::from_utf8_lossy(head)
+                    .lines()
+                    .next()
+                    .unwrap_or_default(),
+            ) {
+                Format::GeLog
+            } else {
+                return Err(ImportError(format!(
+                    "{name}: format not recognised (supported: GGMLVIZ traces and GE profiling logs)"
+                )));
+            }
+        }
+    };
+    match format {
+        Format::Ggmlviz => {
+            let trace = crate::slice::TraceFile::open(path, layout).map_err(fail)?;
+            match ggmlviz::import(trace.bytes(), trace.layout().layout, &name, ids, sink) {
+                Some(d) if !d.is_truncation() => Err(ImportError(format!("{name}: {d}"))),
+                _ => Ok(()),
+            }
+        }
+        Format::GeLog => {
+            let file = std::fs::File::open(path).map_err(fail)?;
+            ge_log::import(std::io::BufReader::new(file), &name, ids, sink).map_err(fail)
+        }
+    }
+}

@@ -1,0 +1,194 @@
+//! The telemetry model: GE logs against ada-pa's own reports, the C++ tool's sample, the
+//! same-name nesting rule, and the Perfetto export's structure.
+
+mod common;
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+
+use ggml_viz_reader::format::Layout;
+use ggml_viz_reader::telemetry::ggmlviz::{self, Ids};
+use ggml_viz_reader::telemetry::perfetto::PerfettoWriter;
+use ggml_viz_reader::telemetry::summary::Summary;
+use ggml_viz_reader::telemetry::{Clock, Collected, ge_log, import_path};
+use serde_json::Value;
+
+fn sample(path: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../shared/samples")
+        .join(path)
+}
+
+/// ada-pa's summary CSV: event (without brackets) -> (count, total µs).
+fn ada_pa_summary(path: &str) -> HashMap<String, (u64, f64)> {
+    std::fs::read_to_string(sample(path))
+        .unwrap()
+        .lines()
+        .skip(1)
+        .map(|l| {
+            let f: Vec<&str> = l.split(',').collect();
+            (
+                f[0].trim_matches(|c| c == '[' || c == ']').to_string(),
+                (f[1].parse().unwrap(), f[3].parse().unwrap()),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn ge_logs_agree_with_ada_pa_where_nothing_nests_by_name() {
+    // These two logs have no span nested in another of the same name, so ada-pa's double
+    // counting does not show: counts and totals must agree exactly. (ada-pa's w-percent is
+    // relative to the largest event, ours to wall time: not compared.)
+    for (log, csv) in [
+        ("ada-pa/pytorch_acl.log", "ada-pa/pytorch_acl_summary_0.csv"),
+        ("ada-pa/pytorch_ns.log", "ada-pa/pytorch_ns_summary_0.csv"),
+    ] {
+        let mut s = Summary::default();
+        import_path(&sample(log), None, None, &mut Ids::default(), &mut s).unwrap();
+        let theirs = ada_pa_summary(csv);
+        assert_eq!(s.rows.len(), theirs.len(), "{log}");
+        for (name, (count, total_us)) in theirs {
+            let row = &s.rows[&name];
+            assert_eq!(row.count, count, "{log} {name}");
+            assert!(
+                (row.total_ns as f64 / 1000.0 - total_us).abs() < 0.01,
+                "{log} {name}: {} vs {total_us}",
+                row.total_ns
+            );
+        }
+        assert!(s.warnings.is_empty(), "{:?}", s.warnings);
+    }
+}
+
+#[test]
+fn a_tiling_inside_a_tiling_is_two_tilings_of_twenty_microseconds() {
+    // The case ada-pa's document describes: it reports 3 tilings, 40 µs.
+    let log = "Profiler version: 1.0, dump start, records num: 6\n\
+               1000000 7 [TransData] [Tiling] Start\n\
+               1000000 7 [TransData] [Tiling] Start\n\
+               1010000 7 [TransData] [Tiling] End\n\
+               1010000 7 [TransData] [Tiling] Start\n\
+               1020000 7 [TransData] [Tiling] End\n\
+               1020000 7 [TransData] [Tiling] End\n\
+               this line is not a record\n\
+               Profiling dump end\n";
+    let mut s = Summary::default();
+    ge_log::import(log.as_bytes(), "hand-made", &mut Ids::default(), &mut s).unwrap();
+    let tiling = &s.rows["Tiling"];
+    assert_eq!((tiling.count, tiling.total_ns), (2, 20_000));
+    assert_eq!(tiling.mean_ns(), 10_000.0);
+    assert_eq!(s.warnings.len(), 1);
+    assert!(
+        s.warnings[0].contains("1 line(s) do not parse") && s.warnings[0].contains("lines 8"),
+        "{:?}",
+        s.warnings
+    );
+}
+
+#[test]
+fn the_cpp_tools_crossing_op_pairs_are_reported_with_offsets() {
+    let mut c = Collected::default();
+    import_path(
+        &sample("ggml-viz/test_trace.ggmlviz"),
+        None,
+        None,
+        &mut Ids::default(),
+        &mut c,
+    )
+    .unwrap();
+    assert_eq!(c.clock, Some(Clock::Relative));
+    let crossings: Vec<&String> = c
+        .warnings
+        .iter()
+        .filter(|w| w.contains("crosses"))
+        .collect();
+    assert_eq!(crossings.len(), 10, "{:?}", c.warnings);
+    assert!(crossings[0].contains("byte offset 179"), "{}", crossings[0]);
+    assert!(
+        c.warnings
+            .iter()
+            .any(|w| w.contains("not nanoseconds since the epoch"))
+    );
+    assert_eq!(c.spans.iter().filter(|s| s.category == "graph").count(), 10);
+    assert_eq!(c.spans.iter().filter(|s| s.category == "op").count(), 20);
+    // Each op end carried its begin's tensor: every op span kept its own tensor label.
+    assert!(
+        c.spans
+            .iter()
+            .filter(|s| s.category == "op")
+            .all(|s| !s.args.is_empty())
+    );
+}
+
+/// X events on one (pid, tid) must nest or be disjoint.
+fn assert_properly_nested(events: &[Value]) {
+    let mut by_lane: HashMap<(u64, u64), Vec<(f64, f64)>> = HashMap::new();
+    for e in events.iter().filter(|e| e["ph"] == "X") {
+        let (pid, tid) = (
+            e["pid"].as_u64().expect("integer pid"),
+            e["tid"].as_u64().expect("integer tid"),
+        );
+        let ts = e["ts"].as_f64().unwrap();
+        by_lane
+            .entry((pid, tid))
+            .or_default()
+            .push((ts, ts + e["dur"].as_f64().unwrap()));
+    }
+    for spans in by_lane.values_mut() {
+        spans.sort_by(|a, b| {
+            a.0.partial_cmp(&b.0)
+                .unwrap()
+                .then(b.1.partial_cmp(&a.1).unwrap())
+        });
+        let mut open: Vec<f64> = Vec::new();
+        for &(start, end) in spans.iter() {
+            while open.last().is_some_and(|&e| e <= start) {
+                open.pop();
+            }
+            if let Some(&outer) = open.last() {
+                assert!(
+                    end <= outer + 1e-6,
+                    "span [{start}, {end}] crosses its parent ending at {outer}"
+                );
+            }
+            open.push(end);
+        }
+    }
+}
+
+#[test]
+fn the_perfetto_export_has_integer_ids_names_and_nested_spans() {
+    let (bytes, _) = common::encode(&common::sample_trace(Layout::Packed), Layout::Packed);
+    let mut out = Vec::new();
+    let mut writer = PerfettoWriter::new(&mut out);
+    let mut ids = Ids::default();
+    ggmlviz::import(&bytes, Layout::Packed, "synthetic", &mut ids, &mut writer);
+    let ge = std::fs::File::open(sample("ada-pa/pytorch_ns.log")).unwrap();
+    ge_log::import(std::io::BufReader::new(ge), "ge", &mut ids, &mut writer).unwrap();
+    let (_, n) = writer.finish().unwrap();
+    let json: Value = serde_json::from_slice(&out).expect("valid JSON");
+    let events = json["traceEvents"].as_array().unwrap();
+    assert_eq!(events.len() as u64, n);
+    assert_properly_nested(events);
+    // Two processes on one timeline, each named; every lane named.
+    let names: Vec<&Value> = events
+        .iter()
+        .filter(|e| e["name"] == "process_name")
+        .collect();
+    assert_eq!(names.len(), 2);
+    assert!(events.iter().any(|e| e["name"] == "thread_name"));
+    // The synthetic trace: 3 outer graphs, each with a nested one holding 2 ops.
+    let x: Vec<&Value> = events
+        .iter()
+        .filter(|e| e["ph"] == "X" && e["pid"] == 1)
+        .collect();
+    assert_eq!(x.iter().filter(|e| e["cat"] == "graph").count(), 6);
+    assert_eq!(x.iter().filter(|e| e["cat"] == "op").count(), 6);
+    // The synthetic trace's clock starts near zero: not the epoch, and the export says so.
+    assert!(json["metadata"]["ggml_viz"]["origin_ns"].is_u64());
+    assert_eq!(json["metadata"]["ggml_viz"]["clock"], "relative");
+    for e in events {
+        assert!(e["pid"].is_u64() && e["tid"].is_u64(), "{e}");
+    }
+}
