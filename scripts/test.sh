@@ -13,6 +13,11 @@ if ! python3 -c "import gguf" 2>/dev/null; then
   echo "test.sh: installing the gguf Python package" >&2
   python3 -m pip install -q gguf
 fi
+# The reference TelemetryEvent v2 validator the export tests run (pure Python, no dependencies).
+if ! python3 -c "import gpumemprof.telemetry" 2>/dev/null; then
+  echo "test.sh: installing gpu-memory-profiler (the TelemetryEvent v2 reference validator)" >&2
+  python3 -m pip install -q --no-deps gpu-memory-profiler==0.2.3.post1
+fi
 GGML_VIZ_LLAMA_BUILD="$(bash scripts/setup-llama.sh | tail -n 1)"
 export GGML_VIZ_LLAMA_BUILD
 

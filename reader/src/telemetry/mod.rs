@@ -9,6 +9,7 @@
 //! - sinks: [`perfetto::PerfettoWriter`], [`summary::Summary`], and [`Collected`] (everything, for
 //!   tests and small inputs).
 
+pub mod event_v2;
 pub mod ge_log;
 pub mod ggmlviz;
 pub mod perfetto;
@@ -257,6 +258,7 @@ mod tests {
 pub enum Format {
     Ggmlviz,
     GeLog,
+    TelemetryV2,
 }
 
 impl std::str::FromStr for Format {
@@ -303,9 +305,15 @@ pub fn import_path<S: Sink>(
                     .unwrap_or_default(),
             ) {
                 Format::GeLog
+            } else if head
+                .iter()
+                .find(|b| !b.is_ascii_whitespace())
+                .is_some_and(|&b| b == b'[' || b == b'{')
+            {
+                Format::TelemetryV2
             } else {
                 return Err(ImportError(format!(
-                    "{name}: format not recognised (supported: GGMLVIZ traces and GE profiling logs)"
+                    "{name}: format not recognised (supported: GGMLVIZ traces, GE profiling logs, TelemetryEvent v2 JSON)"
                 )));
             }
         }
@@ -321,6 +329,10 @@ pub fn import_path<S: Sink>(
         Format::GeLog => {
             let file = std::fs::File::open(path).map_err(fail)?;
             ge_log::import(std::io::BufReader::new(file), &name, ids, sink).map_err(fail)
+        }
+        Format::TelemetryV2 => {
+            let text = std::fs::read_to_string(path).map_err(fail)?;
+            event_v2::import(&text, &name, ids, sink).map_err(ImportError)
         }
     }
 }

@@ -6,10 +6,11 @@ use std::path::{Path, PathBuf};
 
 use clap::{Args, ValueEnum};
 use ggml_viz_reader::Layout;
+use ggml_viz_reader::TraceFile;
 use ggml_viz_reader::telemetry::ggmlviz::Ids;
 use ggml_viz_reader::telemetry::perfetto::PerfettoWriter;
 use ggml_viz_reader::telemetry::summary::{Row, Summary, csv_cell};
-use ggml_viz_reader::telemetry::{Format, Sink, import_path};
+use ggml_viz_reader::telemetry::{Format, Sink, event_v2, import_path};
 
 use crate::Failure;
 use crate::dump::parse_layout;
@@ -213,6 +214,9 @@ pub fn diff(args: DiffArgs) -> Result<(), Failure> {
 enum Target {
     /// Chrome trace JSON, loadable in ui.perfetto.dev and chrome://tracing.
     Perfetto,
+    /// TelemetryEvent v2 records (a JSON list) of a GGMLVIZ trace's backend buffers (recorded
+    /// with GGML_VIZ_MEMORY_TRACKING=1), collector `ggml_viz.hook`.
+    TelemetryV2,
 }
 
 /// Convert inputs (GGMLVIZ traces, GE logs) into one timeline for another tool.
@@ -242,14 +246,48 @@ pub fn export(args: ExportArgs) -> Result<(), Failure> {
         ),
         None => Box::new(io::stdout().lock()),
     };
-    let Target::Perfetto = args.to;
-    let mut writer = PerfettoWriter::new(BufWriter::with_capacity(1 << 16, out));
-    let result = import_all(&args.files, &args.input, &mut writer);
-    let (_, events) = writer.finish()?;
+    let (result, events) = match args.to {
+        Target::Perfetto => {
+            let mut writer = PerfettoWriter::new(BufWriter::with_capacity(1 << 16, out));
+            let result = import_all(&args.files, &args.input, &mut writer);
+            (result, writer.finish()?.1)
+        }
+        Target::TelemetryV2 => telemetry_v2(&args, BufWriter::new(out))?,
+    };
     if let Some(path) = &args.output {
         eprintln!("ggml-viz: wrote {events} events to {}", display(path));
     }
     result
+}
+
+/// Every input's buffer events as v2 records, in one JSON list.
+fn telemetry_v2(
+    args: &ExportArgs,
+    mut out: impl Write,
+) -> Result<(Result<(), Failure>, u64), Failure> {
+    let mut records = Vec::new();
+    let mut result = Ok(());
+    for path in &args.files {
+        let trace = TraceFile::open(path, args.input.layout)
+            .map_err(|e| Failure::Data(format!("cannot open {}: {e}", path.display())))?;
+        let (mut events, damage) = event_v2::from_ggmlviz(trace.bytes(), trace.layout().layout);
+        if events.is_empty() {
+            eprintln!(
+                "ggml-viz: warning: {}: no buffer events (record with GGML_VIZ_MEMORY_TRACKING=1)",
+                path.display()
+            );
+        }
+        records.append(&mut events);
+        match damage {
+            Some(d) if d.is_truncation() => eprintln!("ggml-viz: warning: {}: {d}", path.display()),
+            Some(d) => result = Err(Failure::Data(format!("{}: {d}", path.display()))),
+            None => {}
+        }
+    }
+    serde_json::to_writer_pretty(&mut out, &records).map_err(io::Error::from)?;
+    writeln!(out)?;
+    out.flush()?;
+    Ok((result, records.len() as u64))
 }
 
 fn display(p: &Path) -> String {
