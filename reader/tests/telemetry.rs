@@ -192,3 +192,80 @@ fn the_perfetto_export_has_integer_ids_names_and_nested_spans() {
         assert!(e["pid"].is_u64() && e["tid"].is_u64(), "{e}");
     }
 }
+
+#[test]
+fn comma_records_become_enqueue_execution_and_proxy_lanes() {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/comma_rank0.jsonl");
+    let mut c = Collected::default();
+    import_path(&path, None, None, &mut Ids::default(), &mut c).unwrap();
+    let us = 1000;
+    let lane = |id: u32| c.lanes.iter().find(|l| l.id == id).unwrap().name.clone();
+    let span = |name: &str| {
+        c.spans
+            .iter()
+            .find(|s| s.name == name)
+            .unwrap_or_else(|| panic!("no {name}"))
+    };
+    let enqueue = span("all_reduce");
+    assert_eq!(
+        (enqueue.start_ns, enqueue.duration_ns()),
+        (9_615_369 * us, 11_039 * us)
+    );
+    assert_eq!(lane(enqueue.lane), "collectives (enqueue)");
+    // child_dur without child_start_ts: execution starts with the earliest proxy op.
+    let exec = span("all_reduce (execution)");
+    assert_eq!(
+        (exec.start_ns, exec.duration_ns()),
+        (9_624_951 * us, 1_456 * us)
+    );
+    assert_eq!(span("broadcast (execution)").start_ns, 9_700_100 * us);
+    // Overlapping proxy ops get a lane each, their overlapping steps sub-lanes: nothing nests.
+    let proxies: Vec<String> = c
+        .spans
+        .iter()
+        .filter(|s| s.category == "PROXY")
+        .map(|s| lane(s.lane))
+        .collect();
+    assert_eq!(
+        proxies,
+        [
+            "proxy peer 16 recv",
+            "proxy peer 16 send",
+            "proxy peer 3 send"
+        ]
+    );
+    let recv_steps: Vec<String> = c
+        .spans
+        .iter()
+        .filter(|s| s.category == "PROXY_STEP" && lane(s.lane).starts_with("proxy peer 16 recv"))
+        .map(|s| lane(s.lane))
+        .collect();
+    assert_eq!(
+        recv_steps,
+        ["proxy peer 16 recv steps #1", "proxy peer 16 recv steps #2"]
+    );
+    assert!(c.spans.iter().all(|s| s.parent.is_none()));
+    // The PXN proxy line joined rank 0: one process in all.
+    assert_eq!(c.processes.len(), 1);
+    assert_eq!(c.processes[0].rank, Some(0));
+    for name in ["Group", "send", "recv"] {
+        span(name);
+    }
+    let mut out = Vec::new();
+    let mut writer = PerfettoWriter::new(&mut out);
+    import_path(&path, None, None, &mut Ids::default(), &mut writer).unwrap();
+    writer.finish().unwrap();
+    let json: Value = serde_json::from_slice(&out).unwrap();
+    assert_properly_nested(json["traceEvents"].as_array().unwrap());
+}
+
+#[test]
+fn a_bad_comma_line_is_an_error_naming_it() {
+    let mut c = Collected::default();
+    let text =
+        "{\"cat\":\"COLL\",\"ts\":1,\"dur\":2,\"name\":\"all_gather\",\"rank\":0}\n{\"cat\": \n";
+    let err =
+        ggml_viz_reader::telemetry::comma::import(text, "x.jsonl", &mut Ids::default(), &mut c)
+            .unwrap_err();
+    assert!(err.contains("x.jsonl: line 2"), "{err}");
+}

@@ -5,10 +5,11 @@
 //! parent, depth and self time already known), counter samples, instants and warnings. Exporters
 //! and summaries are sinks, so nothing needs the whole input in memory.
 //!
-//! - importers: [`ggmlviz`], [`ge_log`];
+//! - importers: [`ggmlviz`], [`ge_log`], [`event_v2`] (TelemetryEvent v2), [`comma`] (CoMMA NCCL);
 //! - sinks: [`perfetto::PerfettoWriter`], [`summary::Summary`], and [`Collected`] (everything, for
 //!   tests and small inputs).
 
+pub mod comma;
 pub mod event_v2;
 pub mod ge_log;
 pub mod ggmlviz;
@@ -259,6 +260,7 @@ pub enum Format {
     Ggmlviz,
     GeLog,
     TelemetryV2,
+    Comma,
 }
 
 impl std::str::FromStr for Format {
@@ -310,10 +312,16 @@ pub fn import_path<S: Sink>(
                 .find(|b| !b.is_ascii_whitespace())
                 .is_some_and(|&b| b == b'[' || b == b'{')
             {
-                Format::TelemetryV2
+                // CoMMA records are Chrome-trace-like: `cat` and `ph`; v2 records are not.
+                let text = String::from_utf8_lossy(head);
+                if text.contains("\"cat\"") || text.contains("\"ph\"") {
+                    Format::Comma
+                } else {
+                    Format::TelemetryV2
+                }
             } else {
                 return Err(ImportError(format!(
-                    "{name}: format not recognised (supported: GGMLVIZ traces, GE profiling logs, TelemetryEvent v2 JSON)"
+                    "{name}: format not recognised (supported: GGMLVIZ traces, GE profiling logs, TelemetryEvent v2 JSON, CoMMA NCCL JSON)"
                 )));
             }
         }
@@ -333,6 +341,10 @@ pub fn import_path<S: Sink>(
         Format::TelemetryV2 => {
             let text = std::fs::read_to_string(path).map_err(fail)?;
             event_v2::import(&text, &name, ids, sink).map_err(ImportError)
+        }
+        Format::Comma => {
+            let text = std::fs::read_to_string(path).map_err(fail)?;
+            comma::import(&text, &name, ids, sink).map_err(ImportError)
         }
     }
 }
