@@ -115,7 +115,6 @@ impl<S: Sink> Importer<'_, S> {
     fn span(
         &mut self,
         lane: u32,
-        parent: Option<u64>,
         name: &str,
         category: &str,
         start: u64,
@@ -126,8 +125,8 @@ impl<S: Sink> Importer<'_, S> {
         let id = self.ids.next_span;
         self.sink.record(Record::Span(Span {
             id,
-            parent,
-            depth: u32::from(parent.is_some()),
+            parent: None,
+            depth: 0,
             lane,
             name: name.into(),
             category: category.into(),
@@ -181,7 +180,7 @@ impl<S: Sink> Importer<'_, S> {
             other => other.to_lowercase(),
         };
         let lane = self.lane(process, lane_name);
-        self.span(lane, None, &name, &cat, start, end, args.clone());
+        self.span(lane, &name, &cat, start, end, args.clone());
         let proxyops: Vec<&Map<String, Value>> = r
             .get("proxyops")
             .and_then(Value::as_array)
@@ -268,7 +267,7 @@ impl<S: Sink> Importer<'_, S> {
                 step_args,
             );
         }
-        self.span(lane, None, &name, "PROXY", start, end, args);
+        self.span(lane, &name, "PROXY", start, end, args);
         Ok(())
     }
 }
