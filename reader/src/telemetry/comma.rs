@@ -193,7 +193,6 @@ impl<S: Sink> Importer<'_, S> {
             let lane = self.lane(process, format!("{} (execution)", lane_name_of(&cat)));
             self.span(
                 lane,
-                None,
                 &format!("{name} (execution)"),
                 &cat,
                 exec_start,
@@ -259,7 +258,6 @@ impl<S: Sink> Importer<'_, S> {
             let number = step.get("step").and_then(Value::as_i64).unwrap_or(0);
             self.span(
                 step_lane,
-                None,
                 &format!("step {number}"),
                 "PROXY_STEP",
                 s,
