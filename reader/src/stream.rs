@@ -40,6 +40,8 @@ pub struct StreamReader<R> {
     chunk: Vec<u8>,
     ended: bool,
     done: bool,
+    /// File offset where the last returned event began.
+    last_offset: u64,
 }
 
 impl<R: Read> StreamReader<R> {
@@ -48,9 +50,15 @@ impl<R: Read> StreamReader<R> {
             input,
             decoder: Decoder::new(forced),
             chunk: vec![0; CHUNK],
+            last_offset: 0,
             ended: false,
             done: false,
         }
+    }
+
+    /// Byte offset in the input where the last event returned began.
+    pub fn last_offset(&self) -> u64 {
+        self.last_offset
     }
 
     /// The layout in use, once decided (after the first event at the latest).
@@ -69,6 +77,10 @@ impl<R: Read> Iterator for StreamReader<R> {
         loop {
             if let Some(item) = self.decoder.next_event() {
                 self.done = item.is_err();
+                if let (Ok(event), Some(choice)) = (&item, self.decoder.layout()) {
+                    self.last_offset =
+                        self.decoder.offset() - event.encoded_len(choice.layout) as u64;
+                }
                 return Some(item.map_err(StreamError::Damage));
             }
             if self.ended {

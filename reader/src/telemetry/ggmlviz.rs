@@ -77,6 +77,22 @@ pub fn import<S: Sink>(
     ids: &mut Ids,
     sink: &mut S,
 ) -> Option<Damage> {
+    let mut events = Events::new(file, layout);
+    let with_offsets = std::iter::from_fn(|| {
+        let offset = events.offset();
+        events.next().map(|item| (offset, item))
+    });
+    import_events(with_offsets, name, ids, sink)
+}
+
+/// Imports events given with the byte offset where each begins (a mapped file, or a stream read
+/// with bounded memory).
+pub fn import_events<'a, S: Sink>(
+    events: impl Iterator<Item = (u64, Result<Event<'a>, Damage>)>,
+    name: &str,
+    ids: &mut Ids,
+    sink: &mut S,
+) -> Option<Damage> {
     let process = ids.process();
     let mut imp = Importer {
         sink,
@@ -92,18 +108,15 @@ pub fn import<S: Sink>(
         clock_said: false,
     };
     let mut named = false;
-    let mut events = Events::new(file, layout);
     let mut damage = None;
-    loop {
-        let offset = events.offset();
-        match events.next() {
-            None => break,
-            Some(Err(d)) => {
+    for (offset, item) in events {
+        match item {
+            Err(d) => {
                 imp.sink.record(Record::Warning(format!("{name}: {d}")));
                 damage = Some(d);
                 break;
             }
-            Some(Ok(e)) => {
+            Ok(e) => {
                 if !named
                     && !matches!(e.payload, Payload::Extension(x) if x.kind == ExtensionKind::Metadata)
                 {

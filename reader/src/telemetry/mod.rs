@@ -328,8 +328,26 @@ pub fn import_path<S: Sink>(
     };
     match format {
         Format::Ggmlviz => {
-            let trace = crate::slice::TraceFile::open(path, layout).map_err(fail)?;
-            match ggmlviz::import(trace.bytes(), trace.layout().layout, &name, ids, sink) {
+            // Streamed, not mapped: memory stays bounded whatever the trace's size.
+            let file = std::fs::File::open(path).map_err(fail)?;
+            let mut reader = crate::stream::StreamReader::new(
+                std::io::BufReader::with_capacity(1 << 20, file),
+                layout,
+            );
+            let mut io_error = None;
+            let events = std::iter::from_fn(|| match reader.next()? {
+                Ok(event) => Some((reader.last_offset(), Ok(event))),
+                Err(crate::stream::StreamError::Damage(d)) => Some((d.offset, Err(d))),
+                Err(crate::stream::StreamError::Io(e)) => {
+                    io_error = Some(e);
+                    None
+                }
+            });
+            let damage = ggmlviz::import_events(events, &name, ids, sink);
+            if let Some(e) = io_error {
+                return Err(fail(e));
+            }
+            match damage {
                 Some(d) if !d.is_truncation() => Err(ImportError(format!("{name}: {d}"))),
                 _ => Ok(()),
             }
