@@ -255,3 +255,68 @@ fn stdin_reads_like_a_file() {
     assert!(out.status.success());
     assert_eq!(jsonl(&out).len(), events.len());
 }
+
+#[test]
+fn summary_csv_diff_and_export_work_on_real_files() {
+    let samples = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/samples");
+    let acl = samples.join("ada-pa/pytorch_acl.log");
+    let ns = samples.join("ada-pa/pytorch_ns.log");
+    let out = ggml_viz(&["summary", "--csv", acl.to_str().unwrap()]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let csv = String::from_utf8(out.stdout).unwrap();
+    let mut lines = csv.lines();
+    assert_eq!(
+        lines.next(),
+        Some("name,count,total_us,self_us,mean_us,min_us,p50_us,p99_us,max_us,share_percent")
+    );
+    assert!(
+        csv.lines()
+            .any(|l| l.starts_with("AclCompileAndExecute,3,85792.450,")),
+        "{csv}"
+    );
+
+    let out = ggml_viz(&["diff", acl.to_str().unwrap(), ns.to_str().unwrap()]);
+    assert!(out.status.success());
+    let table = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        table
+            .lines()
+            .any(|l| l.starts_with("Execute ") && l.trim_end().ends_with("new")),
+        "{table}"
+    );
+
+    let json_path = temp_file("acl.json", b"");
+    let out = ggml_viz(&[
+        "export",
+        "--to",
+        "perfetto",
+        acl.to_str().unwrap(),
+        ns.to_str().unwrap(),
+        "-o",
+        json_path.to_str().unwrap(),
+    ]);
+    assert!(out.status.success());
+    let json: Value = serde_json::from_slice(&std::fs::read(&json_path).unwrap()).unwrap();
+    let events = json["traceEvents"].as_array().unwrap();
+    assert_eq!(
+        events
+            .iter()
+            .filter(|e| e["name"] == "process_name")
+            .count(),
+        2,
+        "two inputs, one timeline"
+    );
+    assert_eq!(events.iter().filter(|e| e["ph"] == "X").count(), 19 + 249);
+
+    let out = ggml_viz(&["summary", "/nonexistent.log"]);
+    assert_eq!(out.status.code(), Some(2));
+    let junk = temp_file("junk.bin", b"\x00\x01binary junk");
+    let out = ggml_viz(&["summary", junk.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("format not recognised"));
+    assert_no_panic_text(&out);
+}

@@ -278,13 +278,22 @@ impl<S: Sink> Importer<'_, S> {
                     self.counter(buft, ts);
                 }
             }
-            (Some(EventType::ThreadBegin), _) if !label.is_empty() => {
+            (Some(ty @ (EventType::ThreadBegin | EventType::ThreadFree)), _) => {
                 let lane = self.thread(e.thread_id).lane;
-                self.sink.record(Record::Lane(Lane {
-                    id: lane,
-                    process: self.process,
-                    tid: Some(e.thread_id as u64),
-                    name: label,
+                if ty == EventType::ThreadBegin && !label.is_empty() {
+                    let lane = Lane {
+                        id: lane,
+                        process: self.process,
+                        tid: Some(e.thread_id as u64),
+                        name: label,
+                    };
+                    self.sink.record(Record::Lane(lane));
+                }
+                let name = ty.name().to_string();
+                self.sink.record(Record::Instant(super::Instant {
+                    lane,
+                    name,
+                    time_ns: ts,
                 }));
             }
             _ => {}

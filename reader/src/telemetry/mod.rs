@@ -95,6 +95,14 @@ pub struct CounterSample {
     pub value: f64,
 }
 
+/// A moment on a lane (a thread starting or ending).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Instant {
+    pub lane: u32,
+    pub name: String,
+    pub time_ns: u64,
+}
+
 /// What timestamps mean.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Clock {
@@ -111,6 +119,7 @@ pub enum Record {
     Lane(Lane),
     Span(Span),
     Counter(CounterSample),
+    Instant(Instant),
     /// Something the user should know: bad lines, unmatched or crossing pairs, clock problems.
     Warning(String),
     Clock(Clock),
@@ -128,6 +137,7 @@ pub struct Collected {
     pub lanes: Vec<Lane>,
     pub spans: Vec<Span>,
     pub counters: Vec<CounterSample>,
+    pub instants: Vec<Instant>,
     pub warnings: Vec<String>,
     pub clock: Option<Clock>,
 }
@@ -139,6 +149,7 @@ impl Sink for Collected {
             Record::Lane(l) => self.lanes.push(l),
             Record::Span(s) => self.spans.push(s),
             Record::Counter(c) => self.counters.push(c),
+            Record::Instant(i) => self.instants.push(i),
             Record::Warning(w) => self.warnings.push(w),
             Record::Clock(c) => self.clock = Some(c),
         }

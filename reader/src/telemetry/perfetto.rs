@@ -2,7 +2,7 @@
 //!
 //! - `pid` and `tid` are integers (Perfetto turns string pids into 0): our process and lane ids;
 //!   `M` metadata events name them (program, pid, host and rank; thread names).
-//! - Spans are `X` events, counters `C` events.
+//! - Spans are `X` events, counters `C` events, instants (threads starting and ending) `i`.
 //! - `ts` and `dur` are microseconds as doubles. Epoch-based values would lose the nanoseconds
 //!   (and make nested spans seem to overlap), so timestamps are relative to an origin: the first
 //!   timestamp seen, rounded down to a whole second, written in `metadata.ggml_viz.origin_ns`.
@@ -148,6 +148,11 @@ impl<W: Write> Sink for PerfettoWriter<W> {
             Record::Counter(c) => {
                 let ts = self.us(c.time_ns);
                 self.emit(json!({"ph": "C", "name": c.name, "pid": c.process, "tid": 0, "ts": ts, "args": {"bytes": c.value}}));
+            }
+            Record::Instant(i) => {
+                let ts = self.us(i.time_ns);
+                let pid = self.lanes.get(&i.lane).map_or(0, |l| l.process);
+                self.emit(json!({"ph": "i", "s": "t", "name": i.name, "pid": pid, "tid": i.lane, "ts": ts}));
             }
             Record::Warning(w) => self.warnings.push(w),
             Record::Clock(c) => self.clocks.push(c),
