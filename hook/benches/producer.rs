@@ -1,4 +1,5 @@
-//! Producer-side cost per recorded event: `cargo bench -p ggml-viz-hook`.
+//! Producer-side cost per recorded event: `cargo bench -p ggml-viz-hook`; with `-- --sustained`,
+//! the write rate N threads sustain into the default ring.
 //!
 //! Records graph begin/end pairs through the same code the exported wrappers run (capture window,
 //! event cap, clock, ring), with a ring large enough that nothing is dropped, while the flusher
@@ -51,8 +52,66 @@ fn measure(threads: u64) -> f64 {
     start.elapsed().as_nanos() as f64 / (2 * PAIRS) as f64
 }
 
+/// `--sustained`: default ring and flush interval, N threads recording flat out for a while:
+/// what is written per second, and what fraction is dropped.
+fn sustained(dir: &std::path::Path) {
+    // SAFETY: set before any other thread exists.
+    unsafe {
+        std::env::set_var("GGML_VIZ_OUTPUT", dir.join("sustained.ggmlviz"));
+        std::env::set_var("GGML_VIZ_MAX_EVENTS", (1u64 << 50).to_string());
+    }
+    capture::start_if_needed();
+    let seconds: f64 = std::env::var("GGML_VIZ_BENCH_SECONDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(2.0);
+    println!(
+        "{:<44} {:>14} {:>10} {:>9}",
+        "sustained, default ring and flush", "events/s", "MB/s", "dropped"
+    );
+    for threads in [1u64, 2] {
+        let recorder = capture::active().expect("recorder");
+        let dropped_before = recorder.dropped_ring_full();
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let start = Instant::now();
+        let workers: Vec<_> = (0..threads)
+            .map(|_| {
+                let stop = stop.clone();
+                std::thread::spawn(move || {
+                    let mut pairs = 0u64;
+                    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        record_pairs(1000);
+                        pairs += 1000;
+                    }
+                    pairs
+                })
+            })
+            .collect();
+        std::thread::sleep(std::time::Duration::from_secs_f64(seconds));
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let produced: u64 = workers.into_iter().map(|w| w.join().unwrap() * 2).sum();
+        let elapsed = start.elapsed().as_secs_f64();
+        let dropped = recorder.dropped_ring_full() - dropped_before;
+        let written = produced - dropped;
+        println!(
+            "{:<44} {:>14.0} {:>10.1} {:>8.1}%",
+            format!("{threads} thread(s)"),
+            written as f64 / elapsed,
+            written as f64 * 42.0 / elapsed / 1e6,
+            100.0 * dropped as f64 / produced.max(1) as f64
+        );
+    }
+}
+
 fn main() {
     if !std::env::args().any(|a| a == "--bench") {
+        return;
+    }
+    if std::env::args().any(|a| a == "--sustained") {
+        let dir = std::env::temp_dir().join(format!("ggml-viz-sustained-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        sustained(&dir);
+        std::fs::remove_dir_all(&dir).unwrap();
         return;
     }
     let dir = std::env::temp_dir().join(format!("ggml-viz-producer-{}", std::process::id()));
@@ -73,6 +132,17 @@ fn main() {
     }
     black_box(sum);
     let clock_ns = start.elapsed().as_nanos() as f64 / (2 * PAIRS) as f64;
+    let start = Instant::now();
+    for _ in 0..2 * PAIRS {
+        let mut ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: a valid timespec to write.
+        unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+        black_box(ts.tv_nsec);
+    }
+    let gettime_ns = start.elapsed().as_nanos() as f64 / (2 * PAIRS) as f64;
 
     let one_thread = measure(1);
     let two_threads = measure(2);
@@ -82,6 +152,10 @@ fn main() {
     println!(
         "{:<44} {:>10.1}",
         "clock read alone (the ticks the hook stamps)", clock_ns
+    );
+    println!(
+        "{:<44} {:>10.1}",
+        "clock_gettime(CLOCK_MONOTONIC) alone (floor)", gettime_ns
     );
     println!("{:<44} {:>10.1}", "record, 1 producer thread", one_thread);
     println!(

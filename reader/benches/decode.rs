@@ -12,13 +12,19 @@ use std::time::Instant;
 use ggml_viz_reader::format::{self, Event, Layout, Payload};
 use ggml_viz_reader::{StreamReader, TraceFile};
 
-const EVENTS: u64 = 10_000_000;
+/// 10 million, or `GGML_VIZ_BENCH_EVENTS`.
+fn events() -> u64 {
+    std::env::var("GGML_VIZ_BENCH_EVENTS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(10_000_000)
+}
 
 fn write_trace(path: &std::path::Path, layout: Layout) {
     let mut out = std::io::BufWriter::new(std::fs::File::create(path).unwrap());
     let mut buf = Vec::with_capacity(1 << 20);
     format::encode_header(&mut buf);
-    for i in 0..EVENTS {
+    for i in 0..events() {
         // A graph pair around every 48 ops; one op in 8 carries a tensor name.
         let event = match i % 50 {
             0 | 49 => Event {
@@ -60,7 +66,7 @@ fn best_of_3(mut run: impl FnMut() -> u64) -> f64 {
     (0..3)
         .map(|_| {
             let start = Instant::now();
-            assert_eq!(black_box(run()), EVENTS);
+            assert_eq!(black_box(run()), events());
             start.elapsed().as_secs_f64()
         })
         .fold(f64::INFINITY, f64::min)
@@ -83,7 +89,16 @@ fn main() {
         write_trace(&path, layout);
         let trace = TraceFile::open(&path, Some(layout)).unwrap();
         let mb = trace.bytes().len() as f64 / 1e6;
-        let rows: [(&str, f64); 3] = [
+        let rows: [(&str, f64); 4] = [
+            (
+                // The memory-bandwidth floor: memchr over the same bytes, nothing decoded.
+                "memchr scan (bandwidth floor)",
+                best_of_3(|| {
+                    let n = memchr::memchr_iter(format::EXTENSION_TYPE_CODE, trace.bytes()).count();
+                    black_box(n);
+                    events()
+                }),
+            ),
             (
                 "count per type (mmap)",
                 best_of_3(|| trace.count_types().total()),
@@ -117,7 +132,7 @@ fn main() {
                 "{:<8} {:<28} {:>14.0} {:>10.0} {:>9.3}",
                 layout.name(),
                 name,
-                EVENTS as f64 / secs,
+                events() as f64 / secs,
                 mb / secs,
                 secs
             );

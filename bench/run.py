@@ -1,0 +1,190 @@
+#!/usr/bin/env python3
+"""The benchmark suite: what ggml-viz costs and how fast it reads, compared with the floors and
+the alternatives, on this machine, in one go.
+
+    python3 bench/run.py            # the full suite (~15 minutes on 2 cores)
+    python3 bench/run.py --quick    # the same metrics on less work (under 3 minutes once built)
+
+Prints one table and writes the same figures to bench/results.json: one object per metric with
+name, value, unit, the reference it is compared with, and the reference's value. Timings are noisy
+here: A/B runs are interleaved in rotating order and medians are reported, never a single run.
+"""
+import argparse
+import csv
+import io
+import json
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RESULTS = []
+
+
+def run(cmd, env=None, check=True, **kw):
+    full_env = dict(os.environ, **(env or {}))
+    p = subprocess.run(cmd, cwd=ROOT, env=full_env, capture_output=True, text=True, **kw)
+    if check and p.returncode != 0:
+        sys.exit(f"bench: {' '.join(cmd)} failed ({p.returncode}):\n{p.stdout}\n{p.stderr}")
+    return p
+
+
+def metric(name, value, unit, reference, reference_value=None, reference_unit=None):
+    RESULTS.append({
+        "name": name, "value": value, "unit": unit, "reference": reference,
+        "reference_value": reference_value, "reference_unit": reference_unit or unit,
+    })
+    ref = "" if reference_value is None else f"{reference_value:,.4g} {reference_unit or unit}"
+    print(f"{name:<52} {value:>14,.4g} {unit:<10} {reference:<34} {ref}", flush=True)
+
+
+def progress(msg):
+    print(f"bench: {msg}", file=sys.stderr, flush=True)
+
+
+def table_rows(text, pattern):
+    return [m.groups() for m in re.finditer(pattern, text, re.M)]
+
+
+def producer(quick):
+    progress("producer cost (cargo bench -p ggml-viz-hook)")
+    out = run(["cargo", "bench", "-q", "-p", "ggml-viz-hook", "--bench", "producer"]).stdout
+    one = float(re.search(r"record, 1 producer thread\s+([\d.]+)", out).group(1))
+    floor = float(re.search(r"clock_gettime\(CLOCK_MONOTONIC\) alone \(floor\)\s+([\d.]+)", out).group(1))
+    tsc = float(re.search(r"clock read alone \(the ticks the hook stamps\)\s+([\d.]+)", out).group(1))
+    metric("producer cost per event, 1 thread", one, "ns", "clock_gettime alone (the floor)", floor)
+    metric("  of which the timestamp read", tsc, "ns", "clock_gettime alone", floor)
+    env = {"GGML_VIZ_BENCH_SECONDS": "1" if quick else "3"}
+    out = run(["cargo", "bench", "-q", "-p", "ggml-viz-hook", "--bench", "producer", "--", "--sustained"], env=env).stdout
+    tmp = tempfile.mkdtemp()
+    try:
+        dd = run(["dd", "if=/dev/zero", f"of={tmp}/dd", "bs=1M", "count=256", "conv=fdatasync"]).stderr
+    finally:
+        shutil.rmtree(tmp)
+    m = re.search(r"([\d.]+) ([MG])B/s", dd)
+    dd_mb = float(m.group(1)) * (1000 if m.group(2) == "G" else 1)
+    for threads, rate, mbs, dropped in table_rows(out, r"^(\d) thread\(s\)\s+(\d+)\s+([\d.]+)\s+([\d.]+)%"):
+        metric(f"written with default ring, {threads} thread(s) flat out", float(mbs), "MB/s", "dd to the same disk", dd_mb)
+        metric(f"  events/s written ({dropped} % dropped: ring / interval)", float(rate), "events/s", "65536 events per 100 ms per thread", 655360 * int(threads))
+
+
+def decode(quick):
+    events = 2_000_000 if quick else 10_000_000
+    progress(f"decode throughput, {events} events (cargo bench -p ggml-viz-reader)")
+    out = run(["cargo", "bench", "-q", "-p", "ggml-viz-reader", "--bench", "decode"], env={"GGML_VIZ_BENCH_EVENTS": str(events)}).stdout
+    rows = {(l, op.strip()): (float(ev), float(mb)) for l, op, ev, mb in table_rows(out, r"^(packed|padded)\s+(.+?)\s+(\d+)\s+(\d+)\s+[\d.]+$")}
+    for layout in ("packed", "padded"):
+        floor = rows[(layout, "memchr scan (bandwidth floor)")][1] / 1000
+        for op in ("count per type (mmap)", "full decode (mmap)", "stream decode (io::Read)"):
+            ev, mb = rows[(layout, op)]
+            metric(f"{layout}: {op}", ev, "events/s", "memchr over the same bytes (GB/s)", floor, "GB/s")
+            metric(f"  {layout}: {op}", mb / 1000, "GB/s", "memchr over the same bytes", floor)
+
+
+def peak_rss(cmd):
+    p = run(["/usr/bin/time", "-v"] + cmd)
+    rss = int(re.search(r"Maximum resident set size \(kbytes\): (\d+)", p.stderr).group(1))
+    return rss
+
+
+def readers(quick, tmp):
+    events = 2_000_000 if quick else 10_000_000
+    progress(f"summary and Perfetto export of a {events}-event trace")
+    run(["cargo", "build", "-q", "--release", "-p", "ggml-viz-reader", "--example", "synthesize"])
+    trace = os.path.join(tmp, "synthetic.ggmlviz")
+    run([os.path.join(ROOT, "target/release/examples/synthesize"), trace, str(events)])
+    size_mb = os.path.getsize(trace) / 1e6
+    viz = os.path.join(ROOT, "target/release/ggml-viz")
+    for name, cmd in (("summary", [viz, "summary", trace]), ("export --to perfetto", [viz, "export", "--to", "perfetto", trace, "-o", os.path.join(tmp, "t.json")])):
+        start = time.perf_counter()
+        rss = peak_rss(cmd)
+        secs = time.perf_counter() - start
+        metric(f"{name}: throughput", events / secs, "events/s", "input size (MB)", size_mb, "MB")
+        metric(f"  {name}: peak RSS", rss / 1024, "MB", "input size", size_mb)
+
+
+def llama(quick, tmp):
+    rounds = 3 if quick else 6
+    progress("llama.cpp overhead: llama-bench -t 1 -p 32 -n 64, 512x8 random model")
+    build = run(["bash", "scripts/setup-llama.sh"]).stdout.strip().splitlines()[-1]
+    run(["cargo", "build", "-q", "--release", "-p", "ggml-viz-hook"])
+    model = os.path.join(tmp, "m512x8.gguf")
+    run([sys.executable, "tests/fixtures/make_tiny_llama.py", model, "--n-embd", "512", "--n-layer", "8"])
+    hook = os.path.join(ROOT, "target/release/libggml_viz_hook.so")
+    modes = {
+        "none": {},
+        "graph-only": {"LD_PRELOAD": hook, "GGML_VIZ_OP_TIMING": "0"},
+        "op timing": {"LD_PRELOAD": hook, "GGML_VIZ_OP_TIMING": "1"},
+        "op timing 1 in 10": {"LD_PRELOAD": hook, "GGML_VIZ_OP_TIMING": "1", "GGML_VIZ_OP_SAMPLE": "10"},
+    }
+    n_gen = "32" if quick else "64"
+    results = {m: {"pp": [], "tg": []} for m in modes}
+    names = list(modes)
+    for r in range(rounds):
+        for k in range(len(names)):
+            mode = names[(r + k) % len(names)]
+            env = dict(modes[mode], GGML_VIZ_OUTPUT=os.path.join(tmp, "b-%p.ggmlviz"))
+            out = run([f"{build}/bin/llama-bench", "-m", model, "-t", "1", "-p", "32", "-n", n_gen, "-r", "2", "-o", "csv"], env=env).stdout
+            for row in csv.DictReader(io.StringIO(out)):
+                kind = "pp" if row["n_prompt"] != "0" else "tg"
+                results[mode][kind].append(float(row["avg_ts"]))
+    for kind, label in (("pp", "prompt pp32"), ("tg", f"generation tg{n_gen}")):
+        base = statistics.median(results["none"][kind])
+        for mode in names[1:]:
+            value = statistics.median(results[mode][kind])
+            reference = "no hook" if mode != "op timing 1 in 10" else "no hook (sampling)"
+            metric(f"llama {label}, {mode}: tokens/s ratio", value / base, "ratio", f"{reference}, {base:.1f} tok/s", 1.0)
+
+
+def inert(quick):
+    n = 100 if quick else 400
+    progress(f"inert hook: {n} starts of /bin/true with and without it")
+    hook = os.path.join(ROOT, "target/release/libggml_viz_hook.so")
+    times = {"plain": [], "hooked": []}
+    for i in range(n):
+        for mode in (("plain", "hooked") if i % 2 == 0 else ("hooked", "plain")):
+            env = dict(os.environ, LD_PRELOAD=hook) if mode == "hooked" else dict(os.environ)
+            start = time.perf_counter()
+            subprocess.run(["/bin/true"], env=env, check=True)
+            times[mode].append(time.perf_counter() - start)
+    plain, hooked = statistics.median(times["plain"]), statistics.median(times["hooked"])
+    metric("inert hook: start-up time of /bin/true", hooked * 1e6, "µs", "without the hook", plain * 1e6)
+    metric("  inert hook: start-up ratio", hooked / plain, "ratio", "without the hook", 1.0)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="less work per metric: under 3 minutes once built")
+    p.add_argument("--out", default=os.path.join(ROOT, "bench", "results.json"))
+    args = p.parse_args()
+    started = time.time()
+    progress("building (release)")
+    run(["cargo", "build", "-q", "--release", "--workspace"])
+    print(f"{'metric':<52} {'value':>14} {'unit':<10} {'compared with':<34} reference")
+    tmp = tempfile.mkdtemp(prefix="ggml-viz-bench-")
+    try:
+        producer(args.quick)
+        decode(args.quick)
+        readers(args.quick, tmp)
+        inert(args.quick)
+        llama(args.quick, tmp)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    machine = {
+        "cpu": next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "unknown"),
+        "cores": os.cpu_count(),
+        "quick": args.quick,
+        "seconds": round(time.time() - started),
+    }
+    with open(args.out, "w") as f:
+        json.dump({"machine": machine, "metrics": RESULTS}, f, indent=2)
+    progress(f"wrote {len(RESULTS)} metrics to {os.path.relpath(args.out, ROOT)} in {machine['seconds']} s")
+
+
+if __name__ == "__main__":
+    main()
