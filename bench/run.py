@@ -2,8 +2,8 @@
 """The benchmark suite: what ggml-viz costs and how fast it reads, compared with the floors and
 the alternatives, on this machine, in one go.
 
-    python3 bench/run.py            # the full suite (~15 minutes on 2 cores)
-    python3 bench/run.py --quick    # the same metrics on less work (under 3 minutes once built)
+    python3 bench/run.py            # the full suite (~1.5 minutes on 2 cores once built)
+    python3 bench/run.py --quick    # the same metrics on less work (~30 s once built)
 
 Prints one table and writes the same figures to bench/results.json: one object per metric with
 name, value, unit, the reference it is compared with, and the reference's value. Timings are noisy

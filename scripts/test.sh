@@ -24,4 +24,7 @@ export GGML_VIZ_LLAMA_BUILD
 cargo clippy --workspace --all-targets --locked -- -D warnings
 # The end-to-end tests (tests/) preload the built hook and run the built CLI: build them first.
 cargo build --workspace --release --locked
+# The benchmark suite in its quick form: catches a benchmark that no longer builds or runs (its
+# figures are not checked here; the machines are too noisy for that).
+python3 bench/run.py --quick --out "${TMPDIR:-/tmp}/ggml-viz-bench-quick.json"
 cargo test --workspace --release --locked
