@@ -195,12 +195,18 @@ fn open_output(template: &str) -> Result<(File, PathBuf), (String, io::Error)> {
     }
 }
 
-/// The file, emptied and locked for us; `None` if another process holds its lock.
+/// The file, emptied and locked for us; `None` if another process holds its lock. A symlink at
+/// the path is refused (`O_NOFOLLOW`: one planted in a shared directory must not redirect the
+/// trace), a new file is readable by its owner only, and the descriptor does not leak into
+/// programs the host executes.
 fn open_locked(path: &PathBuf) -> io::Result<Option<File>> {
+    use std::os::unix::fs::OpenOptionsExt;
     let file = OpenOptions::new()
         .write(true)
         .create(true)
         .truncate(false)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
         .open(path)?;
     // SAFETY: flock on a descriptor we own.
     if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {

@@ -189,3 +189,44 @@ fn processes_that_never_call_ggml_are_untouched() {
         "no file for processes that never call ggml"
     );
 }
+
+#[test]
+fn the_trace_is_private_and_a_planted_symlink_is_refused() {
+    let dir = scratch("symlink");
+    let trace = dir.join("t.ggmlviz");
+    let out = run(with_hook(
+        llama_simple(2),
+        &[("GGML_VIZ_OUTPUT", trace.to_str().unwrap())],
+    ));
+    assert!(out.status.success());
+    use std::os::unix::fs::PermissionsExt;
+    assert_eq!(
+        std::fs::metadata(&trace).unwrap().permissions().mode() & 0o777,
+        0o600
+    );
+
+    let victim = dir.join("victim.txt");
+    std::fs::write(&victim, b"precious").unwrap();
+    let planted = dir.join("planted.ggmlviz");
+    std::os::unix::fs::symlink(&victim, &planted).unwrap();
+    let plain = run(llama_simple(2));
+    let out = run(with_hook(
+        llama_simple(2),
+        &[("GGML_VIZ_OUTPUT", planted.to_str().unwrap())],
+    ));
+    assert_eq!(
+        text(&out.stdout),
+        text(&plain.stdout),
+        "the program runs on untraced"
+    );
+    assert_eq!(
+        std::fs::read(&victim).unwrap(),
+        b"precious",
+        "the symlink's target is untouched"
+    );
+    assert!(
+        text(&out.stderr).contains("cannot write the trace"),
+        "{}",
+        text(&out.stderr)
+    );
+}
