@@ -144,8 +144,9 @@ fn main() {
     }
     let gettime_ns = start.elapsed().as_nanos() as f64 / (2 * PAIRS) as f64;
 
-    let one_thread = measure(1);
-    let two_threads = measure(2);
+    // Best of 3: this VM's neighbours come and go.
+    let one_thread = (0..3).map(|_| measure(1)).fold(f64::INFINITY, f64::min);
+    let two_threads = (0..3).map(|_| measure(2)).fold(f64::INFINITY, f64::min);
     let recorder = capture::active().expect("recorder");
     let dropped = recorder.dropped_ring_full();
     println!("{:<44} {:>10}", "measure", "ns/event");
