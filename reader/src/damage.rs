@@ -43,6 +43,12 @@ impl fmt::Display for Damage {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let at = self.offset;
         match &self.kind {
+            DamageKind::Truncated { leftover: 0 } if at == 0 => {
+                write!(
+                    f,
+                    "empty: no GGMLVIZ header yet (a writer that never wrote one, or not a trace)"
+                )
+            }
             DamageKind::Truncated { leftover } => write!(
                 f,
                 "truncated at byte offset {at}: {leftover} byte(s) left over after the last complete record"

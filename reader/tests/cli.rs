@@ -320,3 +320,47 @@ fn summary_csv_diff_and_export_work_on_real_files() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("format not recognised"));
     assert_no_panic_text(&out);
 }
+
+#[test]
+fn odd_inputs_get_clear_messages_and_documented_exit_codes() {
+    let dir = std::env::temp_dir().join(format!("ggml-viz-cli-odd-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for cmd in ["info", "dump", "ops", "summary"] {
+        // A device is streamed, not mapped: zeros are not a trace.
+        let out = ggml_viz(&[cmd, "/dev/zero"]);
+        assert_eq!(out.status.code(), Some(2), "{cmd} /dev/zero");
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains("/dev/zero"),
+            "{cmd}"
+        );
+        assert_no_panic_text(&out);
+        // A directory.
+        let out = ggml_viz(&[cmd, dir.to_str().unwrap()]);
+        assert_eq!(out.status.code(), Some(2), "{cmd} on a directory");
+        assert_no_panic_text(&out);
+    }
+    // An empty file: the header was never written; a warning, not an error.
+    let empty = dir.join("empty.ggmlviz");
+    std::fs::write(&empty, b"").unwrap();
+    let out = ggml_viz(&["info", empty.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(0));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("empty: no GGMLVIZ header"));
+    // A path that is not UTF-8.
+    use std::os::unix::ffi::OsStrExt;
+    let odd = dir.join(std::ffi::OsStr::from_bytes(b"trace-\xff\xfe.ggmlviz"));
+    let (bytes, _) = common::encode(&common::sample_trace(Layout::Packed), Layout::Packed);
+    std::fs::write(&odd, bytes).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_ggml-viz"))
+        .arg("info")
+        .arg(&odd)
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("graph computes:  3"));
+    std::fs::remove_dir_all(dir).unwrap();
+}

@@ -41,7 +41,7 @@ pub fn run(args: InfoArgs) -> Result<(), Failure> {
     let name = input.name();
     match &input {
         Input::File(f) => writeln!(out, "file:            {name} ({} bytes)", f.bytes().len())?,
-        Input::Stdin => writeln!(out, "file:            {name}")?,
+        Input::Stdin | Input::Stream(..) => writeln!(out, "file:            {name}")?,
     }
     match layout {
         Some(choice) => writeln!(out, "layout:          {choice}")?,

@@ -4,10 +4,12 @@ use std::path::PathBuf;
 
 use ggml_viz_reader::{Damage, Event, Layout, LayoutChoice, StreamError, StreamReader, TraceFile};
 
-/// One input: a mapped file, or standard input read as a stream.
+/// One input: a mapped regular file, or a stream (standard input, a pipe, a device) read as it
+/// comes. Only regular files are mapped.
 pub enum Input {
     File(TraceFile),
     Stdin,
+    Stream(std::fs::File, String),
 }
 
 /// Why reading stopped before the end of the input.
@@ -35,6 +37,16 @@ impl Input {
         if path.as_os_str() == "-" {
             return Ok(Input::Stdin);
         }
+        let name = path.display().to_string();
+        let meta = std::fs::metadata(path).map_err(|err| format!("cannot open {name}: {err}"))?;
+        if meta.is_dir() {
+            return Err(format!("{name} is a directory, not a trace"));
+        }
+        if !meta.is_file() {
+            let file =
+                std::fs::File::open(path).map_err(|err| format!("cannot open {name}: {err}"))?;
+            return Ok(Input::Stream(file, name));
+        }
         TraceFile::open(path, layout)
             .map(Input::File)
             .map_err(|err| format!("cannot open {}: {err}", path.display()))
@@ -44,6 +56,7 @@ impl Input {
         match self {
             Input::File(f) => f.path().display().to_string(),
             Input::Stdin => "<stdin>".into(),
+            Input::Stream(_, name) => name.clone(),
         }
     }
 
@@ -65,18 +78,26 @@ impl Input {
                 }
                 Ok((None, Some(file.layout())))
             }
-            Input::Stdin => {
-                let mut reader = StreamReader::new(std::io::stdin().lock(), layout);
-                let mut stop = None;
-                for item in reader.by_ref() {
-                    match item {
-                        Ok(event) => visit(event)?,
-                        Err(StreamError::Damage(d)) => stop = Some(ReadStop::Damage(d)),
-                        Err(StreamError::Io(e)) => stop = Some(ReadStop::Io(e.to_string())),
-                    }
-                }
-                Ok((stop, reader.layout()))
-            }
+            Input::Stdin => stream(std::io::stdin().lock(), layout, visit),
+            Input::Stream(file, _) => stream(file, layout, visit),
         }
     }
+}
+
+/// Visits every event of a stream; returns what stopped it and the layout found.
+fn stream(
+    input: impl std::io::Read,
+    layout: Option<Layout>,
+    mut visit: impl FnMut(Event<'_>) -> std::io::Result<()>,
+) -> std::io::Result<(Option<ReadStop>, Option<LayoutChoice>)> {
+    let mut reader = StreamReader::new(input, layout);
+    let mut stop = None;
+    for item in reader.by_ref() {
+        match item {
+            Ok(event) => visit(event)?,
+            Err(StreamError::Damage(d)) => stop = Some(ReadStop::Damage(d)),
+            Err(StreamError::Io(e)) => stop = Some(ReadStop::Io(e.to_string())),
+        }
+    }
+    Ok((stop, reader.layout()))
 }
