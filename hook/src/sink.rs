@@ -221,6 +221,38 @@ fn open_locked(path: &PathBuf) -> io::Result<Option<File>> {
     Ok(Some(file))
 }
 
+/// Runs `write` with SIGXFSZ blocked on this thread, so that a file-size limit (`ulimit -f`)
+/// makes our write fail with EFBIG instead of killing the host; a SIGXFSZ it raised is consumed
+/// before the thread's mask is restored.
+fn without_sigxfsz<T>(write: impl FnOnce() -> T) -> T {
+    // SAFETY: sigset_t is plain data, initialised by sigemptyset before use.
+    let mut xfsz: libc::sigset_t = unsafe { std::mem::zeroed() };
+    let mut old: libc::sigset_t = unsafe { std::mem::zeroed() };
+    // SAFETY: valid sigset pointers; only this thread's mask changes, and it is restored below.
+    unsafe {
+        libc::sigemptyset(&mut xfsz);
+        libc::sigaddset(&mut xfsz, libc::SIGXFSZ);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &xfsz, &mut old);
+    }
+    let result = write();
+    // SAFETY: as above; the zero timeout makes sigtimedwait return at once when nothing is pending.
+    unsafe {
+        let mut pending: libc::sigset_t = std::mem::zeroed();
+        libc::sigpending(&mut pending);
+        if libc::sigismember(&pending, libc::SIGXFSZ) == 1
+            && libc::sigismember(&old, libc::SIGXFSZ) == 0
+        {
+            let zero = libc::timespec {
+                tv_sec: 0,
+                tv_nsec: 0,
+            };
+            libc::sigtimedwait(&xfsz, std::ptr::null_mut(), &zero);
+        }
+        libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
+    }
+    result
+}
+
 fn install_process_handlers() {
     static ONCE: Once = Once::new();
     ONCE.call_once(|| {
@@ -254,9 +286,11 @@ impl Sink {
         if self.buf.is_empty() {
             return Ok(());
         }
-        self.file.write_all(&self.buf)?;
-        self.buf.clear();
-        self.file.flush()
+        without_sigxfsz(|| {
+            self.file.write_all(&self.buf)?;
+            self.buf.clear();
+            self.file.flush()
+        })
     }
 
     /// Drains every ring into the file, with new names and changed counters.

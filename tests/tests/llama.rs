@@ -230,3 +230,38 @@ fn the_trace_is_private_and_a_planted_symlink_is_refused() {
         text(&out.stderr)
     );
 }
+
+#[test]
+fn a_file_size_limit_stops_tracing_not_the_program() {
+    // Past RLIMIT_FSIZE a write raises SIGXFSZ, which kills a process by default: the hook must
+    // take EFBIG instead, say so once, and let the program finish.
+    let dir = scratch("fsize");
+    let trace = dir.join("t.ggmlviz");
+    let plain = run(llama_simple(8));
+    let mut cmd = Command::new("sh");
+    cmd.args(["-c", "ulimit -f 8; exec \"$@\"", "sh"])
+        .arg(llama_bin().join("llama-simple"));
+    cmd.arg("-m")
+        .arg(tiny_model())
+        .args(["-n", "8", "hello world"]);
+    let out = run(with_hook(
+        cmd,
+        &[("GGML_VIZ_OUTPUT", trace.to_str().unwrap())],
+    ));
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), text(&plain.stdout));
+    let stderr = text(&out.stderr);
+    let ours: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.starts_with("ggml-viz:"))
+        .collect();
+    assert_eq!(ours.len(), 1, "{ours:?}");
+    assert!(
+        ours[0].contains("File too large") && ours[0].contains("the program runs on"),
+        "{}",
+        ours[0]
+    );
+    let (_, damage, stats) = read_trace(&trace);
+    assert!(damage.is_none_or(|d| d.is_truncation()));
+    assert!(stats.metadata.is_some());
+}
