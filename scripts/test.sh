@@ -4,10 +4,13 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-if ! command -v patchelf >/dev/null; then
-  echo "test.sh: installing patchelf" >&2
+missing=()
+command -v patchelf >/dev/null || missing+=(patchelf)
+command -v valgrind >/dev/null || missing+=(valgrind)
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "test.sh: installing ${missing[*]}" >&2
   export DEBIAN_FRONTEND=noninteractive
-  apt-get install -y -qq patchelf >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq patchelf; }
+  apt-get install -y -qq "${missing[@]}" >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq "${missing[@]}"; }
 fi
 if ! python3 -c "import gguf" 2>/dev/null; then
   echo "test.sh: installing the gguf Python package" >&2
