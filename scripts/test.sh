@@ -31,3 +31,5 @@ cargo build --workspace --release --locked
 # figures are not checked here; the machines are too noisy for that).
 python3 bench/run.py --quick --out "${TMPDIR:-/tmp}/ggml-viz-bench-quick.json"
 cargo test --workspace --release --locked
+# The ring under loom's interleavings (its own target dir: --cfg loom rebuilds the crate).
+RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom cargo test --release --locked -p ggml-viz-hook --lib loom
