@@ -77,6 +77,83 @@ fn after_fork_the_child_writes_its_own_file_and_the_parents_is_untouched() {
 }
 
 #[test]
+fn kill_9_at_random_moments_always_leaves_a_readable_file() {
+    let bin = llama_bin();
+    for (round, delay_ms) in [7u64, 23, 61, 140, 333].into_iter().enumerate() {
+        let dir = scratch(&format!("kill9-{round}"));
+        let trace = dir.join("t.ggmlviz");
+        let mut child = with_hook(
+            fixture_cmd(&[&bin], &["--nodes", "2", "--forever"]),
+            &[
+                ("GGML_VIZ_OUTPUT", trace.to_str().unwrap()),
+                ("GGML_VIZ_FLUSH_INTERVAL", "5"),
+            ],
+        )
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+        std::thread::sleep(Duration::from_millis(delay_ms));
+        child.kill().unwrap();
+        child.wait().unwrap();
+        if !trace.exists() {
+            continue; // killed before its first ggml call: nothing to read, nothing broken
+        }
+        let (_, damage, stats) = read_trace(&trace);
+        assert!(
+            damage.as_ref().is_none_or(|d| d.is_truncation()),
+            "kill after {delay_ms} ms: {damage:?}"
+        );
+        assert!(stats.unmatched_graph_ends == 0, "kill after {delay_ms} ms");
+    }
+}
+
+#[test]
+fn a_fork_storm_gives_every_child_its_own_complete_file() {
+    let dir = scratch("fork-storm");
+    let bin = llama_bin();
+    let (children, repeat) = (12, 5);
+    let out = run(with_hook(
+        fixture_cmd(
+            &[&bin],
+            &[
+                "--nodes",
+                "2",
+                "--repeat",
+                &repeat.to_string(),
+                "--fork-storm",
+                &children.to_string(),
+            ],
+        ),
+        &[(
+            "GGML_VIZ_OUTPUT",
+            dir.join("t-%p.ggmlviz").to_str().unwrap(),
+        )],
+    ));
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).contains(&format!("children exit={:?}", vec![0; children])),
+        "{}",
+        text(&out.stdout)
+    );
+    let files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    // The parent computed `repeat` graphs before forking; each child its own `repeat`.
+    assert_eq!(files.len(), children + 1, "{files:?}");
+    let mut pids = std::collections::BTreeSet::new();
+    let mut graphs: Vec<u64> = Vec::new();
+    for f in &files {
+        let (events, damage, stats) = read_trace(f);
+        assert_eq!(damage, None, "{}", f.display());
+        check_nesting(&events);
+        assert!(pids.insert(stats.metadata.unwrap().pid));
+        graphs.push(stats.graph_computes);
+    }
+    assert!(graphs.iter().all(|&g| g == repeat as u64), "{graphs:?}");
+}
+
+#[test]
 fn kill_9_leaves_a_file_that_reads_cleanly_up_to_a_truncated_tail() {
     let dir = scratch("kill9");
     let trace = dir.join("t.ggmlviz");
@@ -119,11 +196,11 @@ fn kill_9_leaves_a_file_that_reads_cleanly_up_to_a_truncated_tail() {
 }
 
 #[test]
-fn thirty_two_threads_on_tiny_rings_count_every_drop_exactly() {
+fn sixty_four_threads_on_tiny_rings_count_every_drop_exactly() {
     let dir = scratch("threads");
     let trace = dir.join("t.ggmlviz");
     let bin = llama_bin();
-    let (threads, repeat) = (32, 20);
+    let (threads, repeat) = (64, 20);
     let out = run(with_hook(
         fixture_cmd(
             &[&bin],
