@@ -30,6 +30,8 @@ cargo build --workspace --release --locked
 # The benchmark suite in its quick form: catches a benchmark that no longer builds or runs (its
 # figures are not checked here; the machines are too noisy for that).
 python3 bench/run.py --quick --out "${TMPDIR:-/tmp}/ggml-viz-bench-quick.json"
+# Coverage-guided fuzzing, 60 s a target (needs the nightly toolchain; says so and skips without).
+FUZZ_SECONDS="${FUZZ_SECONDS:-60}" bash scripts/fuzz.sh
 cargo test --workspace --release --locked
 # The ring under loom's interleavings (its own target dir: --cfg loom rebuilds the crate).
 RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom cargo test --release --locked -p ggml-viz-hook --lib loom

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Coverage-guided fuzzing (cargo fuzz, libFuzzer + AddressSanitizer, nightly) of the GGMLVIZ decoder
+# with layout detection, the push decoder behind the stream and follow readers, and the text
+# importers (CoMMA, TelemetryEvent v2, GE logs). Each target runs FUZZ_SECONDS (default 60) from a
+# corpus seeded with the sample files and the tests' own inputs; any crash fails the run.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+seconds="${FUZZ_SECONDS:-60}"
+
+if ! cargo +nightly --version >/dev/null 2>&1; then
+  echo "fuzz: no nightly toolchain on this machine: fuzzing skipped" >&2
+  exit 0
+fi
+command -v cargo-fuzz >/dev/null || cargo install -q cargo-fuzz --locked
+
+samples=../shared/samples
+corpus=fuzz/corpus
+mkdir -p "$corpus/decode" "$corpus/follow" "$corpus/importers"
+cp "$samples"/ggml-viz/*.ggmlviz "$corpus/decode/"
+cargo run -q --release -p ggml-viz-reader --example synthesize -- "$corpus/decode/synthetic.ggmlviz" 200
+for f in "$corpus"/decode/*; do printf '\007' | cat - "$f" > "$corpus/follow/$(basename "$f")"; done
+cp "$samples"/ada-pa/*.log "$samples"/gpumemprof/*.json reader/tests/data/*.jsonl "$corpus/importers/"
+
+for target in decode follow importers; do
+  log="$(mktemp)"
+  if ! cargo +nightly fuzz run "$target" "$corpus/$target" -- \
+      -max_total_time="$seconds" -rss_limit_mb=2048 -max_len=65536 >"$log" 2>&1; then
+    tail -n 60 "$log"
+    echo "fuzz: $target crashed; the input is in fuzz/artifacts/$target/" >&2
+    exit 1
+  fi
+  echo "fuzz: $target: $(grep -Eo 'Done [0-9]+ runs in [0-9]+ second' "$log" | tail -n 1), no crash"
+done
