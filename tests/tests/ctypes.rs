@@ -375,3 +375,48 @@ fn without_pid_in_the_path_a_forked_child_leaves_the_parents_file_alone() {
             .ends_with(&format!(".{}", child.metadata.unwrap().pid))
     );
 }
+
+#[test]
+fn a_trace_being_written_is_read_not_mapped_and_a_removed_directory_harms_nobody() {
+    let dir = scratch("live");
+    let trace = dir.join("t.ggmlviz");
+    let bin = llama_bin();
+    let child = with_hook(
+        fixture_cmd(&[&bin], &["--nodes", "2", "--repeat", "20000"]),
+        &[
+            ("GGML_VIZ_OUTPUT", trace.to_str().unwrap()),
+            ("GGML_VIZ_FLUSH_INTERVAL", "10"),
+        ],
+    )
+    .stdout(Stdio::piped())
+    .spawn()
+    .unwrap();
+    let start = Instant::now();
+    while std::fs::metadata(&trace).map_or(0, |m| m.len()) < 5000
+        && start.elapsed() < Duration::from_secs(20)
+    {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    // The writer holds its lock: `info` streams the growing file and sees a consistent prefix.
+    let info = run({
+        let mut c = Command::new(ggml_viz());
+        c.arg("info").arg(&trace);
+        c
+    });
+    assert!(info.status.success(), "{}", text(&info.stderr));
+    assert!(text(&info.stdout).contains("graph computes:"));
+    let file_line = text(&info.stdout)
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .to_string();
+    assert!(
+        !file_line.ends_with("bytes)"),
+        "a live trace must be streamed, not mapped: {file_line}"
+    );
+    // Remove the output directory under the running program: it carries on.
+    std::fs::remove_dir_all(&dir).unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(fixture_graphs(&text(&out.stdout)).len(), 20000);
+}

@@ -42,7 +42,8 @@ impl Input {
         if meta.is_dir() {
             return Err(format!("{name} is a directory, not a trace"));
         }
-        if !meta.is_file() {
+        if !meta.is_file() || being_written(path) {
+            // Streamed with read(): a mapped file that shrinks faults the reader.
             let file =
                 std::fs::File::open(path).map_err(|err| format!("cannot open {name}: {err}"))?;
             return Ok(Input::Stream(file, name));
@@ -100,4 +101,16 @@ fn stream(
         }
     }
     Ok((stop, reader.layout()))
+}
+
+/// Whether a live writer holds the file: the hook keeps an exclusive lock on its trace while the
+/// program runs. Such a file may still change, so it is read, not mapped.
+fn being_written(path: &std::path::Path) -> bool {
+    use std::os::fd::AsRawFd;
+    let Ok(file) = std::fs::File::open(path) else {
+        return false;
+    };
+    // SAFETY: flock on a descriptor we own; a shared lock we get is released when `file` closes.
+    let locked = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_SH | libc::LOCK_NB) } != 0;
+    locked && std::io::Error::last_os_error().kind() == std::io::ErrorKind::WouldBlock
 }
