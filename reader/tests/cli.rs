@@ -364,3 +364,38 @@ fn odd_inputs_get_clear_messages_and_documented_exit_codes() {
     assert!(String::from_utf8_lossy(&out.stdout).contains("graph computes:  3"));
     std::fs::remove_dir_all(dir).unwrap();
 }
+
+#[test]
+fn a_file_truncated_while_mapped_is_an_error_not_a_crash() {
+    // 600 000 records (~25 MB): `dump` is still reading when the file is cut to 1 KB.
+    let events = common::sample_trace(Layout::Packed);
+    let mut bytes = Vec::new();
+    ggml_viz_reader::format::encode_header(&mut bytes);
+    for _ in 0..40_000 {
+        for e in &events {
+            ggml_viz_reader::format::encode_event(&mut bytes, Layout::Packed, e);
+        }
+    }
+    let path = temp_file("shrinking.ggmlviz", &bytes);
+    let child = Command::new(env!("CARGO_BIN_EXE_ggml-viz"))
+        .args(["dump", path.to_str().unwrap()])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&path)
+        .unwrap()
+        .set_len(1024)
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    // Either it finished before the cut (exit 0), or it reports the shrink: never a crash.
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.code() == Some(0) || (out.status.code() == Some(2) && stderr.contains("shrank")),
+        "{:?} {stderr}",
+        out.status
+    );
+}

@@ -53,6 +53,7 @@ impl From<io::Error> for Failure {
 
 fn main() -> ExitCode {
     quiet_panics();
+    shrinking_files_are_errors();
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(err) => {
@@ -90,6 +91,22 @@ fn main() -> ExitCode {
             ExitCode::from(2)
         }
     }
+}
+
+/// A mapped file that another program truncates raises SIGBUS on the pages past its new end.
+/// Files our hook is writing are read rather than mapped (see `input`); for anything else, the
+/// signal becomes a clear error and exit status 2 instead of a crash.
+fn shrinking_files_are_errors() {
+    extern "C" fn on_sigbus(_: libc::c_int) {
+        let msg = b"ggml-viz: error: the input file shrank while it was being read (truncated by another program?)\n";
+        // SAFETY: write and _exit are async-signal-safe.
+        unsafe {
+            libc::write(2, msg.as_ptr().cast(), msg.len());
+            libc::_exit(2);
+        }
+    }
+    // SAFETY: installing a handler that only calls async-signal-safe functions.
+    unsafe { libc::signal(libc::SIGBUS, on_sigbus as *const () as libc::sighandler_t) };
 }
 
 /// A bug must still not show a Rust backtrace to a user: one line, then exit status 101.
