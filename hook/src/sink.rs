@@ -350,14 +350,7 @@ impl Sink {
                 })
                 .collect();
             let live = ext::LiveBuffers { buffers };
-            ext::encode_extension(
-                &mut self.buf,
-                self.layout,
-                ExtensionKind::LiveBuffers,
-                crate::clock::now_ns(),
-                0,
-                &live,
-            );
+            self.encode_own(ExtensionKind::LiveBuffers, &live);
         }
         // Always end with a counters record: "nothing lost" is then written, not assumed.
         self.encode_counters(counters);
@@ -544,26 +537,24 @@ impl Sink {
             })
             .collect();
         let payload = ext::BackendNames { backends };
-        ext::encode_extension(
-            &mut self.buf,
-            self.layout,
-            ExtensionKind::BackendNames,
-            crate::clock::now_ns(),
-            0,
-            &payload,
-        );
+        self.encode_own(ExtensionKind::BackendNames, &payload);
         self.names_written = n;
     }
 
-    fn encode_counters(&mut self, counters: Counters) {
+    /// One of the writer's own extension records (thread 0, stamped now).
+    fn encode_own<T: serde::Serialize>(&mut self, kind: ExtensionKind, payload: &T) {
         ext::encode_extension(
             &mut self.buf,
             self.layout,
-            ExtensionKind::Counters,
+            kind,
             crate::clock::now_ns(),
             0,
-            &counters,
+            payload,
         );
+    }
+
+    fn encode_counters(&mut self, counters: Counters) {
+        self.encode_own(ExtensionKind::Counters, &counters);
         self.counters_written = counters;
     }
 }
