@@ -7,6 +7,8 @@ cd "$(dirname "$0")/.."
 missing=()
 command -v patchelf >/dev/null || missing+=(patchelf)
 command -v valgrind >/dev/null || missing+=(valgrind)
+[ -x /usr/bin/time ] || missing+=(time)   # the benchmarks' peak-RSS measure
+command -v cc >/dev/null || missing+=(gcc)
 if [ ${#missing[@]} -gt 0 ]; then
   echo "test.sh: installing ${missing[*]}" >&2
   export DEBIAN_FRONTEND=noninteractive
