@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The test command: sets up what the tests need (llama.cpp built from the llama-cpp-python sdist,
-# the gguf Python package), then runs clippy and the whole workspace's tests.
+# The test command: installs what the tests need (Debian packages, Python packages, llama.cpp built
+# from the llama-cpp-python sdist), then runs clippy, the quick benchmark suite, 60 s of fuzzing a
+# target, the whole workspace's tests, and the loom model check of the ring.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
