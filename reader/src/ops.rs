@@ -146,7 +146,9 @@ impl OpAnalysis {
                 (Some(EventType::GraphComputeEnd), _) => {
                     t.graph_depth = t.graph_depth.saturating_sub(1);
                     if t.graph_depth == 0 && t.graph_has_ops {
-                        a.timed_graph_ns += e.timestamp_ns.saturating_sub(t.graph_begin);
+                        a.timed_graph_ns = a
+                            .timed_graph_ns
+                            .saturating_add(e.timestamp_ns.saturating_sub(t.graph_begin));
                     }
                 }
                 (
@@ -197,7 +199,9 @@ impl OpAnalysis {
 
     /// Total time of the timed ops.
     pub fn op_ns(&self) -> u64 {
-        self.ops.iter().map(|o| o.duration_ns).sum()
+        self.ops
+            .iter()
+            .fold(0u64, |a, o| a.saturating_add(o.duration_ns))
     }
 
     /// Whether any op ran inside a llama_decode / llama_encode span.
@@ -262,11 +266,17 @@ pub fn group<'a>(ops: impl IntoIterator<Item = &'a OpSample>, by: GroupBy) -> Ve
         .into_iter()
         .map(|(key, ops)| {
             let durations: Vec<u64> = ops.iter().map(|o| o.duration_ns).collect();
-            let total_ns: u64 = durations.iter().sum();
+            let total_ns = durations.iter().fold(0u64, |a, &d| a.saturating_add(d));
             let with_flops: Vec<&&OpSample> = ops.iter().filter(|o| o.flops.is_some()).collect();
-            let flop_ns: u64 = with_flops.iter().map(|o| o.duration_ns).sum();
-            let flops: u64 = with_flops.iter().filter_map(|o| o.flops).sum();
-            let bytes: u64 = ops.iter().map(|o| o.bytes).sum();
+            // Values come from the trace: saturate rather than overflow on hostile input.
+            let flop_ns = with_flops
+                .iter()
+                .fold(0u64, |a, o| a.saturating_add(o.duration_ns));
+            let flops = with_flops
+                .iter()
+                .filter_map(|o| o.flops)
+                .fold(0u64, u64::saturating_add);
+            let bytes = ops.iter().fold(0u64, |a, o| a.saturating_add(o.bytes));
             OpGroup {
                 key,
                 count: ops.len(),

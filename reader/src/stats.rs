@@ -106,11 +106,15 @@ impl TraceStats {
             }
             Some(EventType::TensorAlloc) => {
                 if let Payload::Memory { ptr, size } = event.payload {
+                    // Sizes come from the file: saturate rather than overflow on hostile input.
                     self.memory.allocs += 1;
-                    self.memory.allocated_bytes += size;
-                    if self.memory.live.insert(ptr, size).is_none() {
-                        self.memory.live_bytes += size;
-                    }
+                    self.memory.allocated_bytes = self.memory.allocated_bytes.saturating_add(size);
+                    let replaced = self.memory.live.insert(ptr, size).unwrap_or(0);
+                    self.memory.live_bytes = self
+                        .memory
+                        .live_bytes
+                        .saturating_sub(replaced)
+                        .saturating_add(size);
                     self.memory.peak_live_bytes =
                         self.memory.peak_live_bytes.max(self.memory.live_bytes);
                 }
@@ -119,7 +123,7 @@ impl TraceStats {
                 if let Payload::Memory { ptr, .. } = event.payload {
                     self.memory.frees += 1;
                     if let Some(size) = self.memory.live.remove(&ptr) {
-                        self.memory.live_bytes -= size;
+                        self.memory.live_bytes = self.memory.live_bytes.saturating_sub(size);
                     }
                 }
             }

@@ -199,3 +199,38 @@ proptest! {
         prop_assert!(counts.total() <= (bytes.len() / 42) as u64);
     }
 }
+
+#[test]
+fn hostile_sizes_and_times_saturate_instead_of_overflowing() {
+    // Found by the decode fuzz target: two huge allocations overflowed the byte totals.
+    use ggml_viz_reader::format::{Event, Payload};
+    use ggml_viz_reader::telemetry::{Collected, ggmlviz};
+    let huge = |type_code, ptr, ts| Event {
+        type_code,
+        timestamp_ns: ts,
+        thread_id: 1,
+        payload: Payload::Memory {
+            ptr,
+            size: u64::MAX,
+        },
+        label: None,
+    };
+    let events = vec![
+        huge(4, 1, 5),
+        huge(4, 2, u64::MAX),
+        huge(4, 1, 0),
+        huge(5, 2, 1),
+    ];
+    let (bytes, _) = common::encode(&events, Layout::Packed);
+    let stats = ggml_viz_reader::TraceStats::collect(Events::new(&bytes, Layout::Packed));
+    assert_eq!(stats.memory.allocated_bytes, u64::MAX);
+    let mut c = Collected::default();
+    ggmlviz::import(
+        &bytes,
+        Layout::Packed,
+        "hostile",
+        &mut ggmlviz::Ids::default(),
+        &mut c,
+    );
+    assert_eq!(c.counters.len(), 4);
+}

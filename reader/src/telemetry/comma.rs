@@ -154,7 +154,7 @@ impl<S: Sink> Importer<'_, S> {
             .unwrap_or(&cat)
             .to_string();
         let start = us(r.get("ts")).ok_or("no valid `ts`")?;
-        let end = start + us(r.get("dur")).unwrap_or(0);
+        let end = start.saturating_add(us(r.get("dur")).unwrap_or(0));
         let mut args = Vec::new();
         if let Some(size) = r
             .get("args")
@@ -196,7 +196,7 @@ impl<S: Sink> Importer<'_, S> {
                 &format!("{name} (execution)"),
                 &cat,
                 exec_start,
-                exec_start + child_dur,
+                exec_start.saturating_add(child_dur),
                 args,
             );
         }
@@ -208,7 +208,7 @@ impl<S: Sink> Importer<'_, S> {
 
     fn proxy_op(&mut self, process: u32, p: &Map<String, Value>) -> Result<(), String> {
         let start = us(p.get("ts")).ok_or("proxy op without a valid `ts`")?;
-        let end = start + us(p.get("dur")).unwrap_or(0);
+        let end = start.saturating_add(us(p.get("dur")).unwrap_or(0));
         let peer = p.get("peer").and_then(Value::as_i64).unwrap_or(-1);
         let direction = if p.get("is_send").and_then(Value::as_bool).unwrap_or(false) {
             "send"

@@ -309,7 +309,7 @@ fn legacy(record: &Map<String, Value>) -> R<EventV2> {
     };
     let free = match record.get("device_free_bytes") {
         Some(v) => opt_int(v, "device_free_bytes")?,
-        None => total.map(|t| (t - used).max(0)),
+        None => total.map(|t| t.saturating_sub(used).max(0)),
     };
     let event_type = match record.get("event_type").or_else(|| record.get("type")) {
         Some(v) => string(v, "event_type", false)?.unwrap_or_else(|| "sample".into()),
@@ -528,7 +528,7 @@ pub fn from_ggmlviz(
                 continue;
             }
             (Some(EventType::TensorAlloc), Payload::Memory { ptr, size }) => {
-                (true, ptr, size as i64)
+                (true, ptr, size.min(i64::MAX as u64) as i64)
             }
             (Some(EventType::TensorFree), Payload::Memory { ptr, .. }) => {
                 match buffers.remove(&ptr) {
@@ -546,7 +546,11 @@ pub fn from_ggmlviz(
         }
         let device_id = device_of(&buffer_type);
         let device_live = live.entry(device_id).or_default();
-        *device_live += if alloc { size } else { -size };
+        *device_live = if alloc {
+            device_live.saturating_add(size)
+        } else {
+            device_live.saturating_sub(size)
+        };
         let mut metadata = Map::new();
         metadata.insert("buffer_type".into(), buffer_type.clone().into());
         metadata.insert("buffer".into(), format!("{ptr:#x}").into());

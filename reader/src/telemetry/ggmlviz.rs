@@ -268,13 +268,15 @@ impl<S: Sink> Importer<'_, S> {
             }
             (Some(EventType::TensorAlloc), Payload::Memory { ptr, size }) => {
                 let buft = label.split('@').next().unwrap_or_default().to_string();
-                *self.live.entry(buft.clone()).or_default() += size as i64;
+                let live = self.live.entry(buft.clone()).or_default();
+                *live = live.saturating_add(size.min(i64::MAX as u64) as i64);
                 self.buffers.insert(ptr, (buft.clone(), size));
                 self.counter(buft, ts);
             }
             (Some(EventType::TensorFree), Payload::Memory { ptr, .. }) => {
                 if let Some((buft, size)) = self.buffers.remove(&ptr) {
-                    *self.live.entry(buft.clone()).or_default() -= size as i64;
+                    let live = self.live.entry(buft.clone()).or_default();
+                    *live = live.saturating_sub(size.min(i64::MAX as u64) as i64);
                     self.counter(buft, ts);
                 }
             }

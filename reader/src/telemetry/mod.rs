@@ -221,7 +221,7 @@ impl SpanStack {
         let duration = end_ns - s.start_ns;
         let parent = index.checked_sub(1).map(|p| &mut self.open[p]);
         let parent_id = parent.map(|p| {
-            p.children_ns += duration;
+            p.children_ns = p.children_ns.saturating_add(duration);
             p.id
         });
         Some(Span {

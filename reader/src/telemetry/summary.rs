@@ -129,7 +129,7 @@ impl Summary {
         self.first_ns = Some(self.first_ns.map_or(s.start_ns, |f| f.min(s.start_ns)));
         self.last_ns = self.last_ns.max(s.end_ns);
         let row = self.rows.entry(s.name.clone()).or_default();
-        row.self_ns += s.self_ns;
+        row.self_ns = row.self_ns.saturating_add(s.self_ns);
         let mut coverage = self.pending.remove(&s.id).unwrap_or_default();
         match coverage.get_mut(&s.name) {
             // A same-name descendant: this span is not counted, but covers its time.
@@ -145,14 +145,14 @@ impl Summary {
                 for (name, (count, covered)) in coverage {
                     let e = into.entry(name).or_default();
                     e.0 += count;
-                    e.1 += covered;
+                    e.1 = e.1.saturating_add(covered);
                 }
             }
             None => {
                 for (name, (count, covered)) in coverage {
                     let row = self.rows.entry(name).or_default();
                     row.count += count;
-                    row.total_ns += covered;
+                    row.total_ns = row.total_ns.saturating_add(covered);
                 }
             }
         }

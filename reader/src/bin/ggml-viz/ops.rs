@@ -117,7 +117,7 @@ fn write_table(
     by: GroupBy,
     top: usize,
 ) -> io::Result<()> {
-    let total: u64 = ops.iter().map(|o| o.duration_ns).sum();
+    let total = ops.iter().fold(0u64, |a, o| a.saturating_add(o.duration_ns));
     let rows = group(ops, by);
     let shown = if top == 0 {
         rows.len()
