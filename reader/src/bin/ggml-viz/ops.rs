@@ -117,7 +117,9 @@ fn write_table(
     by: GroupBy,
     top: usize,
 ) -> io::Result<()> {
-    let total = ops.iter().fold(0u64, |a, o| a.saturating_add(o.duration_ns));
+    let total = ops
+        .iter()
+        .fold(0u64, |a, o| a.saturating_add(o.duration_ns));
     let rows = group(ops, by);
     let shown = if top == 0 {
         rows.len()
