@@ -98,6 +98,15 @@ pub fn run(mut cmd: Command) -> Output {
         .unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"))
 }
 
+/// The lines the hook said on stderr (its `ggml-viz:` prefix).
+pub fn hook_lines(stderr: &[u8]) -> Vec<String> {
+    text(stderr)
+        .lines()
+        .filter(|l| l.starts_with("ggml-viz:"))
+        .map(str::to_string)
+        .collect()
+}
+
 pub fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }

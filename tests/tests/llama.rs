@@ -121,11 +121,7 @@ fn unwritable_output_is_said_once_and_the_program_runs_untraced() {
     ));
     assert_eq!(traced.status.code(), plain.status.code());
     assert_eq!(text(&traced.stdout), text(&plain.stdout));
-    let stderr = text(&traced.stderr);
-    let ours: Vec<&str> = stderr
-        .lines()
-        .filter(|l| l.starts_with("ggml-viz:"))
-        .collect();
+    let ours = hook_lines(&traced.stderr);
     assert_eq!(ours.len(), 1, "{ours:?}");
     assert!(
         ours[0].contains("/nonexistent/dir/trace.ggmlviz") && ours[0].contains("untraced"),
@@ -250,11 +246,7 @@ fn a_file_size_limit_stops_tracing_not_the_program() {
     ));
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
     assert_eq!(text(&out.stdout), text(&plain.stdout));
-    let stderr = text(&out.stderr);
-    let ours: Vec<&str> = stderr
-        .lines()
-        .filter(|l| l.starts_with("ggml-viz:"))
-        .collect();
+    let ours = hook_lines(&out.stderr);
     assert_eq!(ours.len(), 1, "{ours:?}");
     assert!(
         ours[0].contains("File too large") && ours[0].contains("the program runs on"),
