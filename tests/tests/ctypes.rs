@@ -14,6 +14,20 @@ fn fixture_cmd(libdirs: &[&Path], args: &[&str]) -> Command {
     cmd
 }
 
+/// The fixture computing graphs until killed, traced into `trace` with `flush_ms` between flushes.
+fn spawn_forever(bin: &Path, trace: &Path, flush_ms: &str) -> std::process::Child {
+    with_hook(
+        fixture_cmd(&[bin], &["--nodes", "2", "--forever"]),
+        &[
+            ("GGML_VIZ_OUTPUT", trace.to_str().unwrap()),
+            ("GGML_VIZ_FLUSH_INTERVAL", flush_ms),
+        ],
+    )
+    .stdout(Stdio::null())
+    .spawn()
+    .unwrap()
+}
+
 #[test]
 fn an_rtld_local_ggml_is_traced_with_exact_nodes_and_threads() {
     let dir = scratch("rtld-local");
@@ -82,16 +96,7 @@ fn kill_9_at_random_moments_always_leaves_a_readable_file() {
     for (round, delay_ms) in [7u64, 23, 61, 140, 333].into_iter().enumerate() {
         let dir = scratch(&format!("kill9-{round}"));
         let trace = dir.join("t.ggmlviz");
-        let mut child = with_hook(
-            fixture_cmd(&[&bin], &["--nodes", "2", "--forever"]),
-            &[
-                ("GGML_VIZ_OUTPUT", trace.to_str().unwrap()),
-                ("GGML_VIZ_FLUSH_INTERVAL", "5"),
-            ],
-        )
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap();
+        let mut child = spawn_forever(&bin, &trace, "5");
         std::thread::sleep(Duration::from_millis(delay_ms));
         child.kill().unwrap();
         child.wait().unwrap();
@@ -158,16 +163,7 @@ fn kill_9_leaves_a_file_that_reads_cleanly_up_to_a_truncated_tail() {
     let dir = scratch("kill9");
     let trace = dir.join("t.ggmlviz");
     let bin = llama_bin();
-    let mut child = with_hook(
-        fixture_cmd(&[&bin], &["--nodes", "2", "--forever"]),
-        &[
-            ("GGML_VIZ_OUTPUT", trace.to_str().unwrap()),
-            ("GGML_VIZ_FLUSH_INTERVAL", "20"),
-        ],
-    )
-    .stdout(Stdio::piped())
-    .spawn()
-    .unwrap();
+    let mut child = spawn_forever(&bin, &trace, "20");
     let start = Instant::now();
     // Wait until a few flushes have written graph events, then kill without warning.
     loop {
