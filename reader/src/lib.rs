@@ -7,6 +7,8 @@
 //! - [`StreamReader`]: a trace from any `io::Read` (a pipe, stdin).
 //! - [`Follower`]: a trace another process is still writing; each poll returns only new records.
 //! - [`TraceStats`]: the counts `ggml-viz info` prints; [`ops::OpAnalysis`]: per-op timings.
+//! - [`telemetry`]: the model every import lands in, its importers and exporters; [`report`]: the
+//!   self-contained HTML report.
 //!
 //! No input makes a reader panic: damage is returned as a [`Damage`] that names the byte
 //! offset, after every complete event before it.
@@ -36,6 +38,7 @@ pub mod ext;
 pub mod follow;
 pub mod format;
 pub mod ops;
+pub mod report;
 pub mod slice;
 pub mod stats;
 pub mod stream;

@@ -237,8 +237,13 @@ impl<S: Sink> Importer<'_, S> {
                         args.push(("flops".into(), Arg::UInt(f)));
                     }
                 }
-                if let Some(b) = self.backends.get(&backend_ptr) {
-                    args.push(("backend".into(), Arg::Str(b.clone())));
+                // A backend the trace never named is still told apart from the others.
+                let backend = match self.backends.get(&backend_ptr) {
+                    Some(b) => Some(b.clone()),
+                    None => (backend_ptr != 0).then(|| format!("backend {backend_ptr:#x}")),
+                };
+                if let Some(b) = backend {
+                    args.push(("backend".into(), Arg::Str(b)));
                 }
                 self.open(e.thread_id, Kind::Op, tensor_ptr, op, "op", ts, args);
             }

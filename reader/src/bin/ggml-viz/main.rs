@@ -5,6 +5,7 @@ mod info;
 mod input;
 mod ops;
 mod record;
+mod report;
 mod timeline;
 
 use std::io::{self, Write};
@@ -31,6 +32,7 @@ enum Command {
     Summary(timeline::SummaryArgs),
     Diff(timeline::DiffArgs),
     Export(timeline::ExportArgs),
+    Report(report::ReportArgs),
     Dump(dump::DumpArgs),
 }
 
@@ -72,6 +74,7 @@ fn main() -> ExitCode {
         Command::Summary(args) => timeline::summary(args).map(|()| 0),
         Command::Diff(args) => timeline::diff(args).map(|()| 0),
         Command::Export(args) => timeline::export(args).map(|()| 0),
+        Command::Report(args) => report::run(args).map(|()| 0),
         Command::Dump(args) => dump::run(args).map(|()| 0),
     };
     match result {

@@ -21,10 +21,10 @@ use crate::info::fmt_ns;
 pub struct InputOpts {
     /// Force the input format instead of recognising it by content.
     #[arg(long, value_parser = parse_format)]
-    format: Option<Format>,
+    pub format: Option<Format>,
     /// GGMLVIZ event layout instead of detecting it.
     #[arg(long, value_parser = parse_layout)]
-    layout: Option<Layout>,
+    pub layout: Option<Layout>,
 }
 
 fn parse_format(s: &str) -> Result<Format, String> {
