@@ -10,6 +10,9 @@ command -v patchelf >/dev/null || missing+=(patchelf)
 command -v valgrind >/dev/null || missing+=(valgrind)
 [ -x /usr/bin/time ] || missing+=(time)   # the benchmarks' peak-RSS measure
 command -v cc >/dev/null || missing+=(gcc)
+[ -x /usr/bin/chromium ] || missing+=(chromium)          # the report's browser tests
+[ -x /usr/bin/chromedriver ] || missing+=(chromium-driver)
+command -v tmux >/dev/null || missing+=(tmux)              # the live view's terminal test
 if [ ${#missing[@]} -gt 0 ]; then
   echo "test.sh: installing ${missing[*]}" >&2
   export DEBIAN_FRONTEND=noninteractive
@@ -23,6 +26,11 @@ fi
 if ! python3 -c "import gpumemprof.telemetry" 2>/dev/null; then
   echo "test.sh: installing gpu-memory-profiler (the TelemetryEvent v2 reference validator)" >&2
   python3 -m pip install -q --no-deps gpu-memory-profiler==0.2.3.post1
+fi
+# The WebDriver client the report's browser tests drive Chromium with.
+if ! python3 -c "import selenium" 2>/dev/null; then
+  echo "test.sh: installing selenium" >&2
+  python3 -m pip install -q "selenium==4.51.0"
 fi
 GGML_VIZ_LLAMA_BUILD="$(bash scripts/setup-llama.sh | tail -n 1)"
 export GGML_VIZ_LLAMA_BUILD

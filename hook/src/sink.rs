@@ -306,11 +306,18 @@ impl Sink {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .clone();
+        let events_at = self.buf.len();
         for ring in rings {
             // SAFETY: the sink lock is held, so this is the only consumer.
             unsafe { ring.drain(|event| self.encode(event, r)) };
         }
+        // Names are interned before the events that use them are pushed, so the names known
+        // now cover every event drained; they go in front of those events, so that a reader
+        // knows each backend by name when it first meets it.
+        let names_at = self.buf.len();
         self.encode_new_names(&r.names);
+        let names_len = self.buf.len() - names_at;
+        self.buf[events_at..].rotate_right(names_len);
         let counters = Counters {
             dropped_ring_full: r.dropped_ring_full(),
             over_max_events: r.over_max_events.load(Ordering::Relaxed),

@@ -356,8 +356,11 @@
       width: chartWidth(host),
       height: 260,
       scales: { x: { time: false } },
-      axes: [{ label: 'seconds from start' }, { label: yLabel, size: 70, values: function (u, v) { return v.map(fmtY); } }],
-      series: [{ label: 't (s)', value: function (u, v) { return v == null ? '' : v.toFixed(4); } }].concat(series.map(function (s, i) {
+      axes: [
+        { label: 'time from start', values: function (u, v) { return v.map(function (x) { return fmtNs(x * 1e9); }); } },
+        { label: yLabel, size: 80, values: function (u, v) { return v.map(fmtY); } },
+      ],
+      series: [{ label: 'time', value: function (u, v) { return v == null ? '' : fmtNs(v * 1e9); } }].concat(series.map(function (s, i) {
         const c = palette[i % palette.length];
         return stepped
           ? { label: s.name, stroke: c, width: 1.5, paths: uPlot.paths.stepped({ align: 1 }), points: { show: false }, value: function (u, v) { return v == null ? '' : fmtY(v); } }
@@ -381,8 +384,8 @@
     latStats.appendChild(c);
   }
   if (lat.series.length) {
-    chart('latency', 'Latency per call', 'ms', lat.series.map(function (s) { return { name: s.name, t: s.t, y: s.ms }; }),
-      function (v) { return v.toFixed(v < 10 ? 2 : 1) + ' ms'; }, false);
+    chart('latency', 'Latency per call', 'latency', lat.series.map(function (s) { return { name: s.name, t: s.t, y: s.ms }; }),
+      function (v) { return fmtNs(v * 1e6); }, false);
   } else {
     document.getElementById('latency').appendChild(el('div', 'muted', 'No decode calls or graph computes in the input.'));
   }

@@ -427,7 +427,10 @@ impl ReportBuilder {
     }
 
     pub fn finish(mut self) -> ReportData {
-        for (backend, graph) in std::mem::take(&mut self.graphs_by_parent).into_values().flatten() {
+        for (backend, graph) in std::mem::take(&mut self.graphs_by_parent)
+            .into_values()
+            .flatten()
+        {
             self.outermost_graph(&backend, &graph);
         }
         let origin = self.origin;
@@ -456,7 +459,8 @@ impl ReportBuilder {
             d.by_op_source = "op spans".into();
             d.by_backend = sorted(std::mem::take(&mut self.by_backend));
         }
-        d.by_backend.retain(|a| a.name != "(unknown)" || a.count > 0);
+        d.by_backend
+            .retain(|a| a.name != "(unknown)" || a.count > 0);
         let mut tensors = sorted(std::mem::take(&mut self.by_tensor));
         d.tensors_not_shown = tensors.len().saturating_sub(TOP_TENSORS);
         tensors.truncate(TOP_TENSORS);
@@ -492,7 +496,10 @@ impl Sink for ReportBuilder {
                 self.process_names.insert(p.id, name);
             }
             Record::Lane(l) => {
-                let entry = self.lanes.entry(l.id).or_insert((l.process, String::new(), None));
+                let entry = self
+                    .lanes
+                    .entry(l.id)
+                    .or_insert((l.process, String::new(), None));
                 entry.0 = l.process;
                 entry.1 = l.name;
             }

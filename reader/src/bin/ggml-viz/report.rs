@@ -82,7 +82,13 @@ pub fn run(args: ReportArgs) -> Result<(), Failure> {
     for path in &args.files {
         let before = count.items;
         // Failures are reported by pass 2, which sees the same input.
-        let _ = import_path(path, args.input.format, args.input.layout, &mut ids, &mut count);
+        let _ = import_path(
+            path,
+            args.input.format,
+            args.input.layout,
+            &mut ids,
+            &mut count,
+        );
         items.push(count.items - before);
     }
     let origin = if count.first_ns == u64::MAX {
@@ -99,7 +105,13 @@ pub fn run(args: ReportArgs) -> Result<(), Failure> {
     let mut ids = Ids::default();
     let mut failure = None;
     for ((path, name), items) in args.files.iter().zip(&names).zip(items) {
-        let imported = import_path(path, args.input.format, args.input.layout, &mut ids, &mut builder);
+        let imported = import_path(
+            path,
+            args.input.format,
+            args.input.layout,
+            &mut ids,
+            &mut builder,
+        );
         if is_trace(path, args.input.format) {
             let (stats, damage) = trace_stats(path, name, args.input.layout)?;
             builder.add_input_totals(

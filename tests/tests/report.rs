@@ -1,0 +1,333 @@
+//! `ggml-viz report`: the page is driven in headless Chromium (tests/fixtures/check_report.py,
+//! Selenium + Debian's chromium-driver), on a real llama.cpp trace, on a trace whose labels are
+//! markup, and on a million-event trace. Screenshots land in `target/test-artifacts/`.
+
+use std::borrow::Cow;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use ggml_viz_e2e::*;
+use ggml_viz_reader::ext::{self, TensorInfo};
+use ggml_viz_reader::format::{self, Event, ExtensionKind, Layout, Payload};
+use serde_json::Value;
+
+fn artifacts() -> PathBuf {
+    let dir = target_dir().parent().unwrap().join("test-artifacts");
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn report(inputs: &[&Path], out: &Path) -> String {
+    let o = run({
+        let mut c = Command::new(ggml_viz());
+        c.arg("report").args(inputs).arg("-o").arg(out);
+        c
+    });
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    text(&o.stderr)
+}
+
+/// Runs the browser check; returns what it measured.
+fn check_in_browser(page: &Path, screenshot: &str, extra: &[&str]) -> Value {
+    let shot = artifacts().join(screenshot);
+    let o = run({
+        let mut c = Command::new("python3");
+        c.arg(fixture("check_report.py"))
+            .arg(page)
+            .arg(&shot)
+            .args(extra);
+        c
+    });
+    assert!(
+        o.status.success(),
+        "browser check failed:\n{}\n{}",
+        text(&o.stdout),
+        text(&o.stderr)
+    );
+    eprintln!("screenshot: {}", shot.display());
+    serde_json::from_str(text(&o.stdout).trim()).unwrap()
+}
+
+fn card(result: &Value, key: &str) -> String {
+    result["cards"][key].as_str().unwrap().replace(',', "")
+}
+
+#[test]
+fn report_of_a_real_llama_trace_works_in_chromium() {
+    let dir = scratch("report-llama");
+    let trace = dir.join("llama.ggmlviz");
+    let simple = llama_bin().join("llama-simple");
+    let o = run(with_hook(
+        {
+            let mut c = Command::new(&simple);
+            c.arg("-m").arg(tiny_model()).args(["-n", "12", "hello"]);
+            c
+        },
+        &[
+            ("GGML_VIZ_OUTPUT", trace.to_str().unwrap()),
+            ("GGML_VIZ_OP_TIMING", "1"),
+            ("GGML_VIZ_MEMORY_TRACKING", "1"),
+        ],
+    ));
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let (_, damage, stats) = read_trace(&trace);
+    assert_eq!(damage, None);
+
+    let page = dir.join("llama.html");
+    let said = report(&[&trace], &page);
+    assert!(said.contains("wrote"), "{said}");
+    let r = check_in_browser(
+        &page,
+        "report-llama.png",
+        &[
+            "--expect-text",
+            "MUL_MAT",
+            "--expect-text",
+            "generation: 11 calls",
+            "--expect-text",
+            "prefill: 1 calls",
+            "--expect-text",
+            "CPU_Mapped",
+        ],
+    );
+    // The numbers at the top are the trace's own.
+    assert_eq!(card(&r, "graph computes"), stats.graph_computes.to_string());
+    assert_eq!(card(&r, "ops"), stats.ops.to_string());
+    assert_eq!(card(&r, "events"), stats.events().to_string());
+    assert_eq!(card(&r, "events dropped"), "0");
+    assert_eq!(card(&r, "damage"), "none");
+    // Tables, both charts (latency, live bytes), and a tooltip with what a span is.
+    assert!(r["op_rows"].as_u64().unwrap() >= 6, "{r}");
+    assert!(r["tensor_rows"].as_u64().unwrap() >= 10, "{r}");
+    // Every op's backend is known by name (the hook writes names before the events using them).
+    assert_eq!(r["backends"], serde_json::json!(["CPU"]), "{r}");
+    assert_eq!(r["charts"].as_u64(), Some(2), "{r}");
+    assert!(r["timeline_ink_px"].as_u64().unwrap() > 1000, "{r}");
+    assert!(r["tooltip"].as_str().unwrap().contains("duration:"), "{r}");
+}
+
+fn push(out: &mut Vec<u8>, type_code: u8, ts: u64, tid: u32, payload: Payload, label: &str) {
+    let e = Event {
+        type_code,
+        timestamp_ns: ts,
+        thread_id: tid,
+        payload,
+        label: (!label.is_empty()).then(|| Cow::Owned(label.as_bytes().to_vec())),
+    };
+    format::encode_event(out, Layout::Packed, &e);
+}
+
+const T0: u64 = 1_700_000_000_000_000_000;
+
+/// One graph of `ops` op pairs, labelled by `name(k)`, on thread `tid` from `ts`; returns its end.
+fn graph(out: &mut Vec<u8>, tid: u32, ts: u64, ops: u64, name: impl Fn(u64) -> String) -> u64 {
+    let g = Payload::Graph {
+        graph_ptr: 0x1000,
+        n_nodes: ops as u32,
+        n_threads: 1,
+        backend_ptr: 0,
+    };
+    push(
+        out,
+        0,
+        ts,
+        tid,
+        g,
+        "ggml_backend_sched_graph_compute_async CPU",
+    );
+    for k in 0..ops {
+        let op = Payload::Op {
+            tensor_ptr: 0x2000 + k * 0x100,
+            op_type: 29,
+            op_size: 4096,
+            backend_ptr: 0,
+        };
+        push(out, 2, ts + 10 + k * 100, tid, op, &name(k));
+        push(out, 3, ts + 90 + k * 100, tid, op, &name(k));
+    }
+    let end = ts + 20 + ops * 100;
+    push(
+        out,
+        1,
+        end,
+        tid,
+        g,
+        "ggml_backend_sched_graph_compute_async CPU",
+    );
+    end
+}
+
+const HOSTILE: [&str; 3] = [
+    "<img src=x onerror=\"window.__pwned=1\">",
+    "</script><script>window.__pwned=2</script>",
+    "<iframe srcdoc=\"<script>parent.__pwned=3</script>\"></iframe>",
+];
+
+#[test]
+fn labels_from_a_trace_render_as_text_and_damage_is_shown() {
+    let dir = scratch("report-hostile");
+    let mut bytes = Vec::new();
+    format::encode_header(&mut bytes);
+    let names = ext::OpNames {
+        names: [(
+            "29".to_string(),
+            "<b onmouseover=alert(1)>MUL_MAT</b>".to_string(),
+        )]
+        .into(),
+    };
+    ext::encode_extension(
+        &mut bytes,
+        Layout::Packed,
+        ExtensionKind::OpNames,
+        T0,
+        7,
+        &names,
+    );
+    let info = TensorInfo {
+        name: HOSTILE[0].into(),
+        op_type: Some(29),
+        type_name: "<svg onload=alert(1)>".into(),
+        ..TensorInfo::default()
+    };
+    ext::encode_extension(
+        &mut bytes,
+        Layout::Packed,
+        ExtensionKind::TensorInfo,
+        T0,
+        7,
+        &info,
+    );
+    let mut ts = T0 + 1000;
+    for _ in 0..3 {
+        ts = graph(&mut bytes, 7, ts, 3, |k| HOSTILE[k as usize].to_string()) + 1000;
+    }
+    let complete = bytes.len();
+    // A record cut short at the end: the page says where.
+    push(
+        &mut bytes,
+        0,
+        ts,
+        7,
+        Payload::Graph {
+            graph_ptr: 1,
+            n_nodes: 1,
+            n_threads: 1,
+            backend_ptr: 0,
+        },
+        "cut",
+    );
+    bytes.truncate(complete + 20);
+    let trace = dir.join("hostile.ggmlviz");
+    std::fs::write(&trace, &bytes).unwrap();
+
+    let page = dir.join("hostile.html");
+    report(&[&trace], &page);
+    let html = std::fs::read_to_string(&page).unwrap();
+    for h in HOSTILE {
+        assert!(!html.contains(h), "{h} is in the page's source as markup");
+    }
+    let r = check_in_browser(
+        &page,
+        "report-hostile.png",
+        &[
+            "--hostile",
+            "--expect-text",
+            HOSTILE[0],
+            "--expect-text",
+            HOSTILE[1],
+            "--expect-text",
+            "<b onmouseover=alert(1)>MUL_MAT</b>",
+            "--expect-text",
+            &format!("byte offset {complete}"),
+        ],
+    );
+    assert_eq!(card(&r, "damage"), "1 found");
+    assert_eq!(card(&r, "graph computes"), "3");
+    assert_eq!(card(&r, "ops"), "9");
+    assert_eq!(r["hostile_checked"], Value::Bool(true));
+}
+
+#[test]
+fn a_million_event_trace_is_drawn_in_part_and_says_so() {
+    let dir = scratch("report-million");
+    let mut bytes = Vec::with_capacity(48 << 20);
+    format::encode_header(&mut bytes);
+    let names = ["Qcur-0", "Kcur-0", "ffn_up-0", "norm-0"];
+    let mut ts = [T0, T0];
+    let mut graphs = 0u64;
+    // Two threads, 4-token decode calls around graphs of 100 ops, buffers coming and going.
+    while graphs < 5_100 {
+        let tid = (graphs % 2) as u32;
+        let t = &mut ts[tid as usize];
+        let span = ext::Span {
+            name: "llama_decode".into(),
+            n_tokens: Some(if graphs < 2 { 16 } else { 1 }),
+        };
+        ext::encode_extension(
+            &mut bytes,
+            Layout::Packed,
+            ExtensionKind::SpanBegin,
+            *t,
+            tid + 1,
+            &span,
+        );
+        *t = graph(&mut bytes, tid + 1, *t + 50, 100, |k| {
+            names[(k % 4) as usize].to_string()
+        });
+        ext::encode_extension(
+            &mut bytes,
+            Layout::Packed,
+            ExtensionKind::SpanEnd,
+            *t + 50,
+            tid + 1,
+            &span,
+        );
+        let buffer = Payload::Memory {
+            ptr: 0x9000 + graphs,
+            size: 1 << 20,
+        };
+        push(&mut bytes, 4, *t + 60, tid + 1, buffer, "CPU@0x9000");
+        if graphs >= 10 {
+            let old = Payload::Memory {
+                ptr: 0x9000 + graphs - 10,
+                size: 1 << 20,
+            };
+            push(&mut bytes, 5, *t + 70, tid + 1, old, "");
+        }
+        *t += 1000;
+        graphs += 1;
+    }
+    let trace = dir.join("million.ggmlviz");
+    std::fs::write(&trace, &bytes).unwrap();
+    let (_, _, stats) = read_trace(&trace);
+    assert!(stats.events() >= 1_000_000, "{}", stats.events());
+
+    let page = dir.join("million.html");
+    let started = std::time::Instant::now();
+    let said = report(&[&trace], &page);
+    let took = started.elapsed();
+    let size = std::fs::metadata(&page).unwrap().len();
+    eprintln!(
+        "{} events: report in {took:?}, {:.1} MB; {said}",
+        stats.events(),
+        size as f64 / 1e6
+    );
+    assert!(size < 12_000_000, "the page is {size} bytes");
+    let r = check_in_browser(
+        &page,
+        "report-million.png",
+        &["--expect-text", "The timeline draws"],
+    );
+    eprintln!("browser: {r}");
+    assert_eq!(card(&r, "graph computes"), graphs.to_string());
+    assert_eq!(card(&r, "ops"), (graphs * 100).to_string());
+    assert_eq!(card(&r, "events"), stats.events().to_string());
+    assert!(
+        r["latency_cards"][1]
+            .as_str()
+            .unwrap()
+            .replace(',', "")
+            .contains(&format!("generation: {} calls", graphs - 2)),
+        "{r}"
+    );
+}
