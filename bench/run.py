@@ -146,6 +146,28 @@ def llama(quick, tmp):
         metric(f"llama {label}, op timing vs a no-op eval callback", ops / noop, "ratio", f"no-op callback, {noop:.1f} tok/s", 1.0)
 
 
+def live(quick, tmp):
+    rate, seconds = 1_000_000, (4 if quick else 10)
+    progress(f"live view following a writer of {rate:,} events/s for {seconds} s")
+    run(["cargo", "build", "-q", "--release", "-p", "ggml-viz-reader", "--example", "synthesize"])
+    trace = os.path.join(tmp, "live.ggmlviz")
+    writer = subprocess.Popen([os.path.join(ROOT, "target/release/examples/synthesize"), trace,
+                               str(rate * seconds), "--rate", str(rate)], stdout=subprocess.PIPE, text=True)
+    start = time.perf_counter()
+    view = subprocess.Popen([os.path.join(ROOT, "target/release/ggml-viz"), "live", "--plain", trace],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    _, status, usage = os.wait4(view.pid, 0)
+    wall = time.perf_counter() - start
+    written = int(writer.communicate()[0])
+    said = view.stderr.read()
+    seen = int(re.search(r"ended: [^;]*; (\d+) events", said).group(1))
+    if seen != written:
+        sys.exit(f"bench: the live view saw {seen} of {written} events:\n{said}")
+    cpu = usage.ru_utime + usage.ru_stime
+    metric("live view: CPU while following 1 M events/s", cpu / wall, "cores", "one core", 1.0)
+    metric("  live view: events seen of written", seen / written, "ratio", "all of them", 1.0)
+
+
 def inert(quick):
     n = 100 if quick else 400
     progress(f"inert hook: {n} starts of /bin/true with and without it")
@@ -176,6 +198,7 @@ def main():
         producer(args.quick)
         decode(args.quick)
         readers(args.quick, tmp)
+        live(args.quick, tmp)
         inert(args.quick)
         llama(args.quick, tmp)
     finally:

@@ -1,9 +1,14 @@
 //! Writes a synthetic GGMLVIZ trace of any size: graph computes of 48 ops each, 4 threads, every
 //! op labelled — for benchmarks and memory measurements of the readers.
 //!
+//! With `--rate EVENTS_PER_S` it is a live writer instead: it holds the trace's lock as the hook
+//! does and appends at that rate every 10 ms, for the live view's benchmark.
+//!
 //! ```sh
 //! cargo run --release -p ggml-viz-reader --example synthesize -- big.ggmlviz 25000000
 //! ggml-viz summary big.ggmlviz
+//! cargo run --release -p ggml-viz-reader --example synthesize -- live.ggmlviz 5000000 --rate 1000000 &
+//! ggml-viz live live.ggmlviz
 //! ```
 
 use std::borrow::Cow;
@@ -15,10 +20,28 @@ fn main() -> std::io::Result<()> {
     let mut args = std::env::args().skip(1);
     let (Some(path), Some(n)) = (args.next(), args.next().and_then(|n| n.parse::<u64>().ok()))
     else {
-        eprintln!("usage: synthesize OUT.ggmlviz N_EVENTS");
+        eprintln!("usage: synthesize OUT.ggmlviz N_EVENTS [--rate EVENTS_PER_S]");
         std::process::exit(1);
     };
-    let mut out = std::io::BufWriter::with_capacity(1 << 20, std::fs::File::create(&path)?);
+    let rate = match (
+        args.next().as_deref(),
+        args.next().and_then(|r| r.parse::<u64>().ok()),
+    ) {
+        (Some("--rate"), Some(r)) => Some(r),
+        (None, _) => None,
+        _ => {
+            eprintln!("usage: synthesize OUT.ggmlviz N_EVENTS [--rate EVENTS_PER_S]");
+            std::process::exit(1);
+        }
+    };
+    let file = std::fs::File::create(&path)?;
+    if rate.is_some() {
+        use std::os::fd::AsRawFd;
+        // SAFETY: flock on a descriptor we own; held until the process exits, as the hook does.
+        unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) };
+    }
+    let started = std::time::Instant::now();
+    let mut out = std::io::BufWriter::with_capacity(1 << 20, file);
     let mut buf = Vec::with_capacity(1 << 20);
     format::encode_header(&mut buf);
     let names = [
@@ -76,11 +99,26 @@ fn main() -> std::io::Result<()> {
         );
         ts += 6000;
         written += 98;
-        if buf.len() > (1 << 20) - 16384 {
-            out.write_all(&buf)?;
-            buf.clear();
+        match rate {
+            // Appended every 10 ms, as a writer's flushes are; never ahead of the rate.
+            Some(rate) => {
+                let due = (started.elapsed().as_secs_f64() * rate as f64) as u64;
+                if written >= due {
+                    out.write_all(&buf)?;
+                    out.flush()?;
+                    buf.clear();
+                    std::thread::sleep(std::time::Duration::from_millis(10));
+                }
+            }
+            None if buf.len() > (1 << 20) - 16384 => {
+                out.write_all(&buf)?;
+                buf.clear();
+            }
+            None => {}
         }
     }
     out.write_all(&buf)?;
-    out.flush()
+    out.flush()?;
+    println!("{written}");
+    Ok(())
 }

@@ -37,6 +37,7 @@ pub mod detect;
 pub mod ext;
 pub mod follow;
 pub mod format;
+pub mod live;
 pub mod ops;
 pub mod report;
 pub mod slice;

@@ -6,7 +6,7 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::{Command, Output, Stdio};
 use std::sync::OnceLock;
 
 use ggml_viz_reader::format::{EventType, Payload};
@@ -210,4 +210,25 @@ pub fn fixture_graphs(stdout: &str) -> Vec<(u32, u32)> {
             (n, t)
         })
         .collect()
+}
+
+/// The ctypes fixture (`tests/fixtures/ggml_ctypes.py`) with ggml from `libdirs`.
+pub fn fixture_cmd(libdirs: &[&Path], args: &[&str]) -> Command {
+    let mut cmd = Command::new("python3");
+    cmd.arg(fixture("ggml_ctypes.py")).args(libdirs).args(args);
+    cmd
+}
+
+/// The fixture computing graphs until killed, traced into `trace` with `flush_ms` between flushes.
+pub fn spawn_forever(bin: &Path, trace: &Path, flush_ms: &str) -> std::process::Child {
+    with_hook(
+        fixture_cmd(&[bin], &["--nodes", "2", "--forever"]),
+        &[
+            ("GGML_VIZ_OUTPUT", trace.to_str().unwrap()),
+            ("GGML_VIZ_FLUSH_INTERVAL", flush_ms),
+        ],
+    )
+    .stdout(Stdio::null())
+    .spawn()
+    .unwrap()
 }

@@ -8,26 +8,6 @@ use std::time::{Duration, Instant};
 use ggml_viz_e2e::*;
 use ggml_viz_reader::format::EventType;
 
-fn fixture_cmd(libdirs: &[&Path], args: &[&str]) -> Command {
-    let mut cmd = Command::new("python3");
-    cmd.arg(fixture("ggml_ctypes.py")).args(libdirs).args(args);
-    cmd
-}
-
-/// The fixture computing graphs until killed, traced into `trace` with `flush_ms` between flushes.
-fn spawn_forever(bin: &Path, trace: &Path, flush_ms: &str) -> std::process::Child {
-    with_hook(
-        fixture_cmd(&[bin], &["--nodes", "2", "--forever"]),
-        &[
-            ("GGML_VIZ_OUTPUT", trace.to_str().unwrap()),
-            ("GGML_VIZ_FLUSH_INTERVAL", flush_ms),
-        ],
-    )
-    .stdout(Stdio::null())
-    .spawn()
-    .unwrap()
-}
-
 #[test]
 fn an_rtld_local_ggml_is_traced_with_exact_nodes_and_threads() {
     let dir = scratch("rtld-local");

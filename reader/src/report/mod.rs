@@ -57,7 +57,7 @@ pub fn html_text(s: &str) -> String {
 pub fn write_html(out: &mut impl Write, data: &ReportData) -> io::Result<()> {
     let mut rest = TEMPLATE;
     while let Some(at) = rest.find("{{") {
-        out.write_all(rest[..at].as_bytes())?;
+        out.write_all(&rest.as_bytes()[..at])?;
         let after = &rest[at + 2..];
         let end = after
             .find("}}")

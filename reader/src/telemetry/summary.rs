@@ -55,6 +55,27 @@ impl Histogram {
         self.count += 1;
     }
 
+    /// Adds every duration of `other`.
+    pub fn merge(&mut self, other: &Histogram) {
+        if other.count == 0 {
+            return;
+        }
+        for (&b, &n) in &other.buckets {
+            *self.buckets.entry(b).or_default() += n;
+        }
+        self.min = if self.count == 0 {
+            other.min
+        } else {
+            self.min.min(other.min)
+        };
+        self.max = self.max.max(other.max);
+        self.count += other.count;
+    }
+
+    pub fn count(&self) -> u64 {
+        self.count
+    }
+
     /// The `q` quantile (nearest rank), clamped to the exact min and max.
     pub fn quantile(&self, q: f64) -> u64 {
         let rank = ((q * self.count as f64).ceil() as u64).clamp(1, self.count.max(1));

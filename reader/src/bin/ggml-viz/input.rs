@@ -105,7 +105,7 @@ fn stream(
 
 /// Whether a live writer holds the file: the hook keeps an exclusive lock on its trace while the
 /// program runs. Such a file may still change, so it is read, not mapped.
-fn being_written(path: &std::path::Path) -> bool {
+pub fn being_written(path: &std::path::Path) -> bool {
     use std::os::fd::AsRawFd;
     let Ok(file) = std::fs::File::open(path) else {
         return false;

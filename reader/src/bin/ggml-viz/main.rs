@@ -3,6 +3,7 @@
 mod dump;
 mod info;
 mod input;
+mod live;
 mod ops;
 mod record;
 mod report;
@@ -32,6 +33,7 @@ enum Command {
     Summary(timeline::SummaryArgs),
     Diff(timeline::DiffArgs),
     Export(timeline::ExportArgs),
+    Live(live::LiveArgs),
     Report(report::ReportArgs),
     Dump(dump::DumpArgs),
 }
@@ -75,6 +77,7 @@ fn main() -> ExitCode {
         Command::Diff(args) => timeline::diff(args).map(|()| 0),
         Command::Export(args) => timeline::export(args).map(|()| 0),
         Command::Report(args) => report::run(args).map(|()| 0),
+        Command::Live(args) => live::run(args).map(|()| 0),
         Command::Dump(args) => dump::run(args).map(|()| 0),
     };
     match result {

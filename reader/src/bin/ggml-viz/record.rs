@@ -2,7 +2,9 @@
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, Stdio};
+
+use crate::live::{Stop, WriterGone};
 
 use clap::Args;
 use ggml_viz_config::{CONFIG_FILE_ENV, Config, OVERRIDES_ENV, Sources};
@@ -58,6 +60,13 @@ pub struct RecordArgs {
     /// Path of libggml_viz_hook.so.
     #[arg(long)]
     hook: Option<PathBuf>,
+    /// Show a live view of the trace while the program runs (see `ggml-viz live --help`). On a
+    /// terminal the program's output goes to OUTPUT.log and its stdin is closed, so that the
+    /// view owns the screen and the keyboard.
+    #[arg(long)]
+    live: bool,
+    #[command(flatten)]
+    view: crate::live::ViewOpts,
     /// The command to run, after `--`.
     #[arg(required = true, last = true)]
     command: Vec<OsString>,
@@ -140,6 +149,22 @@ pub fn run(args: RecordArgs) -> Result<u8, Failure> {
     if let Some(file) = &args.config {
         cmd.env(CONFIG_FILE_ENV, file);
     }
+    let live = args.live && args.view.interactive();
+    let log = PathBuf::from(format!(
+        "{}.log",
+        expand(&config.output, std::process::id())
+    ));
+    if live {
+        let file = std::fs::File::create(&log).map_err(|e| {
+            Failure::Usage(format!(
+                "cannot write the program's output to {}: {e}",
+                log.display()
+            ))
+        })?;
+        cmd.stdin(Stdio::null())
+            .stdout(file.try_clone().map_err(Failure::Output)?)
+            .stderr(file);
+    }
     let started = std::time::SystemTime::now();
     let mut child = cmd.spawn().map_err(|e| {
         Failure::Usage(format!(
@@ -147,9 +172,28 @@ pub fn run(args: RecordArgs) -> Result<u8, Failure> {
             args.command[0].to_string_lossy()
         ))
     })?;
+    let path = PathBuf::from(expand(&config.output, child.id()));
+    if args.live {
+        let mut exited = || {
+            child
+                .try_wait()
+                .ok()
+                .flatten()
+                .map(|s| format!("the program exited with status {}", exit_code(s)))
+        };
+        let stop = crate::live::watch(&path, &args.view, None, WriterGone::Exited(&mut exited));
+        if live {
+            eprintln!("ggml-viz: the program's output is in {}", log.display());
+        }
+        if let Ok(Stop::Quit) = stop {
+            eprintln!("ggml-viz: waiting for the program to exit (Ctrl-C stops it)");
+        }
+        if let Err(Failure::Data(msg)) = stop {
+            eprintln!("ggml-viz: warning: {msg}");
+        }
+    }
     let status = ignoring_interrupts(|| child.wait())
         .map_err(|e| Failure::Data(format!("waiting for the program failed: {e}")))?;
-    let path = PathBuf::from(expand(&config.output, child.id()));
     summarize(&path, started);
     Ok(exit_code(status))
 }
