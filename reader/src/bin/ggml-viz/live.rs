@@ -72,8 +72,9 @@ pub fn run(args: LiveArgs) -> Result<(), Failure> {
 pub enum WriterGone<'a> {
     /// No process holds the trace's lock (and nothing new arrived).
     Unlocked,
-    /// The recorded program exited (`record --live`): returns its status once it has.
-    Exited(&'a mut dyn FnMut() -> Option<String>),
+    /// The recorded program, started at the given time, exited (`record --live`): the function
+    /// says how, once it has.
+    Exited(std::time::SystemTime, &'a mut dyn FnMut() -> Option<String>),
 }
 
 /// Why the view stopped.
@@ -101,7 +102,7 @@ pub fn watch(
     // SAFETY: the handler only stores to an atomic.
     let old = unsafe { libc::signal(libc::SIGINT, on_sigint as *const () as libc::sighandler_t) };
     // Under `record`, plain lines go to stderr: the program's stdout stays its own.
-    let to_stderr = matches!(gone, WriterGone::Exited(_));
+    let to_stderr = matches!(gone, WriterGone::Exited(..));
     let mut screen = Screen::new(path, opts, interactive, to_stderr);
     let result = follow(path, opts, layout, &mut gone, &keys, &mut screen);
     // SAFETY: restoring the disposition we replaced.
@@ -133,31 +134,34 @@ fn follow(
     let mut exited: Option<String> = None;
     let writer_done = |gone: &mut WriterGone<'_>, exited: &mut Option<String>| match gone {
         WriterGone::Unlocked => !crate::input::being_written(path),
-        WriterGone::Exited(check) => {
+        WriterGone::Exited(_, check) => {
             if exited.is_none() {
                 *exited = check();
             }
             exited.is_some()
         }
     };
-    // The trace appears when the program first calls ggml; `record --live` also waits for the
-    // writer's lock, so that a file left by an earlier run is not mistaken for this one's.
+    // The trace appears when the program first calls ggml; `record --live` waits for a file
+    // written since the program started, so that one left by an earlier run is not taken for it.
     let mut last_draw = Instant::now();
     loop {
+        // `live FILE` waits for the file however long it takes; `record --live` until the
+        // program exits. Whether it had, before looking for the file: it may write and exit.
+        let program_done = matches!(gone, WriterGone::Exited(..)) && writer_done(gone, &mut exited);
         let ready = match gone {
             WriterGone::Unlocked => path.exists(),
-            WriterGone::Exited(_) => crate::input::being_written(path),
+            WriterGone::Exited(started, _) => std::fs::metadata(path)
+                .and_then(|m| m.modified())
+                .is_ok_and(|t| t >= *started),
         };
         if ready {
             break;
         }
         if quit_requested(keys) {
-            screen.finish("quit", None, &LiveStats::new(1));
+            screen.finish("quit", None, &LiveStats::new(1).snapshot(3));
             return Ok(Stop::Quit);
         }
-        // `live FILE` waits for the file however long it takes; `record --live` until the
-        // program exits.
-        if matches!(gone, WriterGone::Exited(_)) && writer_done(gone, &mut exited) {
+        if program_done {
             let why = exited.clone().unwrap_or_else(|| "no writer".into());
             eprintln!(
                 "ggml-viz: {why}; no trace at {}: the program called no interposed ggml function (or tracing was off)",
@@ -191,7 +195,8 @@ fn follow(
             stats.damage = Some(d);
         }
         if std::fs::metadata(path).is_ok_and(|m| m.len() < follower.offset()) {
-            screen.finish("stopped", None, &stats);
+            stats.tick(bucket_start.elapsed());
+            screen.finish("stopped", None, &stats.snapshot(3));
             return Err(Failure::Data(format!(
                 "{} shrank below the {} bytes already read: it was truncated or replaced by a new run",
                 path.display(),
@@ -210,23 +215,25 @@ fn follow(
         }
         if stats.damage.as_ref().is_some_and(|d| !d.is_truncation()) {
             let d = stats.damage.clone().expect("checked");
-            screen.finish("stopped", exited.as_deref(), &stats);
+            stats.tick(bucket_start.elapsed());
+            screen.finish("stopped", exited.as_deref(), &stats.snapshot(3));
             return Err(Failure::Data(format!("{}: {d}", path.display())));
         }
         if quit_requested(keys) {
-            screen.finish("quit", exited.as_deref(), &stats);
+            stats.tick(bucket_start.elapsed());
+            screen.finish("quit", exited.as_deref(), &stats.snapshot(3));
             return Ok(Stop::Quit);
         }
         if done && !got {
+            stats.tick(bucket_start.elapsed());
             if screen.interactive {
                 // The screen stays as the last thing seen: with the final totals.
-                stats.tick(bucket_start.elapsed());
                 screen.draw(&stats.snapshot(opts.top), "writer done");
             }
             let why = exited
                 .clone()
                 .unwrap_or_else(|| "the writer finished".into());
-            screen.finish(&why, None, &stats);
+            screen.finish(&why, None, &stats.snapshot(3));
             if follower.pending() > 0 {
                 eprintln!(
                     "ggml-viz: warning: {}: the writer stopped in the middle of a record: {} byte(s) after byte offset {} are incomplete",
@@ -459,15 +466,29 @@ impl Screen {
         write!(out, "\x1b[J")
     }
 
-    /// The last line, on stderr so that it stays after a redrawn screen and apart from the data.
-    fn finish(&mut self, why: &str, exited: Option<&str>, stats: &LiveStats) {
+    /// The last line, on stderr so that it stays after a redrawn screen and apart from the data:
+    /// totals, and the rolling figures of the last window.
+    fn finish(&mut self, why: &str, exited: Option<&str>, s: &Snapshot) {
         let why = exited.map_or_else(|| why.to_string(), |e| format!("{why} ({e})"));
+        let top: Vec<String> = s
+            .top_ops
+            .iter()
+            .map(|o| format!("{} {:.1}%", o.name, 100.0 * o.share))
+            .collect();
         eprintln!(
-            "ggml-viz: live view ended: {why}; {} events, {} graph computes, {} ops, {} lost",
-            stats.events,
-            stats.graphs,
-            stats.ops,
-            stats.counters.lost()
+            "ggml-viz: live view ended: {why}; {} events, {} graph computes, {} ops, {} lost; last {:.0} s: graph p50 {} p99 {}, top ops {}",
+            s.events,
+            s.graphs,
+            s.ops,
+            s.lost,
+            s.window.as_secs_f64().min(self.window as f64),
+            opt_ns(s.p50_graph_ns),
+            opt_ns(s.p99_graph_ns),
+            if top.is_empty() {
+                "-".into()
+            } else {
+                top.join(", ")
+            }
         );
     }
 }

@@ -181,7 +181,12 @@ pub fn run(args: RecordArgs) -> Result<u8, Failure> {
                 .flatten()
                 .map(|s| format!("the program exited with status {}", exit_code(s)))
         };
-        let stop = crate::live::watch(&path, &args.view, None, WriterGone::Exited(&mut exited));
+        let stop = crate::live::watch(
+            &path,
+            &args.view,
+            None,
+            WriterGone::Exited(started, &mut exited),
+        );
         if live {
             eprintln!("ggml-viz: the program's output is in {}", log.display());
         }

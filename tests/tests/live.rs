@@ -1,0 +1,264 @@
+//! `ggml-viz live` and `record --live`: following traces the hook is writing, in plain-line mode
+//! and in a real terminal (tmux), ending when the writer is killed or the program exits.
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use ggml_viz_e2e::*;
+
+/// The events count of each plain line (`| events N (…)`).
+fn events_of(line: &str) -> Option<u64> {
+    line.split("| events ")
+        .nth(1)?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}
+
+/// The totals of the line the view ends with: (events, graph computes).
+fn ended_totals(stderr: &str) -> (u64, u64) {
+    let line = stderr
+        .lines()
+        .find(|l| l.starts_with("ggml-viz: live view ended:"))
+        .unwrap_or_else(|| panic!("no end line in:\n{stderr}"));
+    let words: Vec<&str> = line.split_whitespace().collect();
+    let before = |w: &str| {
+        let i = words
+            .iter()
+            .position(|x| x.trim_end_matches(',') == w)
+            .unwrap();
+        words[i - 1].parse::<u64>().unwrap()
+    };
+    (before("events"), before("graph"))
+}
+
+#[test]
+fn plain_lines_follow_a_growing_trace_and_end_when_the_writer_is_killed() {
+    let dir = scratch("live-plain");
+    let trace = dir.join("t.ggmlviz");
+    let mut view = Command::new(ggml_viz())
+        .args(["live", "--plain", "--interval", "0.3"])
+        .arg(&trace)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The view starts first and waits for the file.
+    std::thread::sleep(Duration::from_millis(300));
+    let mut writer = spawn_forever(&llama_bin(), &trace, "20");
+    let mut lines = BufReader::new(view.stdout.take().unwrap()).lines();
+    let mut counts = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while counts.len() < 4 && Instant::now() < deadline {
+        let line = lines.next().expect("the view ended early").unwrap();
+        if let Some(n) = events_of(&line) {
+            counts.push(n);
+        }
+    }
+    assert!(counts.len() >= 4, "{counts:?}");
+    assert!(
+        counts.windows(2).all(|w| w[0] < w[1]),
+        "events did not grow line by line while the writer ran: {counts:?}"
+    );
+    // Killed mid-record: the view notices the writer is gone and ends by itself.
+    writer.kill().unwrap();
+    writer.wait().unwrap();
+    let killed = Instant::now();
+    let rest: Vec<String> = lines.map(Result::unwrap).collect();
+    let status = view.wait().unwrap();
+    assert!(
+        killed.elapsed() < Duration::from_secs(5),
+        "the view took {:?} to notice",
+        killed.elapsed()
+    );
+    assert_eq!(status.code(), Some(0), "{rest:?}");
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut view.stderr.take().unwrap(), &mut stderr).unwrap();
+    // Everything complete in the file was seen, once.
+    let (_, damage, stats) = read_trace(&trace);
+    assert!(
+        damage.as_ref().is_none_or(|d| d.is_truncation()),
+        "{damage:?}"
+    );
+    let (events, graphs) = ended_totals(&stderr);
+    assert_eq!(events, stats.events(), "{stderr}");
+    assert_eq!(graphs, stats.graph_computes, "{stderr}");
+    if let Some(d) = damage {
+        assert!(
+            stderr.contains("stopped in the middle of a record"),
+            "{d} not reported:\n{stderr}"
+        );
+    }
+}
+
+fn tmux(args: &[&str]) -> String {
+    let o = run({
+        let mut c = Command::new("tmux");
+        c.args(args);
+        c
+    });
+    text(&o.stdout)
+}
+
+fn wait_for_file(path: &Path, timeout: Duration) -> String {
+    let end = Instant::now() + timeout;
+    while Instant::now() < end {
+        if let Ok(s) = std::fs::read_to_string(path)
+            && s.ends_with('\n')
+        {
+            return s;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    panic!("{} did not appear", path.display());
+}
+
+#[test]
+fn in_a_terminal_the_screen_refreshes_and_q_quits() {
+    refresh_then_quit_with("q", "quit");
+}
+
+#[test]
+fn in_a_terminal_ctrl_c_quits_cleanly() {
+    refresh_then_quit_with("C-c", "ctrl-c");
+}
+
+/// Runs the view in a tmux terminal on a growing trace, checks that the screen refreshes with
+/// growing counts, quits with `key`, and checks the exit status and the terminal's settings.
+fn refresh_then_quit_with(key: &str, name: &str) {
+    let dir = scratch(&format!("live-tmux-{name}"));
+    let trace = dir.join("t.ggmlviz");
+    let mut writer = spawn_forever(&llama_bin(), &trace, "20");
+    let socket = dir.join("tmux.sock");
+    let socket = socket.to_str().unwrap();
+    let done = dir.join("done");
+    // stty -g before and after: the terminal's mode is given back. The shell ignores SIGINT so
+    // that it outlives a Ctrl-C to write them down (the view sets its own handler).
+    let script = format!(
+        "trap '' INT; stty -g > {d}/before; {viz} live --interval 0.3 {t}; echo $? > {d}/status; stty -g > {d}/after; echo >> {done}; sleep 60",
+        d = dir.display(),
+        viz = ggml_viz().display(),
+        t = trace.display(),
+        done = done.display()
+    );
+    tmux(&[
+        "-S",
+        socket,
+        "new-session",
+        "-d",
+        "-x",
+        "150",
+        "-y",
+        "30",
+        "sh",
+        "-c",
+        &script,
+    ]);
+    let screen = |_: ()| tmux(&["-S", socket, "capture-pane", "-p"]);
+    let graphs_on = |s: &str| -> Option<u64> {
+        let line = s.lines().find(|l| l.starts_with("graph computes"))?;
+        line.split_whitespace()
+            .nth(2)?
+            .replace(',', "")
+            .parse()
+            .ok()
+    };
+    let end = Instant::now() + Duration::from_secs(20);
+    let mut seen = Vec::new();
+    while Instant::now() < end && seen.len() < 3 {
+        let s = screen(());
+        if let Some(g) = graphs_on(&s)
+            && seen.last() != Some(&g)
+        {
+            seen.push(g);
+        }
+        std::thread::sleep(Duration::from_millis(350));
+    }
+    let last_screen = screen(());
+    assert!(
+        seen.len() >= 3 && seen.windows(2).all(|w| w[0] < w[1]),
+        "the screen did not refresh with growing counts: {seen:?}\n{last_screen}"
+    );
+    assert!(last_screen.contains("[following]"), "{last_screen}");
+    assert!(last_screen.contains("q or Ctrl-C to quit"), "{last_screen}");
+    tmux(&["-S", socket, "send-keys", key]);
+    wait_for_file(&done, Duration::from_secs(5));
+    let after_quit = screen(());
+    tmux(&["-S", socket, "kill-server"]);
+    writer.kill().unwrap();
+    writer.wait().unwrap();
+    assert_eq!(
+        std::fs::read_to_string(dir.join("status")).unwrap().trim(),
+        "0"
+    );
+    assert!(after_quit.contains("live view ended: quit"), "{after_quit}");
+    assert_eq!(
+        std::fs::read_to_string(dir.join("before")).unwrap(),
+        std::fs::read_to_string(dir.join("after")).unwrap(),
+        "the terminal's settings were not restored"
+    );
+}
+
+#[test]
+fn record_live_follows_llama_and_ends_with_the_program() {
+    let dir = scratch("record-live");
+    let trace = dir.join("r.ggmlviz");
+    let simple = llama_bin().join("llama-simple");
+    let program = |c: &mut Command| {
+        c.arg(&simple)
+            .arg("-m")
+            .arg(tiny_model())
+            .args(["-n", "16", "hello"]);
+    };
+    let plain = run({
+        let mut c = Command::new(&simple);
+        c.arg("-m").arg(tiny_model()).args(["-n", "16", "hello"]);
+        c
+    });
+    let out = run({
+        let mut c = Command::new(ggml_viz());
+        c.args(["record", "--live", "--interval", "0.2", "-o"])
+            .arg(&trace)
+            .arg("--")
+            .env("GGML_VIZ_OP_TIMING", "1");
+        program(&mut c);
+        c
+    });
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    // Not a terminal: the program's stdout is its own, the view's lines go to stderr.
+    assert_eq!(text(&out.stdout), text(&plain.stdout));
+    assert!(
+        stderr.contains("live view ended: the program exited with status 0"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("top ops MUL_MAT"), "{stderr}");
+    let (_, damage, stats) = read_trace(&trace);
+    assert_eq!(damage, None);
+    assert_eq!(
+        ended_totals(&stderr),
+        (stats.events(), stats.graph_computes)
+    );
+}
+
+#[test]
+fn a_corrupt_trace_ends_the_view_with_the_byte_offset() {
+    let dir = scratch("live-corrupt");
+    let trace = dir.join("bad.ggmlviz");
+    let mut bytes = Vec::new();
+    ggml_viz_reader::format::encode_header(&mut bytes);
+    let at = bytes.len();
+    bytes.extend_from_slice(&[0xff; 64]); // has_label 0xff: no record starts like this
+    std::fs::write(&trace, &bytes).unwrap();
+    let out = run({
+        let mut c = Command::new(ggml_viz());
+        c.args(["live", "--plain"]).arg(&trace);
+        c
+    });
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains(&format!("byte offset {at}")), "{stderr}");
+}
