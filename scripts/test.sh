@@ -13,6 +13,7 @@ command -v cc >/dev/null || missing+=(gcc)
 [ -x /usr/bin/chromium ] || missing+=(chromium)          # the report's browser tests
 [ -x /usr/bin/chromedriver ] || missing+=(chromium-driver)
 command -v tmux >/dev/null || missing+=(tmux)              # the live view's terminal test
+command -v x86_64-w64-mingw32-gcc >/dev/null || missing+=(gcc-mingw-w64-x86-64)   # the Windows build
 if [ ${#missing[@]} -gt 0 ]; then
   echo "test.sh: installing ${missing[*]}" >&2
   export DEBIAN_FRONTEND=noninteractive
@@ -36,6 +37,15 @@ GGML_VIZ_LLAMA_BUILD="$(bash scripts/setup-llama.sh | tail -n 1)"
 export GGML_VIZ_LLAMA_BUILD
 
 cargo clippy --workspace --all-targets --locked -- -D warnings
+# What cannot run here is type-checked on every commit (macOS, both architectures), and Windows
+# is built for real: the hook DLL and the CLI, linked with MinGW (.cargo/config.toml).
+rustup target add x86_64-apple-darwin aarch64-apple-darwin x86_64-pc-windows-gnu
+for target in x86_64-apple-darwin aarch64-apple-darwin x86_64-pc-windows-gnu; do
+  CARGO_TARGET_DIR=target/cross cargo clippy --locked --target "$target" \
+    -p ggml-viz-hook -p ggml-viz-reader -p ggml-viz-config -- -D warnings
+done
+CARGO_TARGET_DIR=target/cross cargo build --release --locked --target x86_64-pc-windows-gnu \
+  -p ggml-viz-hook -p ggml-viz-reader
 # The end-to-end tests (tests/) preload the built hook and run the built CLI: build them first.
 cargo build --workspace --release --locked
 # The benchmark suite in its quick form: catches a benchmark that no longer builds or runs (its

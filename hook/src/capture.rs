@@ -282,8 +282,8 @@ pub fn reset_after_fork() {
 fn thread_id(l: &Local) -> u32 {
     match l.tid.get() {
         0 => {
-            // SAFETY: gettid has no preconditions. Once per thread.
-            let tid = unsafe { libc::gettid() } as u32;
+            // Once per thread.
+            let tid = crate::os::thread_id();
             l.tid.set(tid);
             tid
         }
@@ -315,24 +315,14 @@ fn ring_of(l: &Local, r: &'static Recorder) -> &'static Ring {
 /// THREAD_BEGIN or THREAD_FREE for this thread, labelled with its name.
 fn thread_event(r: &Recorder, l: &Local, ty: EventType) -> RawEvent {
     let tid = thread_id(l);
-    let name_id = r.names.intern(tid as usize, Owner::Thread, thread_name);
+    let name_id = r
+        .names
+        .intern(tid as usize, Owner::Thread, crate::os::thread_name);
     RawEvent {
         type_code: ty.code(),
         name_id,
         ..RawEvent::default()
     }
-}
-
-fn thread_name() -> String {
-    let mut buf = [0u8; 64];
-    // SAFETY: the buffer is writable for its length; the name is NUL-terminated within it.
-    if unsafe { libc::pthread_getname_np(libc::pthread_self(), buf.as_mut_ptr().cast(), buf.len()) }
-        != 0
-    {
-        return String::new();
-    }
-    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
-    String::from_utf8_lossy(&buf[..end]).into_owned()
 }
 
 /// Its destructor runs when the thread exits: the THREAD_FREE event.
@@ -492,8 +482,7 @@ impl GraphScope {
                 .recorder
                 .op_timed_graphs
                 .fetch_add(1, Ordering::Relaxed)
-                % c.op_sample.max(1)
-                == 0
+                .is_multiple_of(c.op_sample.max(1))
     }
 }
 

@@ -9,26 +9,12 @@
 
 use std::sync::OnceLock;
 
-fn read(clock: libc::clockid_t) -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `ts` is a valid, writable timespec; clock_gettime writes only it.
-    unsafe { libc::clock_gettime(clock, &mut ts) };
-    (ts.tv_sec as u64)
-        .wrapping_mul(1_000_000_000)
-        .wrapping_add(ts.tv_nsec as u64)
-}
-
-fn monotonic_ns() -> u64 {
-    read(libc::CLOCK_MONOTONIC)
-}
+use crate::os::{monotonic_ns, realtime_ns};
 
 /// Realtime minus monotonic, read once.
 fn epoch_offset() -> u64 {
     static OFFSET: OnceLock<u64> = OnceLock::new();
-    *OFFSET.get_or_init(|| read(libc::CLOCK_REALTIME).wrapping_sub(monotonic_ns()))
+    *OFFSET.get_or_init(|| realtime_ns().wrapping_sub(monotonic_ns()))
 }
 
 /// Whether ticks are TSC cycles (else they are monotonic nanoseconds).
@@ -140,7 +126,7 @@ mod tests {
         std::thread::sleep(std::time::Duration::from_millis(30));
         conv.recalibrate();
         let converted = conv.to_epoch_ns(now_ticks());
-        let real = read(libc::CLOCK_REALTIME);
+        let real = realtime_ns();
         let diff = converted.abs_diff(real);
         assert!(
             diff < 2_000_000,

@@ -21,13 +21,12 @@ pub mod exports;
 pub mod ggml;
 pub mod metadata;
 pub mod names;
-#[cfg(target_os = "linux")]
 pub mod ops;
+pub mod os;
 #[cfg(target_os = "linux")]
 pub mod resolve;
 pub mod ring;
 pub mod sink;
-#[cfg(target_os = "linux")]
 pub mod spans;
 
 /// `verbose` of the configuration in force: say more on stderr (where each call site goes).

@@ -18,15 +18,7 @@ pub fn collect(config: &Config, ggml_version: Option<String>) -> Metadata {
     }
 }
 
-pub fn host_name() -> String {
-    let mut buf = [0u8; 256];
-    // SAFETY: the buffer is writable for its length; gethostname NUL-terminates within it or fails.
-    if unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) } != 0 {
-        return "unknown".into();
-    }
-    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
-    String::from_utf8_lossy(&buf[..end]).into_owned()
-}
+pub use crate::os::host_name;
 
 fn command_line() -> Vec<String> {
     match std::fs::read("/proc/self/cmdline") {

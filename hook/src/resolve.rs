@@ -146,10 +146,10 @@ pub fn describe_route(entry: Entry, return_address: usize, resolved: &Resolved) 
 
 impl Slow {
     fn find_real(&mut self, name: &CStr, return_address: usize) -> Option<(usize, bool)> {
-        if let Some(caller) = object_of(return_address) {
-            if let Some(real) = self.lookup_in_scope(&caller.path, name) {
-                return Some((real, false));
-            }
+        if let Some(caller) = object_of(return_address)
+            && let Some(real) = self.lookup_in_scope(&caller.path, name)
+        {
+            return Some((real, false));
         }
         // SAFETY: dlsym with RTLD_NEXT and a valid C string.
         let next = unsafe { libc::dlsym(libc::RTLD_NEXT, name.as_ptr()) } as usize;
@@ -209,10 +209,10 @@ impl Slow {
         };
         let mut found = Vec::new();
         for path in paths {
-            if let Some(address) = self.lookup_in_scope(&path, name) {
-                if !found.contains(&address) {
-                    found.push(address);
-                }
+            if let Some(address) = self.lookup_in_scope(&path, name)
+                && !found.contains(&address)
+            {
+                found.push(address);
             }
         }
         found

@@ -4,9 +4,8 @@
 //! The first record is the metadata extension record (which is also the layout marker); counters
 //! records carry the events that could not be recorded, as running totals.
 
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io::{self, Write};
-use std::os::fd::AsRawFd;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -175,7 +174,7 @@ pub fn expand_path(template: &str) -> String {
 fn open_output(template: &str) -> Result<(File, PathBuf), (String, io::Error)> {
     let path = PathBuf::from(expand_path(template));
     let fail = |path: &PathBuf, err| (path.display().to_string(), err);
-    let file = open_locked(&path).map_err(|err| fail(&path, err))?;
+    let file = crate::os::open_locked(&path).map_err(|err| fail(&path, err))?;
     if let Some(file) = file {
         return Ok((file, path));
     }
@@ -185,7 +184,7 @@ fn open_output(template: &str) -> Result<(File, PathBuf), (String, io::Error)> {
         path.display(),
         alternative.display()
     ));
-    match open_locked(&alternative) {
+    match crate::os::open_locked(&alternative) {
         Ok(Some(file)) => Ok((file, alternative)),
         Ok(None) => Err(fail(
             &alternative,
@@ -195,73 +194,9 @@ fn open_output(template: &str) -> Result<(File, PathBuf), (String, io::Error)> {
     }
 }
 
-/// The file, emptied and locked for us; `None` if another process holds its lock. A symlink at
-/// the path is refused (`O_NOFOLLOW`: one planted in a shared directory must not redirect the
-/// trace), a new file is readable by its owner only, and the descriptor does not leak into
-/// programs the host executes.
-fn open_locked(path: &PathBuf) -> io::Result<Option<File>> {
-    use std::os::unix::fs::OpenOptionsExt;
-    let file = OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .mode(0o600)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-        .open(path)?;
-    // SAFETY: flock on a descriptor we own.
-    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
-        let err = io::Error::last_os_error();
-        return if err.kind() == io::ErrorKind::WouldBlock {
-            Ok(None)
-        } else {
-            Err(err)
-        };
-    }
-    file.set_len(0)?;
-    Ok(Some(file))
-}
-
-/// Runs `write` with SIGXFSZ blocked on this thread, so that a file-size limit (`ulimit -f`)
-/// makes our write fail with EFBIG instead of killing the host; a SIGXFSZ it raised is consumed
-/// before the thread's mask is restored.
-fn without_sigxfsz<T>(write: impl FnOnce() -> T) -> T {
-    // SAFETY: sigset_t is plain data, initialised by sigemptyset before use.
-    let mut xfsz: libc::sigset_t = unsafe { std::mem::zeroed() };
-    let mut old: libc::sigset_t = unsafe { std::mem::zeroed() };
-    // SAFETY: valid sigset pointers; only this thread's mask changes, and it is restored below.
-    unsafe {
-        libc::sigemptyset(&mut xfsz);
-        libc::sigaddset(&mut xfsz, libc::SIGXFSZ);
-        libc::pthread_sigmask(libc::SIG_BLOCK, &xfsz, &mut old);
-    }
-    let result = write();
-    // SAFETY: as above; the zero timeout makes sigtimedwait return at once when nothing is pending.
-    unsafe {
-        let mut pending: libc::sigset_t = std::mem::zeroed();
-        libc::sigpending(&mut pending);
-        if libc::sigismember(&pending, libc::SIGXFSZ) == 1
-            && libc::sigismember(&old, libc::SIGXFSZ) == 0
-        {
-            let zero = libc::timespec {
-                tv_sec: 0,
-                tv_nsec: 0,
-            };
-            libc::sigtimedwait(&xfsz, std::ptr::null_mut(), &zero);
-        }
-        libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
-    }
-    result
-}
-
 fn install_process_handlers() {
     static ONCE: Once = Once::new();
-    ONCE.call_once(|| {
-        // SAFETY: both handlers are `extern "C"` functions that never unwind.
-        unsafe {
-            libc::atexit(at_exit);
-            libc::pthread_atfork(None, None, Some(after_fork_in_child));
-        }
-    });
+    ONCE.call_once(|| crate::os::install_process_handlers(at_exit, after_fork_in_child));
 }
 
 extern "C" fn at_exit() {
@@ -286,7 +221,7 @@ impl Sink {
         if self.buf.is_empty() {
             return Ok(());
         }
-        without_sigxfsz(|| {
+        crate::os::without_sigxfsz(|| {
             self.file.write_all(&self.buf)?;
             self.buf.clear();
             self.file.flush()
@@ -449,21 +384,21 @@ impl Sink {
         timestamp_ns: u64,
         thread_id: u32,
     ) {
-        if let Some(op_type) = info.op_type {
-            if self.op_names_written.insert(op_type) {
-                let mut names = ext::OpNames::default();
-                names
-                    .names
-                    .insert(op_type.to_string(), info.op_name.clone());
-                ext::encode_extension(
-                    &mut self.buf,
-                    self.layout,
-                    ExtensionKind::OpNames,
-                    timestamp_ns,
-                    thread_id,
-                    &names,
-                );
-            }
+        if let Some(op_type) = info.op_type
+            && self.op_names_written.insert(op_type)
+        {
+            let mut names = ext::OpNames::default();
+            names
+                .names
+                .insert(op_type.to_string(), info.op_name.clone());
+            ext::encode_extension(
+                &mut self.buf,
+                self.layout,
+                ExtensionKind::OpNames,
+                timestamp_ns,
+                thread_id,
+                &names,
+            );
         }
         let payload = ext::TensorInfo {
             name: info.name.clone(),

@@ -42,10 +42,10 @@ fn slot(batch: *mut c_void, create: bool) -> Option<&'static BatchSize> {
 
 /// `llama_batch_ext_add[_token]` returned `index` for `batch`.
 pub fn token_added(batch: *mut c_void, index: i32) {
-    if index >= 0 {
-        if let Some(s) = slot(batch, true) {
-            s.tokens.fetch_max(index + 1, Ordering::Relaxed);
-        }
+    if index >= 0
+        && let Some(s) = slot(batch, true)
+    {
+        s.tokens.fetch_max(index + 1, Ordering::Relaxed);
     }
 }
 

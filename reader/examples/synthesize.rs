@@ -36,9 +36,8 @@ fn main() -> std::io::Result<()> {
     };
     let file = std::fs::File::create(&path)?;
     if rate.is_some() {
-        use std::os::fd::AsRawFd;
-        // SAFETY: flock on a descriptor we own; held until the process exits, as the hook does.
-        unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) };
+        // Held until the process exits, as the hook does.
+        file.lock()?;
     }
     let started = std::time::Instant::now();
     let mut out = std::io::BufWriter::with_capacity(1 << 20, file);

@@ -380,8 +380,9 @@ impl ReportBuilder {
                 n_tokens,
             });
         }
-        let drawn =
-            !is_op || self.op_stride == 1 || mix(span.parent.unwrap_or(0)) % self.op_stride == 0;
+        let drawn = !is_op
+            || self.op_stride == 1
+            || mix(span.parent.unwrap_or(0)).is_multiple_of(self.op_stride);
         if !drawn {
             return;
         }

@@ -104,13 +104,26 @@ fn stream(
 }
 
 /// Whether a live writer holds the file: the hook keeps an exclusive lock on its trace while the
-/// program runs. Such a file may still change, so it is read, not mapped.
+/// program runs (`flock`). Such a file may still change, so it is read, not mapped.
+#[cfg(unix)]
 pub fn being_written(path: &std::path::Path) -> bool {
-    use std::os::fd::AsRawFd;
     let Ok(file) = std::fs::File::open(path) else {
         return false;
     };
-    // SAFETY: flock on a descriptor we own; a shared lock we get is released when `file` closes.
-    let locked = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_SH | libc::LOCK_NB) } != 0;
-    locked && std::io::Error::last_os_error().kind() == std::io::ErrorKind::WouldBlock
+    // A shared lock we get is released when `file` closes.
+    matches!(
+        file.try_lock_shared(),
+        Err(std::fs::TryLockError::WouldBlock)
+    )
+}
+
+/// Whether a live writer has the file open: on Windows the hook shares its trace for reading
+/// only, so opening it for writing fails with a sharing violation while it runs.
+#[cfg(windows)]
+pub fn being_written(path: &std::path::Path) -> bool {
+    const ERROR_SHARING_VIOLATION: i32 = 32;
+    std::fs::OpenOptions::new()
+        .append(true)
+        .open(path)
+        .is_err_and(|e| e.raw_os_error() == Some(ERROR_SHARING_VIOLATION))
 }

@@ -46,7 +46,7 @@ impl ViewOpts {
 /// p50/p99, the top ops by time over the last seconds, events and drops, refreshed about once a
 /// second.
 ///
-/// Quits on `q` or Ctrl-C, and by itself when the writer is done (the hook holds a lock on its
+/// Quits on `q` or Ctrl-C (Ctrl-C only on Windows), and by itself when the writer is done (the hook holds a lock on its
 /// trace while the program runs). On a terminal the screen is redrawn; otherwise (a pipe, a file,
 /// or --plain) one line is printed per refresh. Never reads a byte twice: it keeps up with a
 /// writer making millions of events a second.
@@ -107,7 +107,6 @@ pub fn watch(
     let result = follow(path, opts, layout, &mut gone, &keys, &mut screen);
     // SAFETY: restoring the disposition we replaced.
     unsafe { libc::signal(libc::SIGINT, old) };
-    drop(keys);
     result
 }
 
@@ -251,10 +250,12 @@ fn follow(
 }
 
 /// The keyboard, in a mode where keys arrive one at a time without echo; restored on drop.
+#[cfg(unix)]
 struct Keys {
     saved: libc::termios,
 }
 
+#[cfg(unix)]
 impl Keys {
     fn open() -> Option<Keys> {
         if !io::stdin().is_terminal() {
@@ -304,10 +305,28 @@ impl Keys {
     }
 }
 
+#[cfg(unix)]
 impl Drop for Keys {
     fn drop(&mut self) {
         // SAFETY: restoring the settings read in `open`.
         unsafe { libc::tcsetattr(0, libc::TCSANOW, &self.saved) };
+    }
+}
+
+/// Without a Unix terminal, Ctrl-C is the way to quit.
+#[cfg(not(unix))]
+struct Keys;
+
+#[cfg(not(unix))]
+impl Keys {
+    fn open() -> Option<Keys> {
+        None
+    }
+    fn wait(&self, timeout: Duration) {
+        std::thread::sleep(timeout);
+    }
+    fn quit_pressed(&self) -> bool {
+        false
     }
 }
 
@@ -329,7 +348,7 @@ fn count(n: u64) -> String {
     let s = n.to_string();
     let mut out = String::new();
     for (i, c) in s.chars().enumerate() {
-        if i > 0 && (s.len() - i) % 3 == 0 {
+        if i > 0 && (s.len() - i).is_multiple_of(3) {
             out.push(',');
         }
         out.push(c);

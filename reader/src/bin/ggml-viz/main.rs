@@ -103,6 +103,7 @@ fn main() -> ExitCode {
 /// Files our hook is writing are read rather than mapped (see `input`); for anything else, the
 /// signal becomes a clear error and exit status 2 instead of a crash.
 fn shrinking_files_are_errors() {
+    #[cfg(unix)]
     extern "C" fn on_sigbus(_: libc::c_int) {
         let msg = b"ggml-viz: error: the input file shrank while it was being read (truncated by another program?)\n";
         // SAFETY: write and _exit are async-signal-safe.
@@ -112,7 +113,10 @@ fn shrinking_files_are_errors() {
         }
     }
     // SAFETY: installing a handler that only calls async-signal-safe functions.
-    unsafe { libc::signal(libc::SIGBUS, on_sigbus as *const () as libc::sighandler_t) };
+    #[cfg(unix)]
+    unsafe {
+        libc::signal(libc::SIGBUS, on_sigbus as *const () as libc::sighandler_t)
+    };
 }
 
 /// A bug must still not show a Rust backtrace to a user: one line, then exit status 101.

@@ -14,8 +14,17 @@ use serde_json::{Map, Value};
 use crate::Failure;
 use crate::info::fmt_ns;
 
-/// File name of the hook library.
+/// File name of the hook library, and the variable that makes the dynamic loader load it first.
+#[cfg(target_os = "macos")]
+const HOOK_FILE: &str = "libggml_viz_hook.dylib";
+#[cfg(target_os = "macos")]
+const PRELOAD_VAR: &str = "DYLD_INSERT_LIBRARIES";
+#[cfg(windows)]
+const HOOK_FILE: &str = "ggml_viz_hook.dll";
+#[cfg(not(any(target_os = "macos", windows)))]
 const HOOK_FILE: &str = "libggml_viz_hook.so";
+#[cfg(not(any(target_os = "macos", windows)))]
+const PRELOAD_VAR: &str = "LD_PRELOAD";
 
 /// Run a GGML program with the hook preloaded and summarize the trace it leaves.
 ///
@@ -137,15 +146,10 @@ pub fn run(args: RecordArgs) -> Result<u8, Failure> {
         config.output = "trace.ggmlviz".into();
         overrides.insert("output".into(), config.output.clone().into());
     }
-    let mut preload = hook.into_os_string();
-    if let Some(existing) = std::env::var_os("LD_PRELOAD").filter(|p| !p.is_empty()) {
-        preload.push(":");
-        preload.push(existing);
-    }
     let mut cmd = Command::new(&args.command[0]);
     cmd.args(&args.command[1..])
-        .env("LD_PRELOAD", preload)
         .env(OVERRIDES_ENV, Value::Object(overrides).to_string());
+    preload(&mut cmd, hook)?;
     if let Some(file) = &args.config {
         cmd.env(CONFIG_FILE_ENV, file);
     }
@@ -203,6 +207,29 @@ pub fn run(args: RecordArgs) -> Result<u8, Failure> {
     Ok(exit_code(status))
 }
 
+/// Has the dynamic loader load the hook into the program before its own libraries. macOS strips
+/// `DYLD_*` variables from protected (SIP) binaries: see the README.
+#[cfg(unix)]
+fn preload(cmd: &mut Command, hook: PathBuf) -> Result<(), Failure> {
+    let mut preload = hook.into_os_string();
+    if let Some(existing) = std::env::var_os(PRELOAD_VAR).filter(|p| !p.is_empty()) {
+        preload.push(":");
+        preload.push(existing);
+    }
+    cmd.env(PRELOAD_VAR, preload);
+    Ok(())
+}
+
+/// Windows has no preload variable: the hook DLL must be injected into the started program,
+/// which `record` does not do yet.
+#[cfg(windows)]
+fn preload(_: &mut Command, hook: PathBuf) -> Result<(), Failure> {
+    Err(Failure::Usage(format!(
+        "recording on Windows needs {} injected into the program, which this version cannot do yet",
+        hook.display()
+    )))
+}
+
 /// Ctrl-C goes to the program (same process group); we outlive it to write the summary.
 fn ignoring_interrupts<T>(f: impl FnOnce() -> T) -> T {
     // SAFETY: setting and restoring the disposition of SIGINT; no handler code runs.
@@ -214,8 +241,13 @@ fn ignoring_interrupts<T>(f: impl FnOnce() -> T) -> T {
 }
 
 fn exit_code(status: std::process::ExitStatus) -> u8 {
+    #[cfg(unix)]
     use std::os::unix::process::ExitStatusExt;
-    match (status.code(), status.signal()) {
+    #[cfg(unix)]
+    let signal = status.signal();
+    #[cfg(not(unix))]
+    let signal: Option<i32> = None;
+    match (status.code(), signal) {
         (Some(code), _) => code as u8,
         (None, Some(signal)) => 128u8.wrapping_add(signal as u8),
         _ => 1,

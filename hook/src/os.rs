@@ -1,0 +1,211 @@
+//! What differs between operating systems, below the capture path: thread ids and names, the
+//! host name, the clocks, opening the trace exclusively, and process-wide exit/fork handlers.
+//! Everything above this module is the same on Linux, macOS and Windows.
+
+use std::fs::File;
+use std::io;
+use std::path::Path;
+
+#[cfg(unix)]
+pub use unix::*;
+#[cfg(windows)]
+pub use windows::*;
+
+#[cfg(unix)]
+mod unix {
+    use super::*;
+
+    /// The OS thread id (as `gettid` / `pthread_threadid_np` give it).
+    pub fn thread_id() -> u32 {
+        #[cfg(target_os = "linux")]
+        // SAFETY: gettid has no preconditions.
+        return unsafe { libc::gettid() } as u32;
+        #[cfg(not(target_os = "linux"))]
+        {
+            let mut id = 0u64;
+            // SAFETY: a null thread means the calling thread; `id` is writable.
+            unsafe { libc::pthread_threadid_np(0, &mut id) };
+            id as u32
+        }
+    }
+
+    pub fn thread_name() -> String {
+        let mut buf = [0u8; 64];
+        // SAFETY: the buffer is writable for its length; the name is NUL-terminated within it.
+        if unsafe {
+            libc::pthread_getname_np(libc::pthread_self(), buf.as_mut_ptr().cast(), buf.len())
+        } != 0
+        {
+            return String::new();
+        }
+        let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+        String::from_utf8_lossy(&buf[..end]).into_owned()
+    }
+
+    pub fn host_name() -> String {
+        let mut buf = [0u8; 256];
+        // SAFETY: the buffer is writable for its length; gethostname NUL-terminates within it or
+        // fails.
+        if unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) } != 0 {
+            return "unknown".into();
+        }
+        let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+        String::from_utf8_lossy(&buf[..end]).into_owned()
+    }
+
+    fn read(clock: libc::clockid_t) -> u64 {
+        let mut ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: `ts` is a valid, writable timespec; clock_gettime writes only it.
+        unsafe { libc::clock_gettime(clock, &mut ts) };
+        (ts.tv_sec as u64)
+            .wrapping_mul(1_000_000_000)
+            .wrapping_add(ts.tv_nsec as u64)
+    }
+
+    pub fn monotonic_ns() -> u64 {
+        read(libc::CLOCK_MONOTONIC)
+    }
+
+    pub fn realtime_ns() -> u64 {
+        read(libc::CLOCK_REALTIME)
+    }
+
+    /// The file, emptied and locked for us; `None` if another process holds its lock. A symlink
+    /// at the path is refused (`O_NOFOLLOW`: one planted in a shared directory must not redirect
+    /// the trace), a new file is readable by its owner only, and the descriptor does not leak
+    /// into programs the host executes. The lock (`flock`) is what readers check to know that
+    /// the trace is still being written.
+    pub fn open_locked(path: &Path) -> io::Result<Option<File>> {
+        use std::os::unix::fs::OpenOptionsExt;
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(path)?;
+        match file.try_lock() {
+            Ok(()) => {}
+            Err(std::fs::TryLockError::WouldBlock) => return Ok(None),
+            Err(std::fs::TryLockError::Error(err)) => return Err(err),
+        }
+        file.set_len(0)?;
+        Ok(Some(file))
+    }
+
+    /// Runs `write` with SIGXFSZ blocked on this thread, so that a file-size limit (`ulimit -f`)
+    /// makes our write fail with EFBIG instead of killing the host; a SIGXFSZ it raised is
+    /// consumed before the thread's mask is restored.
+    pub fn without_sigxfsz<T>(write: impl FnOnce() -> T) -> T {
+        // SAFETY: sigset_t is plain data, initialised by sigemptyset before use.
+        let mut xfsz: libc::sigset_t = unsafe { std::mem::zeroed() };
+        let mut old: libc::sigset_t = unsafe { std::mem::zeroed() };
+        // SAFETY: valid sigset pointers; only this thread's mask changes, and it is restored.
+        unsafe {
+            libc::sigemptyset(&mut xfsz);
+            libc::sigaddset(&mut xfsz, libc::SIGXFSZ);
+            libc::pthread_sigmask(libc::SIG_BLOCK, &xfsz, &mut old);
+        }
+        let result = write();
+        // SAFETY: as above. The signal is known to be pending, so consuming it returns at once.
+        unsafe {
+            let mut pending: libc::sigset_t = std::mem::zeroed();
+            libc::sigpending(&mut pending);
+            if libc::sigismember(&pending, libc::SIGXFSZ) == 1
+                && libc::sigismember(&old, libc::SIGXFSZ) == 0
+            {
+                let mut signal = 0;
+                libc::sigwait(&xfsz, &mut signal);
+            }
+            libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
+        }
+        result
+    }
+
+    /// `at_exit` runs at process exit; `after_fork` in the child of every fork.
+    pub fn install_process_handlers(at_exit: extern "C" fn(), after_fork: extern "C" fn()) {
+        // SAFETY: both handlers are `extern "C"` functions that never unwind.
+        unsafe {
+            libc::atexit(at_exit);
+            libc::pthread_atfork(None, None, Some(after_fork));
+        }
+    }
+}
+
+#[cfg(windows)]
+mod windows {
+    use super::*;
+    use std::sync::OnceLock;
+    use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+    #[link(name = "kernel32")]
+    unsafe extern "system" {
+        fn GetCurrentThreadId() -> u32;
+    }
+
+    pub fn thread_id() -> u32 {
+        // SAFETY: no preconditions.
+        unsafe { GetCurrentThreadId() }
+    }
+
+    /// Thread names (`GetThreadDescription`) are left out: not every Windows has them.
+    pub fn thread_name() -> String {
+        String::new()
+    }
+
+    pub fn host_name() -> String {
+        std::env::var("COMPUTERNAME").unwrap_or_else(|_| "unknown".into())
+    }
+
+    /// Nanoseconds from the first reading (QueryPerformanceCounter, through `Instant`).
+    pub fn monotonic_ns() -> u64 {
+        static START: OnceLock<Instant> = OnceLock::new();
+        START.get_or_init(Instant::now).elapsed().as_nanos() as u64
+    }
+
+    pub fn realtime_ns() -> u64 {
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64)
+    }
+
+    /// The file, emptied, opened so that others may read it but not write it; `None` if another
+    /// process has it open for writing (a sharing violation). No byte-range lock: on Windows one
+    /// would keep readers (`ggml-viz live`) out.
+    pub fn open_locked(path: &Path) -> io::Result<Option<File>> {
+        use std::os::windows::fs::OpenOptionsExt;
+        const FILE_SHARE_READ: u32 = 1;
+        const ERROR_SHARING_VIOLATION: i32 = 32;
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .share_mode(FILE_SHARE_READ)
+            .open(path);
+        match file {
+            Ok(file) => {
+                file.set_len(0)?;
+                Ok(Some(file))
+            }
+            Err(err) if err.raw_os_error() == Some(ERROR_SHARING_VIOLATION) => Ok(None),
+            Err(err) => Err(err),
+        }
+    }
+
+    /// No signals on Windows: a write beyond a quota fails as an error.
+    pub fn without_sigxfsz<T>(write: impl FnOnce() -> T) -> T {
+        write()
+    }
+
+    /// `at_exit` runs at process exit; Windows has no fork.
+    pub fn install_process_handlers(at_exit: extern "C" fn(), _after_fork: extern "C" fn()) {
+        unsafe extern "C" {
+            fn atexit(f: extern "C" fn()) -> i32;
+        }
+        // SAFETY: the handler is an `extern "C"` function that never unwinds.
+        unsafe { atexit(at_exit) };
+    }
+}
