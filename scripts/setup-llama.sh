@@ -3,7 +3,24 @@
 # Prints the build directory (holding bin/llama-simple, bin/llama-bench and the shared ggml
 # libraries) on its last line. The build is cached outside the clone, keyed by version, so a
 # second run returns at once.
+#   bash scripts/setup-llama.sh          # shared ggml libraries (build/)
+#   bash scripts/setup-llama.sh static   # ggml linked into llama-simple itself (build-static/)
 set -euo pipefail
+
+if [ "${1:-}" = static ]; then
+  shared="$(bash "$0" | tail -n 1)"   # the source comes with the shared build
+  dest="$(dirname "$shared")"
+  if [ ! -f "$dest/build-static/.complete" ]; then
+    echo "setup-llama: building llama-simple with ggml linked in statically" >&2
+    cmake -S "$dest/src" -B "$dest/build-static" -DCMAKE_BUILD_TYPE=Release \
+      -DBUILD_SHARED_LIBS=OFF -DGGML_NATIVE=OFF -DLLAMA_BUILD_TESTS=OFF \
+      -DLLAMA_BUILD_SERVER=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_CURL=OFF >&2
+    cmake --build "$dest/build-static" -j "$(nproc)" --target llama-simple >&2
+    touch "$dest/build-static/.complete"
+  fi
+  echo "$dest/build-static"
+  exit 0
+fi
 
 LLAMA_PY_VERSION="${LLAMA_PY_VERSION:-0.3.36}"
 cache_root="${GGML_VIZ_CACHE:-$HOME/.cache/ggml-viz}"

@@ -35,6 +35,8 @@ if ! python3 -c "import selenium" 2>/dev/null; then
 fi
 GGML_VIZ_LLAMA_BUILD="$(bash scripts/setup-llama.sh | tail -n 1)"
 export GGML_VIZ_LLAMA_BUILD
+GGML_VIZ_LLAMA_STATIC_BUILD="$(bash scripts/setup-llama.sh static | tail -n 1)"
+export GGML_VIZ_LLAMA_STATIC_BUILD
 
 cargo clippy --workspace --all-targets --locked -- -D warnings
 # What cannot run here is type-checked on every commit (macOS, both architectures), and Windows
@@ -46,6 +48,17 @@ for target in x86_64-apple-darwin aarch64-apple-darwin x86_64-pc-windows-gnu; do
 done
 CARGO_TARGET_DIR=target/cross cargo build --release --locked --target x86_64-pc-windows-gnu \
   -p ggml-viz-hook -p ggml-viz-reader
+# The macOS hook compiled to Mach-O objects (no macOS linker needed), which a test reads back
+# (hook/tests/macos_interpose.rs: the interpose table dyld will see).
+macos_objects=()
+for target in x86_64-apple-darwin aarch64-apple-darwin; do
+  rm -rf "target/cross/$target/release/deps/ggml_viz_hook-"*.o
+  CARGO_TARGET_DIR=target/cross cargo rustc --release --locked --target "$target" \
+    -p ggml-viz-hook --lib --crate-type rlib -- --emit=obj
+  macos_objects+=("$(ls "target/cross/$target/release/deps/ggml_viz_hook-"*.o)")
+done
+GGML_VIZ_MACOS_OBJECTS="$(IFS=:; echo "${macos_objects[*]}")"
+export GGML_VIZ_MACOS_OBJECTS
 # The end-to-end tests (tests/) preload the built hook and run the built CLI: build them first.
 cargo build --workspace --release --locked
 # The benchmark suite in its quick form: catches a benchmark that no longer builds or runs (its

@@ -39,7 +39,7 @@ pub enum Entry {
 }
 
 impl Entry {
-    const ALL: [Entry; 17] = [
+    pub const ALL: [Entry; 17] = [
         Entry::SchedGraphCompute,
         Entry::SchedGraphComputeAsync,
         Entry::BackendGraphCompute,

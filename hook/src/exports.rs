@@ -5,6 +5,10 @@
 //! work. That function resolves the real function, records the begin event, calls the real
 //! function exactly once — whatever happens in our code, which runs inside `catch_unwind` —
 //! records the end event, and returns the real function's result unchanged.
+//!
+//! On Linux they are exported under ggml's own names (the dynamic loader then binds callers to
+//! them first); on macOS with a `ggml_viz_` prefix, and dyld's interpose table names the
+//! functions they replace ([`crate::resolve`]).
 
 use std::ffi::{c_int, c_void};
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -29,7 +33,8 @@ macro_rules! trampoline {
         #[doc = concat!("`", stringify!($name), "`, traced.\n\n# Safety\nggml's own contract: ggml objects from the caller's copy of ggml.")]
         #[cfg(target_arch = "x86_64")]
         #[unsafe(naked)]
-        #[unsafe(no_mangle)]
+        #[cfg_attr(not(target_os = "macos"), unsafe(no_mangle))]
+        #[cfg_attr(target_os = "macos", unsafe(export_name = concat!("ggml_viz_", stringify!($name))))]
         pub unsafe extern "C" fn $name($($arg: $ty),*) $(-> $ret)? {
             // The return address is at [rsp] on entry; the jump leaves the stack as the caller
             // made it, so `$imp` returns straight to the caller.
@@ -39,7 +44,8 @@ macro_rules! trampoline {
         #[doc = concat!("`", stringify!($name), "`, traced.\n\n# Safety\nggml's own contract: ggml objects from the caller's copy of ggml.")]
         #[cfg(target_arch = "aarch64")]
         #[unsafe(naked)]
-        #[unsafe(no_mangle)]
+        #[cfg_attr(not(target_os = "macos"), unsafe(no_mangle))]
+        #[cfg_attr(target_os = "macos", unsafe(export_name = concat!("ggml_viz_", stringify!($name))))]
         pub unsafe extern "C" fn $name($($arg: $ty),*) $(-> $ret)? {
             // The return address is in the link register, x30.
             core::arch::naked_asm!(concat!("mov ", $arm, ", x30"), "b {imp}", imp = sym $imp)
@@ -47,7 +53,8 @@ macro_rules! trampoline {
 
         #[doc = concat!("`", stringify!($name), "`, traced.\n\n# Safety\nggml's own contract: ggml objects from the caller's copy of ggml.")]
         #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
-        #[unsafe(no_mangle)]
+        #[cfg_attr(not(target_os = "macos"), unsafe(no_mangle))]
+        #[cfg_attr(target_os = "macos", unsafe(export_name = concat!("ggml_viz_", stringify!($name))))]
         pub unsafe extern "C" fn $name($($arg: $ty),*) $(-> $ret)? {
             // SAFETY: forwarding the caller's arguments; no return address on this architecture.
             unsafe { $imp($($arg,)* 0) }
@@ -76,6 +83,29 @@ trampoline!(llama_process(ctx: Ptr, kind: c_int, batch: Ptr) -> i32, llama_proce
 trampoline!(llama_batch_ext_add(batch: Ptr, seq_id: i32) -> i32, batch_ext_add, x86_64: "rdx", aarch64: "x2");
 trampoline!(llama_batch_ext_add_token(batch: Ptr, seq_id: i32, token: i32) -> i32, batch_ext_add_token, x86_64: "rcx", aarch64: "x3");
 trampoline!(llama_batch_ext_clear(batch: Ptr), batch_ext_clear, x86_64: "rsi", aarch64: "x1");
+
+/// Our exported wrapper of `entry` (where an inline hook sends the executable's own calls).
+pub fn wrapper(entry: Entry) -> *const () {
+    match entry {
+        Entry::SchedGraphCompute => ggml_backend_sched_graph_compute as *const (),
+        Entry::SchedGraphComputeAsync => ggml_backend_sched_graph_compute_async as *const (),
+        Entry::BackendGraphCompute => ggml_backend_graph_compute as *const (),
+        Entry::BackendGraphComputeAsync => ggml_backend_graph_compute_async as *const (),
+        Entry::GraphCompute => ggml_graph_compute as *const (),
+        Entry::GraphComputeWithCtx => ggml_graph_compute_with_ctx as *const (),
+        Entry::BackendSynchronize => ggml_backend_synchronize as *const (),
+        Entry::SchedSynchronize => ggml_backend_sched_synchronize as *const (),
+        Entry::SchedSetEvalCallback => ggml_backend_sched_set_eval_callback as *const (),
+        Entry::LlamaDecode => llama_decode as *const (),
+        Entry::LlamaEncode => llama_encode as *const (),
+        Entry::LlamaProcess => llama_process as *const (),
+        Entry::LlamaBatchExtAdd => llama_batch_ext_add as *const (),
+        Entry::LlamaBatchExtAddToken => llama_batch_ext_add_token as *const (),
+        Entry::LlamaBatchExtClear => llama_batch_ext_clear as *const (),
+        Entry::BufferInit => ggml_backend_buffer_init as *const (),
+        Entry::BufferFree => ggml_backend_buffer_free as *const (),
+    }
+}
 
 /// Runs our own code; a panic in it is swallowed (a panic that left an `extern "C"` function
 /// would abort the host).

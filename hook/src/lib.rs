@@ -16,14 +16,21 @@
 
 pub mod capture;
 pub mod clock;
-#[cfg(target_os = "linux")]
+#[cfg(any(target_os = "linux", target_os = "macos"))]
 pub mod exports;
 pub mod ggml;
+#[cfg(target_os = "linux")]
+pub mod inline;
 pub mod metadata;
 pub mod names;
 pub mod ops;
 pub mod os;
+/// Finding the real function behind a wrapper: by the caller's scope on Linux, from dyld's
+/// interpose table on macOS.
 #[cfg(target_os = "linux")]
+pub mod resolve;
+#[cfg(target_os = "macos")]
+#[path = "interpose.rs"]
 pub mod resolve;
 pub mod ring;
 pub mod sink;

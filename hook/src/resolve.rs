@@ -10,6 +10,8 @@
 //! does not define the symbol (the main program, which binds globally) `dlsym(RTLD_NEXT)` is
 //! used, and when that fails too (ggml loaded `RTLD_LOCAL`) every loaded object is searched.
 //! Results are cached per call site in atomics; the slow path takes a lock, once per call site.
+//! The main program calling a ggml linked into itself goes to the inline hook's trampoline
+//! ([`crate::inline`]).
 //!
 //! The helpers we call ourselves ([`Helpers`]: `ggml_graph_n_nodes`, `ggml_backend_name`, …) come
 //! from the scope of the object that defines the real function, so they belong to the same copy.
@@ -107,9 +109,8 @@ pub fn resolve(entry: Entry, return_address: usize) -> Option<(&'static Resolved
     if let Some(found) = cached(key) {
         return Some((found, false));
     }
-    let name = entry.c_name();
-    let (real, ambiguous) = slow.find_real(name, return_address)?;
-    let helpers = slow.helpers_for(real);
+    let (real, ambiguous) = slow.find_real(entry, return_address)?;
+    let helpers = crate::inline::helpers_for(real).unwrap_or_else(|| slow.helpers_for(real));
     let _ = FIRST_HELPERS.set(helpers);
     let resolved: &'static Resolved = Box::leak(Box::new(Resolved {
         real,
@@ -139,14 +140,31 @@ pub fn describe_route(entry: Entry, return_address: usize, resolved: &Resolved) 
     format!(
         "{} called from {} goes to {}",
         entry.name(),
-        path(return_address).unwrap_or_else(|| format!("{return_address:#x}")),
-        path(resolved.real).unwrap_or_else(|| format!("{:#x}", resolved.real)),
+        match path(return_address) {
+            Some(p) if p.is_empty() => "the executable".to_string(),
+            Some(p) => p,
+            None => format!("{return_address:#x}"),
+        },
+        if crate::inline::helpers_for(resolved.real).is_some() {
+            "the executable's own (inline hook)".to_string()
+        } else {
+            path(resolved.real).unwrap_or_else(|| format!("{:#x}", resolved.real))
+        },
     )
 }
 
 impl Slow {
-    fn find_real(&mut self, name: &CStr, return_address: usize) -> Option<(usize, bool)> {
-        if let Some(caller) = object_of(return_address)
+    fn find_real(&mut self, entry: Entry, return_address: usize) -> Option<(usize, bool)> {
+        let name = entry.c_name();
+        let caller = object_of(return_address);
+        // The main program (no path) calling its own statically linked ggml: the inline hook.
+        if let Some(caller) = &caller
+            && caller.path.is_empty()
+            && let Some(original) = crate::inline::original(entry)
+        {
+            return Some((original, false));
+        }
+        if let Some(caller) = caller
             && let Some(real) = self.lookup_in_scope(&caller.path, name)
         {
             return Some((real, false));

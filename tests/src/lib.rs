@@ -49,6 +49,15 @@ pub fn llama_bin() -> PathBuf {
     bin
 }
 
+/// The `bin/` directory of the llama.cpp build with ggml linked into the executables
+/// (`scripts/setup-llama.sh static`).
+pub fn llama_static_bin() -> PathBuf {
+    let build = std::env::var_os("GGML_VIZ_LLAMA_STATIC_BUILD").expect(
+        "GGML_VIZ_LLAMA_STATIC_BUILD is not set: run the tests through scripts/test.sh, which builds it",
+    );
+    PathBuf::from(build).join("bin")
+}
+
 pub fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("fixtures")

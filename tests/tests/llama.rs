@@ -5,7 +5,11 @@ use std::process::Command;
 use ggml_viz_e2e::*;
 
 fn llama_simple(n_predict: u32) -> Command {
-    let mut cmd = Command::new(llama_bin().join("llama-simple"));
+    llama_simple_in(&llama_bin(), n_predict)
+}
+
+fn llama_simple_in(bin: &std::path::Path, n_predict: u32) -> Command {
+    let mut cmd = Command::new(bin.join("llama-simple"));
     cmd.arg("-m")
         .arg(tiny_model())
         .args(["-n", &n_predict.to_string(), "hello world"]);
@@ -293,4 +297,62 @@ fn memcheck_finds_nothing_in_a_traced_llama_simple() {
     let (_, damage, stats) = read_trace(&trace);
     assert_eq!(damage, None);
     assert!(stats.graph_computes >= 4 && stats.ops > 0);
+}
+
+/// ggml linked into llama-simple itself (`-DBUILD_SHARED_LIBS=OFF`): there is no dynamic symbol to
+/// interpose, so the hook patches the executable's own functions at start-up (inline hooks).
+#[test]
+fn statically_linked_ggml_is_traced_through_inline_hooks() {
+    let bin = llama_static_bin();
+    let deps = run({
+        let mut c = Command::new("ldd");
+        c.arg(bin.join("llama-simple"));
+        c
+    });
+    assert!(
+        !text(&deps.stdout).contains("ggml"),
+        "llama-simple is not static: {}",
+        text(&deps.stdout)
+    );
+    let dir = scratch("llama-static");
+    let trace = dir.join("trace.ggmlviz");
+    let plain = run(llama_simple_in(&bin, 10));
+    assert!(plain.status.success(), "{}", text(&plain.stderr));
+    let traced = run(with_hook(
+        llama_simple_in(&bin, 10),
+        &[
+            ("GGML_VIZ_OUTPUT", trace.to_str().unwrap()),
+            ("GGML_VIZ_OP_TIMING", "1"),
+            ("GGML_VIZ_VERBOSE", "1"),
+        ],
+    ));
+    let stderr = text(&traced.stderr);
+    assert!(traced.status.success(), "{stderr}");
+    assert_eq!(
+        text(&traced.stdout),
+        text(&plain.stdout),
+        "the hook changed the output"
+    );
+    assert!(
+        stderr.contains("ggml_backend_sched_graph_compute_async called from")
+            && stderr.contains("goes to the executable's own (inline hook)"),
+        "{stderr}"
+    );
+
+    let (events, damage, stats) = read_trace(&trace);
+    assert_eq!(damage, None);
+    check_nesting(&events);
+    assert_eq!(stats.graph_computes as usize, decoded_batches(&stderr));
+    // Op timing works through the hooked eval-callback setter and the executable's helpers.
+    let ops = stats.op_type_counts();
+    assert!(
+        ops.iter().any(|(name, n)| name == "MUL_MAT" && *n > 0),
+        "{ops:?}"
+    );
+    let spans = ggml_viz_reader::format::ExtensionKind::SpanBegin;
+    assert_eq!(
+        stats.extensions.get(&spans).copied().unwrap_or(0) as usize,
+        decoded_batches(&stderr),
+        "one llama_decode span per decode"
+    );
 }

@@ -1,0 +1,140 @@
+//! macOS: finding the real ggml functions behind our wrappers, through dyld interposing.
+//!
+//! With `DYLD_INSERT_LIBRARIES`, dyld reads our `__DATA,__interpose` section: pairs of
+//! (replacement, original). Every image's references to an original are bound to our
+//! replacement — except our own image's, so the original slot of each pair, read here, holds the
+//! real function. (Exporting functions of the same name, as on Linux, does nothing on macOS:
+//! images bind symbols to the library they were linked against, two-level namespaces.)
+//!
+//! The originals are weak references: in a process without ggml (a shell inheriting the
+//! variable) they bind to null and dyld skips the pair, instead of refusing to start the program.
+//! Helpers (`ggml_graph_n_nodes`, …) are looked up in the image that defines the real function.
+//!
+//! Type-checked in CI for x86_64 and aarch64; not run (no macOS here).
+
+use std::ffi::{CStr, CString};
+use std::sync::OnceLock;
+
+use crate::capture::Entry;
+pub use crate::ggml::Helpers;
+
+/// Where a call goes.
+#[derive(Debug)]
+pub struct Resolved {
+    /// Address of the real function.
+    pub real: usize,
+    pub helpers: &'static Helpers,
+    /// Always false here: each image's calls are bound to one definition by dyld.
+    pub ambiguous: bool,
+}
+
+// The interpose pairs, in the order of `Entry::ALL`; our wrappers are exported with a
+// `ggml_viz_` prefix so that the originals' names refer to ggml's functions.
+macro_rules! interpose_table {
+    ($($name:literal),* $(,)?) => {
+        core::arch::global_asm!(
+            ".section __DATA,__interpose",
+            ".p2align 3",
+            ".private_extern _ggml_viz_interpose_table",
+            "_ggml_viz_interpose_table:",
+            $(
+                concat!(".quad _ggml_viz_", $name),
+                concat!(".quad _", $name),
+                concat!(".weak_reference _", $name),
+            )*
+        );
+    };
+}
+
+interpose_table!(
+    "ggml_backend_sched_graph_compute",
+    "ggml_backend_sched_graph_compute_async",
+    "ggml_backend_graph_compute",
+    "ggml_backend_graph_compute_async",
+    "ggml_graph_compute",
+    "ggml_graph_compute_with_ctx",
+    "ggml_backend_synchronize",
+    "ggml_backend_sched_synchronize",
+    "ggml_backend_sched_set_eval_callback",
+    "llama_decode",
+    "llama_encode",
+    "llama_process",
+    "llama_batch_ext_add",
+    "llama_batch_ext_add_token",
+    "llama_batch_ext_clear",
+    "ggml_backend_buffer_init",
+    "ggml_backend_buffer_free",
+);
+
+unsafe extern "C" {
+    /// (replacement, original) per entry, as dyld bound them for our image.
+    static ggml_viz_interpose_table: [[usize; 2]; Entry::ALL.len()];
+}
+
+/// One `Resolved` per entry, made on first use.
+static RESOLVED: [OnceLock<Option<&'static Resolved>>; Entry::ALL.len()] =
+    [const { OnceLock::new() }; Entry::ALL.len()];
+
+static FIRST_HELPERS: OnceLock<&'static Helpers> = OnceLock::new();
+
+pub fn first_helpers() -> Option<&'static Helpers> {
+    FIRST_HELPERS.get().copied()
+}
+
+/// The real function for `entry`, and whether this call resolved it afresh; `None` if no loaded
+/// image defines it. The return address does not matter here: dyld bound every caller.
+pub fn resolve(entry: Entry, _return_address: usize) -> Option<(&'static Resolved, bool)> {
+    let mut fresh = false;
+    let found = *RESOLVED[entry as usize - 1].get_or_init(|| {
+        fresh = true;
+        // SAFETY: the table is in our image, written by dyld before any of our code runs.
+        let real = unsafe { ggml_viz_interpose_table[entry as usize - 1][1] };
+        if real == 0 {
+            return None;
+        }
+        let helpers: &'static Helpers = Box::leak(Box::new(helpers_of(real)));
+        let _ = FIRST_HELPERS.set(helpers);
+        Some(&*Box::leak(Box::new(Resolved {
+            real,
+            helpers,
+            ambiguous: false,
+        })))
+    });
+    found.map(|r| (r, fresh))
+}
+
+/// The image containing `address`, by path.
+fn image_of(address: usize) -> Option<CString> {
+    // SAFETY: Dl_info is plain data that dladdr fills.
+    let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
+    // SAFETY: any address may be asked about; `info` is writable.
+    if unsafe { libc::dladdr(address as *const libc::c_void, &mut info) } == 0
+        || info.dli_fname.is_null()
+    {
+        return None;
+    }
+    // SAFETY: dli_fname is a NUL-terminated path owned by dyld.
+    Some(unsafe { CStr::from_ptr(info.dli_fname) }.to_owned())
+}
+
+/// The helpers of the image that defines `real`.
+fn helpers_of(real: usize) -> Helpers {
+    let handle = image_of(real)
+        // SAFETY: RTLD_NOLOAD only returns a handle for an image that is already loaded.
+        .map(|path| unsafe { libc::dlopen(path.as_ptr(), libc::RTLD_NOLOAD | libc::RTLD_LAZY) })
+        .filter(|h| !h.is_null())
+        .unwrap_or(libc::RTLD_DEFAULT);
+    Helpers::load(|name| {
+        // SAFETY: a valid handle and C string.
+        let found = unsafe { libc::dlsym(handle, name.as_ptr()) } as usize;
+        (found != 0).then_some(found)
+    })
+}
+
+/// Where a call goes, for `verbose`.
+pub fn describe_route(entry: Entry, _return_address: usize, resolved: &Resolved) -> String {
+    let image = image_of(resolved.real)
+        .map(|p| p.to_string_lossy().into_owned())
+        .unwrap_or_else(|| format!("{:#x}", resolved.real));
+    format!("{} goes to {image} (interposed by dyld)", entry.name())
+}
