@@ -55,7 +55,7 @@ fn install() {
         };
         match hooked {
             Ok(d) => {
-                ORIGINALS[i].store(d.trampoline() as *const () as usize, Ordering::Release);
+                ORIGINALS[i].store(d.trampoline() as usize, Ordering::Release);
                 // Hooks stay for the life of the process.
                 std::mem::forget(d);
             }
