@@ -31,7 +31,7 @@ const GGML_STATUS_FAILED: c_int = -1;
 macro_rules! trampoline {
     ($name:ident($($arg:ident: $ty:ty),*) $(-> $ret:ty)?, $imp:ident, x86_64: $x86:literal, aarch64: $arm:literal) => {
         #[doc = concat!("`", stringify!($name), "`, traced.\n\n# Safety\nggml's own contract: ggml objects from the caller's copy of ggml.")]
-        #[cfg(target_arch = "x86_64")]
+        #[cfg(all(target_arch = "x86_64", not(windows)))]
         #[unsafe(naked)]
         #[cfg_attr(not(target_os = "macos"), unsafe(no_mangle))]
         #[cfg_attr(target_os = "macos", unsafe(export_name = concat!("ggml_viz_", stringify!($name))))]
@@ -42,7 +42,7 @@ macro_rules! trampoline {
         }
 
         #[doc = concat!("`", stringify!($name), "`, traced.\n\n# Safety\nggml's own contract: ggml objects from the caller's copy of ggml.")]
-        #[cfg(target_arch = "aarch64")]
+        #[cfg(all(target_arch = "aarch64", not(windows)))]
         #[unsafe(naked)]
         #[cfg_attr(not(target_os = "macos"), unsafe(no_mangle))]
         #[cfg_attr(target_os = "macos", unsafe(export_name = concat!("ggml_viz_", stringify!($name))))]
@@ -52,11 +52,13 @@ macro_rules! trampoline {
         }
 
         #[doc = concat!("`", stringify!($name), "`, traced.\n\n# Safety\nggml's own contract: ggml objects from the caller's copy of ggml.")]
-        #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+        // Windows (no caller-scope resolution there: see `crate::resolve`) and other
+        // architectures: a plain function, without the return address.
+        #[cfg(any(windows, not(any(target_arch = "x86_64", target_arch = "aarch64"))))]
         #[cfg_attr(not(target_os = "macos"), unsafe(no_mangle))]
         #[cfg_attr(target_os = "macos", unsafe(export_name = concat!("ggml_viz_", stringify!($name))))]
         pub unsafe extern "C" fn $name($($arg: $ty),*) $(-> $ret)? {
-            // SAFETY: forwarding the caller's arguments; no return address on this architecture.
+            // SAFETY: forwarding the caller's arguments; no return address.
             unsafe { $imp($($arg,)* 0) }
         }
     };

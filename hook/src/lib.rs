@@ -16,25 +16,29 @@
 
 pub mod capture;
 pub mod clock;
-#[cfg(any(target_os = "linux", target_os = "macos"))]
 pub mod exports;
 pub mod ggml;
-#[cfg(target_os = "linux")]
+#[cfg(any(target_os = "linux", windows))]
 pub mod inline;
 pub mod metadata;
 pub mod names;
 pub mod ops;
 pub mod os;
 /// Finding the real function behind a wrapper: by the caller's scope on Linux, from dyld's
-/// interpose table on macOS.
+/// interpose table on macOS, from the inline hooks put on ggml's DLLs on Windows.
 #[cfg(target_os = "linux")]
 pub mod resolve;
 #[cfg(target_os = "macos")]
 #[path = "interpose.rs"]
 pub mod resolve;
+#[cfg(windows)]
+#[path = "windows.rs"]
+pub mod resolve;
 pub mod ring;
 pub mod sink;
 pub mod spans;
+#[cfg(target_os = "linux")]
+pub mod static_ggml;
 
 /// `verbose` of the configuration in force: say more on stderr (where each call site goes).
 pub(crate) static VERBOSE: std::sync::atomic::AtomicBool =

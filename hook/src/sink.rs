@@ -88,10 +88,7 @@ pub fn start() -> Option<Box<Recorder>> {
         closed: false,
         clock: crate::clock::TickConverter::new(),
     };
-    #[cfg(target_os = "linux")]
     let ggml_version = crate::resolve::first_helpers().and_then(|h| h.version());
-    #[cfg(not(target_os = "linux"))]
-    let ggml_version = None;
     let metadata = crate::metadata::collect(&config, ggml_version);
     format::encode_header(&mut sink.buf);
     ext::encode_extension(

@@ -2,6 +2,8 @@
 
 mod dump;
 mod info;
+#[cfg(windows)]
+mod inject;
 mod input;
 mod live;
 mod ops;

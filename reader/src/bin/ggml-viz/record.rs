@@ -149,7 +149,6 @@ pub fn run(args: RecordArgs) -> Result<u8, Failure> {
     let mut cmd = Command::new(&args.command[0]);
     cmd.args(&args.command[1..])
         .env(OVERRIDES_ENV, Value::Object(overrides).to_string());
-    preload(&mut cmd, hook)?;
     if let Some(file) = &args.config {
         cmd.env(CONFIG_FILE_ENV, file);
     }
@@ -170,7 +169,7 @@ pub fn run(args: RecordArgs) -> Result<u8, Failure> {
             .stderr(file);
     }
     let started = std::time::SystemTime::now();
-    let mut child = cmd.spawn().map_err(|e| {
+    let mut child = start(&mut cmd, &hook).map_err(|e| {
         Failure::Usage(format!(
             "cannot run {}: {e}",
             args.command[0].to_string_lossy()
@@ -207,27 +206,23 @@ pub fn run(args: RecordArgs) -> Result<u8, Failure> {
     Ok(exit_code(status))
 }
 
-/// Has the dynamic loader load the hook into the program before its own libraries. macOS strips
-/// `DYLD_*` variables from protected (SIP) binaries: see the README.
+/// Starts the program with the dynamic loader loading the hook before its own libraries. macOS
+/// strips `DYLD_*` variables from protected (SIP) binaries: see the README.
 #[cfg(unix)]
-fn preload(cmd: &mut Command, hook: PathBuf) -> Result<(), Failure> {
-    let mut preload = hook.into_os_string();
+fn start(cmd: &mut Command, hook: &Path) -> std::io::Result<std::process::Child> {
+    let mut preload = hook.as_os_str().to_owned();
     if let Some(existing) = std::env::var_os(PRELOAD_VAR).filter(|p| !p.is_empty()) {
         preload.push(":");
         preload.push(existing);
     }
-    cmd.env(PRELOAD_VAR, preload);
-    Ok(())
+    cmd.env(PRELOAD_VAR, preload).spawn()
 }
 
-/// Windows has no preload variable: the hook DLL must be injected into the started program,
-/// which `record` does not do yet.
+/// Starts the program suspended, loads the hook DLL into it, then lets it run (Windows has no
+/// preload variable).
 #[cfg(windows)]
-fn preload(_: &mut Command, hook: PathBuf) -> Result<(), Failure> {
-    Err(Failure::Usage(format!(
-        "recording on Windows needs {} injected into the program, which this version cannot do yet",
-        hook.display()
-    )))
+fn start(cmd: &mut Command, hook: &Path) -> std::io::Result<std::process::Child> {
+    crate::inject::start_injected(cmd, hook)
 }
 
 /// Ctrl-C goes to the program (same process group); we outlive it to write the summary.

@@ -1,0 +1,93 @@
+//! Statically linked ggml: when the executable itself defines the ggml entry points (llama.cpp
+//! built with `-DBUILD_SHARED_LIBS=OFF`), preloading cannot reach them — the executable calls
+//! its own functions directly, never through the dynamic loader. When its symbol table is
+//! present, each entry point it defines gets an inline hook ([`crate::inline`]) at start-up;
+//! [`crate::resolve`] then sends calls from the executable to the hook's trampoline.
+//!
+//! The patching happens in a constructor, before `main` and before any other thread exists. It
+//! costs a process without ggml in its executable one open, one map and a symbol-table scan (none
+//! at all for a stripped executable, which has no table to scan).
+
+use std::collections::HashMap;
+
+use object::{Object, ObjectSymbol, SymbolKind};
+
+use crate::capture::Entry;
+
+#[used]
+#[unsafe(link_section = ".init_array")]
+static AT_LOAD: extern "C" fn() = hook_executable_ggml;
+
+extern "C" fn hook_executable_ggml() {
+    // A panic must not leave a constructor: it would abort the host before `main`.
+    let _ = std::panic::catch_unwind(install);
+}
+
+fn install() {
+    if std::env::var("GGML_VIZ_DISABLE").is_ok_and(|v| v == "1" || v == "true") {
+        return;
+    }
+    let Some(symbols) = executable_symbols() else {
+        return;
+    };
+    for entry in Entry::ALL {
+        if let Some(&target) = symbols.get(entry.name()) {
+            // SAFETY: `target` is the start of the executable's own function of this name (its
+            // symbol table says so), and no other thread runs yet (this is a constructor).
+            unsafe { crate::inline::hook(entry, target, "the executable's own") };
+        }
+    }
+    crate::inline::set_helpers(|name| name.to_str().ok().and_then(|n| symbols.get(n)).copied());
+}
+
+/// The executable's defined functions named `ggml_*` or `llama_*`, at their run-time addresses;
+/// `None` when it defines no entry point of ours (ggml comes from shared libraries, or none).
+fn executable_symbols() -> Option<HashMap<String, usize>> {
+    let file = std::fs::File::open("/proc/self/exe").ok()?;
+    // SAFETY: a running executable's file cannot be written (ETXTBSY); the map is read-only and
+    // dropped before we return.
+    let map = unsafe { memmap2::Mmap::map(&file) }.ok()?;
+    let elf = object::File::parse(&*map).ok()?;
+    let bias = main_program_bias();
+    let mut found = HashMap::new();
+    for symbol in elf.symbols() {
+        if symbol.kind() != SymbolKind::Text || !symbol.is_definition() {
+            continue;
+        }
+        if let Ok(name) = symbol.name()
+            && (name.starts_with("ggml_") || name.starts_with("llama_"))
+        {
+            found.insert(
+                name.to_string(),
+                bias.wrapping_add(symbol.address() as usize),
+            );
+        }
+    }
+    Entry::ALL
+        .iter()
+        .any(|e| found.contains_key(e.name()))
+        .then_some(found)
+}
+
+/// Where the executable was loaded relative to its link-time addresses (0 unless it is PIE).
+fn main_program_bias() -> usize {
+    unsafe extern "C" fn first(
+        info: *mut libc::dl_phdr_info,
+        _size: usize,
+        data: *mut std::ffi::c_void,
+    ) -> std::ffi::c_int {
+        // SAFETY: dl_iterate_phdr passes a valid info and our usize; the first object it visits
+        // is the main program.
+        unsafe { *(data as *mut usize) = (*info).dlpi_addr as usize };
+        1
+    }
+    let mut bias = 0usize;
+    // SAFETY: the callback writes only `bias`, which outlives the call.
+    unsafe {
+        libc::dl_iterate_phdr(
+            Some(first),
+            &mut bias as *mut usize as *mut std::ffi::c_void,
+        )
+    };
+    bias
+}
