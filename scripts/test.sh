@@ -13,7 +13,6 @@ command -v cc >/dev/null || missing+=(gcc)
 [ -x /usr/bin/chromium ] || missing+=(chromium)          # the report's browser tests
 [ -x /usr/bin/chromedriver ] || missing+=(chromium-driver)
 command -v tmux >/dev/null || missing+=(tmux)              # the live view's terminal test
-command -v x86_64-w64-mingw32-gcc >/dev/null || missing+=(gcc-mingw-w64-x86-64)   # the Windows build
 if [ ${#missing[@]} -gt 0 ]; then
   echo "test.sh: installing ${missing[*]}" >&2
   export DEBIAN_FRONTEND=noninteractive
@@ -37,10 +36,17 @@ GGML_VIZ_LLAMA_BUILD="$(bash scripts/setup-llama.sh | tail -n 1)"
 export GGML_VIZ_LLAMA_BUILD
 GGML_VIZ_LLAMA_STATIC_BUILD="$(bash scripts/setup-llama.sh static | tail -n 1)"
 export GGML_VIZ_LLAMA_STATIC_BUILD
+# Windows under Wine: MinGW, Wine, llama-simple.exe and a prefix (cached).
+windows="$(bash scripts/setup-windows.sh | tail -n 2)"
+GGML_VIZ_WINDOWS_BUILD="$(echo "$windows" | sed -n 1p)"
+GGML_VIZ_WINE_PREFIX="$(echo "$windows" | sed -n 2p)"
+export GGML_VIZ_WINDOWS_BUILD GGML_VIZ_WINE_PREFIX
+export GGML_VIZ_WINDOWS_TARGET="$PWD/target/cross/x86_64-pc-windows-gnu/release"
 
 cargo clippy --workspace --all-targets --locked -- -D warnings
 # What cannot run here is type-checked on every commit (macOS, both architectures), and Windows
-# is built for real: the hook DLL and the CLI, linked with MinGW (.cargo/config.toml).
+# is built for real: the hook DLL and the CLI, linked with MinGW (.cargo/config.toml), and run
+# under Wine by tests/tests/windows.rs.
 rustup target add x86_64-apple-darwin aarch64-apple-darwin x86_64-pc-windows-gnu
 for target in x86_64-apple-darwin aarch64-apple-darwin x86_64-pc-windows-gnu; do
   CARGO_TARGET_DIR=target/cross cargo clippy --locked --target "$target" \

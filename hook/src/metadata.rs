@@ -21,7 +21,13 @@ pub fn collect(config: &Config, ggml_version: Option<String>) -> Metadata {
 pub use crate::os::host_name;
 
 fn command_line() -> Vec<String> {
-    match std::fs::read("/proc/self/cmdline") {
+    // /proc is Linux's (under Wine it names Wine's own server); elsewhere the process's arguments.
+    let proc_cmdline = if cfg!(target_os = "linux") {
+        std::fs::read("/proc/self/cmdline")
+    } else {
+        Err(std::io::ErrorKind::Unsupported.into())
+    };
+    match proc_cmdline {
         Ok(raw) => raw
             .split(|&b| b == 0)
             .filter(|a| !a.is_empty())

@@ -198,12 +198,28 @@ fn install_process_handlers() {
 
 extern "C" fn at_exit() {
     let _ = catch_unwind(|| {
-        if let Some(recorder) = capture::active() {
-            recorder
-                .sink
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .close(recorder);
+        let Some(recorder) = capture::active() else {
+            return;
+        };
+        // The flusher holds the lock for a flush at most (milliseconds). On Windows the exit
+        // handlers run after the process's other threads were stopped, possibly the flusher
+        // inside a flush: then the lock is never released, and waiting would hang the exit.
+        let deadline = std::time::Instant::now() + Duration::from_secs(2);
+        loop {
+            match recorder.sink.try_lock() {
+                Ok(mut sink) => return sink.close(recorder),
+                Err(std::sync::TryLockError::Poisoned(p)) => return p.into_inner().close(recorder),
+                Err(std::sync::TryLockError::WouldBlock)
+                    if std::time::Instant::now() < deadline =>
+                {
+                    std::thread::sleep(Duration::from_millis(1))
+                }
+                Err(std::sync::TryLockError::WouldBlock) => {
+                    return crate::say(format_args!(
+                        "the writer was stopped in the middle of a flush; the trace ends before the program did"
+                    ));
+                }
+            }
         }
     });
 }
