@@ -16,9 +16,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::capture::{self, Entry, GraphInfo, GraphScope, Recorder};
 use crate::ggml::EvalCallback;
+use crate::ggml::Helpers;
 use crate::names::Owner;
 use crate::ops::{self, OpDriver};
-use crate::resolve::{Helpers, Resolved, describe_route, resolve};
+use crate::resolve::{Resolved, describe_route, resolve};
 use crate::spans;
 
 type Ptr = *mut c_void;

@@ -13,20 +13,11 @@
 //! Type-checked in CI for x86_64 and aarch64; not run (no macOS here).
 
 use std::ffi::{CStr, CString};
-use std::sync::OnceLock;
 
 use crate::capture::Entry;
-pub use crate::ggml::Helpers;
-
-/// Where a call goes.
-#[derive(Debug)]
-pub struct Resolved {
-    /// Address of the real function.
-    pub real: usize,
-    pub helpers: &'static Helpers,
-    /// Always false here: each image's calls are bound to one definition by dyld.
-    pub ambiguous: bool,
-}
+use crate::ggml::Helpers;
+use crate::resolved::per_entry;
+pub use crate::resolved::{Resolved, first_helpers};
 
 // The interpose pairs, in the order of `Entry::ALL`; our wrappers are exported with a
 // `ggml_viz_` prefix so that the originals' names refer to ggml's functions.
@@ -71,36 +62,14 @@ unsafe extern "C" {
     static ggml_viz_interpose_table: [[usize; 2]; Entry::ALL.len()];
 }
 
-/// One `Resolved` per entry, made on first use.
-static RESOLVED: [OnceLock<Option<&'static Resolved>>; Entry::ALL.len()] =
-    [const { OnceLock::new() }; Entry::ALL.len()];
-
-static FIRST_HELPERS: OnceLock<&'static Helpers> = OnceLock::new();
-
-pub fn first_helpers() -> Option<&'static Helpers> {
-    FIRST_HELPERS.get().copied()
-}
-
 /// The real function for `entry`, and whether this call resolved it afresh; `None` if no loaded
 /// image defines it. The return address does not matter here: dyld bound every caller.
 pub fn resolve(entry: Entry, _return_address: usize) -> Option<(&'static Resolved, bool)> {
-    let mut fresh = false;
-    let found = *RESOLVED[entry as usize - 1].get_or_init(|| {
-        fresh = true;
+    per_entry(entry, || {
         // SAFETY: the table is in our image, written by dyld before any of our code runs.
         let real = unsafe { ggml_viz_interpose_table[entry as usize - 1][1] };
-        if real == 0 {
-            return None;
-        }
-        let helpers: &'static Helpers = Box::leak(Box::new(helpers_of(real)));
-        let _ = FIRST_HELPERS.set(helpers);
-        Some(&*Box::leak(Box::new(Resolved {
-            real,
-            helpers,
-            ambiguous: false,
-        })))
-    });
-    found.map(|r| (r, fresh))
+        (real != 0).then(|| (real, &*Box::leak(Box::new(helpers_of(real)))))
+    })
 }
 
 /// The image containing `address`, by path.

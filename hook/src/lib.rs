@@ -34,6 +34,7 @@ pub mod resolve;
 #[cfg(windows)]
 #[path = "windows.rs"]
 pub mod resolve;
+pub mod resolved;
 pub mod ring;
 pub mod sink;
 pub mod spans;

@@ -18,22 +18,12 @@
 
 use std::ffi::{CStr, CString, c_int, c_void};
 use std::ptr;
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
-use std::sync::{Mutex, OnceLock};
 
 use crate::capture::Entry;
 pub use crate::ggml::Helpers;
-
-/// Where a call goes.
-#[derive(Debug)]
-pub struct Resolved {
-    /// Address of the real function.
-    pub real: usize,
-    pub helpers: &'static Helpers,
-    /// Several copies define the function and the caller belongs to none we could tell: the call
-    /// goes to the first, untraced.
-    pub ambiguous: bool,
-}
+pub use crate::resolved::{Resolved, first_helpers};
 
 const CACHE_SLOTS: usize = 1024;
 
@@ -62,13 +52,6 @@ static SLOW: Mutex<Slow> = Mutex::new(Slow {
     helpers: Vec::new(),
     handles: Vec::new(),
 });
-
-/// The helpers of the first copy of ggml a call was resolved to (for the trace's metadata).
-static FIRST_HELPERS: OnceLock<&'static Helpers> = OnceLock::new();
-
-pub fn first_helpers() -> Option<&'static Helpers> {
-    FIRST_HELPERS.get().copied()
-}
 
 /// The entry point and the return address together: one call site can call several entry
 /// points (libffi's, or any call through a function pointer), and one entry point is called from
@@ -111,7 +94,7 @@ pub fn resolve(entry: Entry, return_address: usize) -> Option<(&'static Resolved
     }
     let (real, ambiguous) = slow.find_real(entry, return_address)?;
     let helpers = crate::inline::helpers_for(real).unwrap_or_else(|| slow.helpers_for(real));
-    let _ = FIRST_HELPERS.set(helpers);
+    crate::resolved::note_helpers(helpers);
     let resolved: &'static Resolved = Box::leak(Box::new(Resolved {
         real,
         helpers,

@@ -4,20 +4,10 @@
 //! (a loader notification). Calls then reach our wrappers, which find the original here.
 
 use std::ffi::{CStr, c_void};
-use std::sync::OnceLock;
 
 use crate::capture::Entry;
-pub use crate::ggml::Helpers;
-
-/// Where a call goes.
-#[derive(Debug)]
-pub struct Resolved {
-    /// Address of the real function (the hook's trampoline).
-    pub real: usize,
-    pub helpers: &'static Helpers,
-    /// Always false: each entry point is hooked in one DLL.
-    pub ambiguous: bool,
-}
+use crate::resolved::per_entry;
+pub use crate::resolved::{Resolved, first_helpers};
 
 /// The DLLs that export ggml's and llama.cpp's entry points (MSVC and MinGW names).
 const MODULES: [&CStr; 6] = [
@@ -124,31 +114,12 @@ fn lookup(name: &CStr) -> Option<usize> {
     })
 }
 
-static RESOLVED: [OnceLock<Option<&'static Resolved>>; Entry::ALL.len()] =
-    [const { OnceLock::new() }; Entry::ALL.len()];
-
-static FIRST_HELPERS: OnceLock<&'static Helpers> = OnceLock::new();
-
-pub fn first_helpers() -> Option<&'static Helpers> {
-    FIRST_HELPERS.get().copied()
-}
-
 /// The original of `entry` (its hook's trampoline), and whether this call resolved it afresh.
 pub fn resolve(entry: Entry, _return_address: usize) -> Option<(&'static Resolved, bool)> {
-    let mut fresh = false;
-    let found = *RESOLVED[entry as usize - 1].get_or_init(|| {
-        fresh = true;
-        let real = crate::inline::original(entry)?;
-        // By the first call, the DLLs the helpers come from are loaded.
-        let helpers = crate::inline::set_helpers(lookup);
-        let _ = FIRST_HELPERS.set(helpers);
-        Some(&*Box::leak(Box::new(Resolved {
-            real,
-            helpers,
-            ambiguous: false,
-        })))
-    });
-    found.map(|r| (r, fresh))
+    // By the first call, the DLLs the helpers come from are loaded.
+    per_entry(entry, || {
+        crate::inline::original(entry).map(|real| (real, crate::inline::set_helpers(lookup)))
+    })
 }
 
 pub fn describe_route(entry: Entry, _return_address: usize, _resolved: &Resolved) -> String {

@@ -3,29 +3,10 @@
 //! `GGML_VIZ_MACOS_OBJECTS`; this reads them back and checks what dyld will read: an
 //! `__interpose` section of (replacement, original) pairs, one per entry point, whose
 //! replacements are our exported wrappers and whose originals are weak references to ggml's
-//! functions (so that a process without ggml still starts).
+//! functions (so that a process without ggml still starts), in the order of `Entry::ALL`.
 
+use ggml_viz_hook::capture::Entry;
 use object::{Object, ObjectSection, ObjectSymbol, RelocationTarget};
-
-const ENTRIES: [&str; 17] = [
-    "ggml_backend_sched_graph_compute",
-    "ggml_backend_sched_graph_compute_async",
-    "ggml_backend_graph_compute",
-    "ggml_backend_graph_compute_async",
-    "ggml_graph_compute",
-    "ggml_graph_compute_with_ctx",
-    "ggml_backend_synchronize",
-    "ggml_backend_sched_synchronize",
-    "ggml_backend_sched_set_eval_callback",
-    "llama_decode",
-    "llama_encode",
-    "llama_process",
-    "llama_batch_ext_add",
-    "llama_batch_ext_add_token",
-    "llama_batch_ext_clear",
-    "ggml_backend_buffer_init",
-    "ggml_backend_buffer_free",
-];
 
 #[test]
 fn the_macos_objects_interpose_every_entry_point_weakly() {
@@ -48,7 +29,7 @@ fn the_macos_objects_interpose_every_entry_point_weakly() {
             .unwrap_or_else(|| panic!("{}: no __interpose section", path.display()));
         assert_eq!(
             section.size(),
-            16 * ENTRIES.len() as u64,
+            16 * Entry::ALL.len() as u64,
             "{}",
             path.display()
         );
@@ -61,8 +42,8 @@ fn the_macos_objects_interpose_every_entry_point_weakly() {
             let symbol = file.symbol_by_index(index).unwrap();
             slots.insert(offset, symbol);
         }
-        assert_eq!(slots.len(), 2 * ENTRIES.len(), "{}", path.display());
-        for (i, name) in ENTRIES.iter().enumerate() {
+        assert_eq!(slots.len(), 2 * Entry::ALL.len(), "{}", path.display());
+        for (i, name) in Entry::ALL.iter().map(|e| e.name()).enumerate() {
             let replacement = &slots[&(16 * i as u64)];
             let original = &slots[&(16 * i as u64 + 8)];
             assert_eq!(replacement.name().unwrap(), format!("_ggml_viz_{name}"));

@@ -1,0 +1,52 @@
+//! Where a call goes, once found: what every platform's `resolve` hands to the wrappers.
+
+use std::sync::OnceLock;
+
+#[cfg(not(target_os = "linux"))]
+use crate::capture::Entry;
+use crate::ggml::Helpers;
+
+/// Where a call goes.
+#[derive(Debug)]
+pub struct Resolved {
+    /// Address of the real function.
+    pub real: usize,
+    pub helpers: &'static Helpers,
+    /// Several copies define the function and the caller belongs to none we could tell: the call
+    /// goes to the first, untraced (Linux only: elsewhere the loader picked one).
+    pub ambiguous: bool,
+}
+
+/// The helpers of the first copy of ggml a call was resolved to (for the trace's metadata).
+static FIRST_HELPERS: OnceLock<&'static Helpers> = OnceLock::new();
+
+pub fn first_helpers() -> Option<&'static Helpers> {
+    FIRST_HELPERS.get().copied()
+}
+
+pub(crate) fn note_helpers(helpers: &'static Helpers) {
+    let _ = FIRST_HELPERS.set(helpers);
+}
+
+/// For platforms where each entry point has one real function whatever the caller (macOS,
+/// Windows): `find` is asked once per entry; returns the result and whether this call found it.
+#[cfg(not(target_os = "linux"))]
+pub(crate) fn per_entry(
+    entry: Entry,
+    find: impl FnOnce() -> Option<(usize, &'static Helpers)>,
+) -> Option<(&'static Resolved, bool)> {
+    static RESOLVED: [OnceLock<Option<&'static Resolved>>; Entry::ALL.len()] =
+        [const { OnceLock::new() }; Entry::ALL.len()];
+    let mut fresh = false;
+    let found = *RESOLVED[entry as usize - 1].get_or_init(|| {
+        fresh = true;
+        let (real, helpers) = find()?;
+        note_helpers(helpers);
+        Some(&*Box::leak(Box::new(Resolved {
+            real,
+            helpers,
+            ambiguous: false,
+        })))
+    });
+    found.map(|r| (r, fresh))
+}
