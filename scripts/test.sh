@@ -61,7 +61,7 @@ for target in x86_64-apple-darwin aarch64-apple-darwin; do
   rm -rf "target/cross/$target/release/deps/ggml_viz_hook-"*.o
   CARGO_TARGET_DIR=target/cross cargo rustc --release --locked --target "$target" \
     -p ggml-viz-hook --lib --crate-type rlib -- --emit=obj
-  macos_objects+=("$(ls "target/cross/$target/release/deps/ggml_viz_hook-"*.o)")
+  macos_objects+=("$PWD/$(ls "target/cross/$target/release/deps/ggml_viz_hook-"*.o)")
 done
 GGML_VIZ_MACOS_OBJECTS="$(IFS=:; echo "${macos_objects[*]}")"
 export GGML_VIZ_MACOS_OBJECTS
