@@ -30,6 +30,14 @@ fn install() {
     let Some(symbols) = executable_symbols() else {
         return;
     };
+    // An executable that links this crate itself (our tests and benchmarks): its ggml-named
+    // functions are our own wrappers.
+    if Entry::ALL
+        .into_iter()
+        .any(|e| symbols.get(e.name()) == Some(&(crate::exports::wrapper(e) as usize)))
+    {
+        return;
+    }
     for entry in Entry::ALL {
         if let Some(&target) = symbols.get(entry.name()) {
             // SAFETY: `target` is the start of the executable's own function of this name (its
