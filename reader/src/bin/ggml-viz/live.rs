@@ -157,7 +157,13 @@ fn follow(
             break;
         }
         if quit_requested(keys) {
-            screen.finish("quit", None, &LiveStats::new(1).snapshot(3));
+            screen.finish(
+                "quit",
+                None,
+                &mut LiveStats::new(1),
+                Instant::now(),
+                opts.top,
+            );
             return Ok(Stop::Quit);
         }
         if program_done {
@@ -194,8 +200,7 @@ fn follow(
             stats.damage = Some(d);
         }
         if std::fs::metadata(path).is_ok_and(|m| m.len() < follower.offset()) {
-            stats.tick(bucket_start.elapsed());
-            screen.finish("stopped", None, &stats.snapshot(3));
+            screen.finish("stopped", None, &mut stats, bucket_start, opts.top);
             return Err(Failure::Data(format!(
                 "{} shrank below the {} bytes already read: it was truncated or replaced by a new run",
                 path.display(),
@@ -214,25 +219,30 @@ fn follow(
         }
         if stats.damage.as_ref().is_some_and(|d| !d.is_truncation()) {
             let d = stats.damage.clone().expect("checked");
-            stats.tick(bucket_start.elapsed());
-            screen.finish("stopped", exited.as_deref(), &stats.snapshot(3));
+            screen.finish(
+                "stopped",
+                exited.as_deref(),
+                &mut stats,
+                bucket_start,
+                opts.top,
+            );
             return Err(Failure::Data(format!("{}: {d}", path.display())));
         }
         if quit_requested(keys) {
-            stats.tick(bucket_start.elapsed());
-            screen.finish("quit", exited.as_deref(), &stats.snapshot(3));
+            screen.finish(
+                "quit",
+                exited.as_deref(),
+                &mut stats,
+                bucket_start,
+                opts.top,
+            );
             return Ok(Stop::Quit);
         }
         if done && !got {
-            stats.tick(bucket_start.elapsed());
-            if screen.interactive {
-                // The screen stays as the last thing seen: with the final totals.
-                screen.draw(&stats.snapshot(opts.top), "writer done");
-            }
             let why = exited
                 .clone()
                 .unwrap_or_else(|| "the writer finished".into());
-            screen.finish(&why, None, &stats.snapshot(3));
+            screen.finish(&why, None, &mut stats, bucket_start, opts.top);
             if follower.pending() > 0 {
                 eprintln!(
                     "ggml-viz: warning: {}: the writer stopped in the middle of a record: {} byte(s) after byte offset {} are incomplete",
@@ -485,13 +495,28 @@ impl Screen {
         write!(out, "\x1b[J")
     }
 
-    /// The last line, on stderr so that it stays after a redrawn screen and apart from the data:
-    /// totals, and the rolling figures of the last window.
-    fn finish(&mut self, why: &str, exited: Option<&str>, s: &Snapshot) {
+    /// The end: the final screen on a terminal, and a last line on stderr (so that it stays after
+    /// a redrawn screen and apart from the data) with the totals and the rolling figures of the
+    /// last window, the bucket begun at `bucket_start` included.
+    fn finish(
+        &mut self,
+        why: &str,
+        exited: Option<&str>,
+        stats: &mut LiveStats,
+        bucket_start: Instant,
+        top: usize,
+    ) {
+        stats.tick(bucket_start.elapsed());
+        let s = &stats.snapshot(top);
+        if self.interactive {
+            // The screen stays as the last thing seen: with the final totals.
+            self.draw(s, "ended");
+        }
         let why = exited.map_or_else(|| why.to_string(), |e| format!("{why} ({e})"));
         let top: Vec<String> = s
             .top_ops
             .iter()
+            .take(3)
             .map(|o| format!("{} {:.1}%", o.name, 100.0 * o.share))
             .collect();
         eprintln!(
