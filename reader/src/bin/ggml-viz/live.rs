@@ -452,8 +452,13 @@ impl Screen {
         let window = s.window.as_secs_f64().min(self.window as f64);
         let mut lines = vec![
             format!(
-                "ggml-viz live  {}  [{state}]   q or Ctrl-C to quit",
-                self.name
+                "ggml-viz live  {}  [{state}]{}",
+                self.name,
+                if state == "ended" {
+                    ""
+                } else {
+                    "   q or Ctrl-C to quit"
+                }
             ),
             String::new(),
             format!(
