@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The main job on a built-in default: builds ggml-viz and llama.cpp (cached), generates a tiny
-# model, records llama-simple generating 32 tokens under the hook, and summarizes the trace.
+# model, records llama-simple generating 32 tokens under the hook, summarizes the trace, and
+# writes its HTML report next to it.
 #   bash scripts/demo.sh [OUTPUT.ggmlviz]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -16,3 +17,5 @@ model="${GGML_VIZ_CACHE:-$HOME/.cache/ggml-viz}/tiny-llama.gguf"
   "$build/bin/llama-simple" -m "$model" -n 32 "hello world" 2> >(grep -E '^ggml-viz:|^main:' >&2)
 echo
 ./target/release/ggml-viz info "$out"
+echo
+./target/release/ggml-viz report "$out" -o "${out%.ggmlviz}.html"
