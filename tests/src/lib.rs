@@ -116,6 +116,16 @@ pub fn hook_lines(stderr: &[u8]) -> Vec<String> {
         .collect()
 }
 
+/// The N of "decoded N tokens" that llama-simple reports on stderr: one decode call each.
+pub fn decoded_batches(stderr: &str) -> u64 {
+    stderr
+        .lines()
+        .find_map(|l| l.split("decoded ").nth(1))
+        .and_then(|rest| rest.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no 'decoded N tokens' in:\n{stderr}"))
+}
+
 pub fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }

@@ -16,22 +16,6 @@ fn llama_simple_in(bin: &std::path::Path, n_predict: u32) -> Command {
     cmd
 }
 
-/// The "decoded N tokens" that llama-simple reports: one llama_decode call each.
-fn decoded_batches(stderr: &str) -> usize {
-    let line = stderr
-        .lines()
-        .find(|l| l.contains("decoded "))
-        .expect("llama-simple reports decoded tokens");
-    line.split("decoded ")
-        .nth(1)
-        .unwrap()
-        .split(' ')
-        .next()
-        .unwrap()
-        .parse()
-        .unwrap()
-}
-
 /// Graph-only mode (no op timing): the scheduler, backend and CPU computes nest as ggml makes them.
 #[test]
 fn llama_simple_prints_the_same_text_and_records_one_graph_per_batch() {
@@ -63,7 +47,7 @@ fn llama_simple_prints_the_same_text_and_records_one_graph_per_batch() {
     let outermost = check_nesting(&events);
     let batches = decoded_batches(&text(&traced.stderr));
     assert_eq!(
-        stats.graph_computes as usize, batches,
+        stats.graph_computes, batches,
         "one outermost graph compute per llama_decode"
     );
     assert!(
@@ -77,7 +61,7 @@ fn llama_simple_prints_the_same_text_and_records_one_graph_per_batch() {
     let backend = graphs_of(&events, "ggml_backend_graph_compute_async");
     let cpu = graphs_of(&events, "ggml_graph_compute");
     assert_eq!(
-        (sched.len(), backend.len(), cpu.len()),
+        (sched.len() as u64, backend.len() as u64, cpu.len() as u64),
         (batches, batches, batches)
     );
     for ((s, b), c) in sched.iter().zip(&backend).zip(&cpu) {
@@ -342,7 +326,7 @@ fn statically_linked_ggml_is_traced_through_inline_hooks() {
     let (events, damage, stats) = read_trace(&trace);
     assert_eq!(damage, None);
     check_nesting(&events);
-    assert_eq!(stats.graph_computes as usize, decoded_batches(&stderr));
+    assert_eq!(stats.graph_computes, decoded_batches(&stderr));
     // Op timing works through the hooked eval-callback setter and the executable's helpers.
     let ops = stats.op_type_counts();
     assert!(
@@ -351,7 +335,7 @@ fn statically_linked_ggml_is_traced_through_inline_hooks() {
     );
     let spans = ggml_viz_reader::format::ExtensionKind::SpanBegin;
     assert_eq!(
-        stats.extensions.get(&spans).copied().unwrap_or(0) as usize,
+        stats.extensions.get(&spans).copied().unwrap_or(0),
         decoded_batches(&stderr),
         "one llama_decode span per decode"
     );

@@ -90,13 +90,7 @@ fn llama_simple_ops_are_timed_one_pair_per_node_with_names_and_spans() {
     assert_eq!(damage, None);
     check_nesting(&events);
     let graphs = ops_per_graph(&events);
-    let decoded: usize = text(&traced.stderr)
-        .lines()
-        .find_map(|l| l.split("decoded ").nth(1))
-        .and_then(|r| r.split(' ').next())
-        .unwrap()
-        .parse()
-        .unwrap();
+    let decoded = decoded_batches(&text(&traced.stderr)) as usize;
     assert_eq!(graphs.len(), decoded);
     for (n_nodes, ops) in &graphs {
         assert_eq!(*ops as u32, *n_nodes, "one op pair per node of the graph");

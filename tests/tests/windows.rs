@@ -28,16 +28,6 @@ fn wine(program: &Path, prefix: &Path) -> Command {
     c
 }
 
-/// "decoded N tokens" from llama-simple's stderr.
-fn decoded(stderr: &str) -> u64 {
-    stderr
-        .lines()
-        .find_map(|l| l.split("decoded ").nth(1))
-        .and_then(|rest| rest.split(' ').next())
-        .and_then(|n| n.parse().ok())
-        .unwrap_or_else(|| panic!("no 'decoded N tokens' in:\n{stderr}"))
-}
-
 #[test]
 fn record_injects_the_hook_into_a_windows_llama_simple_under_wine() {
     let bin = env_path("GGML_VIZ_WINDOWS_BUILD");
@@ -76,7 +66,7 @@ fn record_injects_the_hook_into_a_windows_llama_simple_under_wine() {
     let (events, damage, stats) = read_trace(&trace);
     assert_eq!(damage, None);
     check_nesting(&events);
-    assert_eq!(stats.graph_computes, decoded(&stderr), "{stderr}");
+    assert_eq!(stats.graph_computes, decoded_batches(&stderr), "{stderr}");
     assert!(
         stderr.contains(&format!(
             "ggml-viz: {} graph computes",
