@@ -227,14 +227,15 @@ fn arg_str(span: &Span, key: &str) -> Option<String> {
     arg(span, key).map(|a| a.to_string())
 }
 
-fn add(map: &mut HashMap<String, Aggregate>, key: &str, span: &Span) {
+/// Counts one span (or outermost graph) of `total_ns`, `self_ns` under `key`.
+fn add(map: &mut HashMap<String, Aggregate>, key: &str, total_ns: u64, self_ns: u64) {
     let a = map.entry(key.to_string()).or_insert_with(|| Aggregate {
         name: key.to_string(),
         ..Aggregate::default()
     });
     a.count += 1;
-    a.total_ns = a.total_ns.saturating_add(span.duration_ns());
-    a.self_ns = a.self_ns.saturating_add(span.self_ns);
+    a.total_ns = a.total_ns.saturating_add(total_ns);
+    a.self_ns = a.self_ns.saturating_add(self_ns);
 }
 
 fn sorted(map: HashMap<String, Aggregate>) -> Vec<Aggregate> {
@@ -305,16 +306,12 @@ impl ReportBuilder {
 
     fn outermost_graph(&mut self, backend: &str, graph: &Aggregate) {
         self.data.summary.graphs += 1;
-        let a = self
-            .by_graph_backend
-            .entry(backend.to_string())
-            .or_insert_with(|| Aggregate {
-                name: backend.to_string(),
-                ..Aggregate::default()
-            });
-        a.count += 1;
-        a.total_ns = a.total_ns.saturating_add(graph.total_ns);
-        a.self_ns = a.self_ns.saturating_add(graph.self_ns);
+        add(
+            &mut self.by_graph_backend,
+            backend,
+            graph.total_ns,
+            graph.self_ns,
+        );
     }
 
     fn span(&mut self, span: Span) {
@@ -326,17 +323,28 @@ impl ReportBuilder {
         let is_op = span.category == "op";
         if is_op {
             self.data.summary.ops += 1;
-            add(&mut self.by_op, &span.name, &span);
+            add(
+                &mut self.by_op,
+                &span.name,
+                span.duration_ns(),
+                span.self_ns,
+            );
             if let Some(t) = &tensor {
-                add(&mut self.by_tensor, t, &span);
+                add(&mut self.by_tensor, t, span.duration_ns(), span.self_ns);
             }
             add(
                 &mut self.by_backend,
                 backend.as_deref().unwrap_or("(unknown)"),
-                &span,
+                span.duration_ns(),
+                span.self_ns,
             );
         } else {
-            add(&mut self.by_name, &span.name, &span);
+            add(
+                &mut self.by_name,
+                &span.name,
+                span.duration_ns(),
+                span.self_ns,
+            );
         }
         // An outermost graph compute is a graph span whose parent is not a graph; parents close
         // after their children, so graph spans wait for theirs.
