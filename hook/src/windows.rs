@@ -43,24 +43,31 @@ extern "system" fn DllMain(_module: Module, reason: u32, _reserved: *mut c_void)
     1
 }
 
-/// Hooks every entry point, not hooked yet, exported by a ggml DLL that is loaded now.
-fn hook_loaded_modules() {
-    for module in MODULES {
+/// The ggml DLLs loaded now, with their handles.
+fn loaded_modules() -> impl Iterator<Item = (&'static CStr, Module)> {
+    MODULES.into_iter().filter_map(|module| {
         // SAFETY: a NUL-terminated name; GetModuleHandle does not load anything.
         let handle = unsafe { GetModuleHandleA(module.as_ptr().cast()) };
-        if handle.is_null() {
-            continue;
-        }
+        (!handle.is_null()).then_some((module, handle))
+    })
+}
+
+/// `name` exported by the DLL `handle`.
+fn export_of(handle: Module, name: &CStr) -> Option<usize> {
+    // SAFETY: a loaded module's handle and a NUL-terminated name.
+    let found = unsafe { GetProcAddress(handle, name.as_ptr().cast()) };
+    (!found.is_null()).then_some(found as usize)
+}
+
+/// Hooks every entry point, not hooked yet, exported by a ggml DLL that is loaded now.
+fn hook_loaded_modules() {
+    for (module, handle) in loaded_modules() {
         for entry in Entry::ALL {
-            // SAFETY: a loaded module's handle and a NUL-terminated name.
-            let target = unsafe { GetProcAddress(handle, entry.c_name().as_ptr().cast()) };
-            if !target.is_null() {
+            if let Some(target) = export_of(handle, entry.c_name()) {
                 // SAFETY: `target` is the DLL's export of this name. The program's threads are
                 // suspended (`record` injects before resuming it) or it is loading this DLL
                 // under the loader lock, which it holds, so no thread runs the patched bytes.
-                unsafe {
-                    crate::inline::hook(entry, target as usize, module.to_str().unwrap_or(""))
-                };
+                unsafe { crate::inline::hook(entry, target, module.to_str().unwrap_or("")) };
             }
         }
     }
@@ -101,17 +108,7 @@ fn watch_later_loads() {
 
 /// Any export of the ggml DLLs loaded now, for the helpers.
 fn lookup(name: &CStr) -> Option<usize> {
-    MODULES.iter().find_map(|module| {
-        // SAFETY: NUL-terminated names; a null module handle is skipped.
-        let handle = unsafe { GetModuleHandleA(module.as_ptr().cast()) };
-        let found = if handle.is_null() {
-            std::ptr::null()
-        } else {
-            // SAFETY: a loaded module's handle and a NUL-terminated name.
-            unsafe { GetProcAddress(handle, name.as_ptr().cast()) }
-        };
-        (!found.is_null()).then_some(found as usize)
-    })
+    loaded_modules().find_map(|(_, handle)| export_of(handle, name))
 }
 
 /// The original of `entry` (its hook's trampoline), and whether this call resolved it afresh.
