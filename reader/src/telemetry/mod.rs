@@ -291,6 +291,44 @@ impl std::str::FromStr for Format {
 #[derive(Debug)]
 pub struct ImportError(pub String);
 
+/// The format of the file at `path`, recognised by its first bytes.
+pub fn detect(path: &std::path::Path) -> Result<Format, ImportError> {
+    let name = path.display().to_string();
+    let fail = |e: std::io::Error| ImportError(format!("cannot read {name}: {e}"));
+    let mut head = [0u8; 256];
+    let mut file = std::fs::File::open(path).map_err(fail)?;
+    let n = std::io::Read::read(&mut file, &mut head).map_err(fail)?;
+    let head = &head[..n];
+    Ok(
+        if head.starts_with(&crate::format::MAGIC[..head.len().min(8)]) && !head.is_empty() {
+            Format::Ggmlviz
+        } else if ge_log::looks_like(
+            String::from_utf8_lossy(head)
+                .lines()
+                .next()
+                .unwrap_or_default(),
+        ) {
+            Format::GeLog
+        } else if head
+            .iter()
+            .find(|b| !b.is_ascii_whitespace())
+            .is_some_and(|&b| b == b'[' || b == b'{')
+        {
+            // CoMMA records are Chrome-trace-like: `cat` and `ph`; v2 records are not.
+            let text = String::from_utf8_lossy(head);
+            if text.contains("\"cat\"") || text.contains("\"ph\"") {
+                Format::Comma
+            } else {
+                Format::TelemetryV2
+            }
+        } else {
+            return Err(ImportError(format!(
+                "{name}: format not recognised (supported: GGMLVIZ traces, GE profiling logs, TelemetryEvent v2 JSON, CoMMA NCCL JSON)"
+            )));
+        },
+    )
+}
+
 /// Imports the file at `path` into `sink`, recognising its format unless `format` is given.
 /// Corruption is an error (what came before it was delivered); a truncated tail is a warning.
 pub fn import_path<S: Sink>(
@@ -304,38 +342,7 @@ pub fn import_path<S: Sink>(
     let fail = |e: std::io::Error| ImportError(format!("cannot read {name}: {e}"));
     let format = match format {
         Some(f) => f,
-        None => {
-            let mut head = [0u8; 256];
-            let mut file = std::fs::File::open(path).map_err(fail)?;
-            let n = std::io::Read::read(&mut file, &mut head).map_err(fail)?;
-            let head = &head[..n];
-            if head.starts_with(&crate::format::MAGIC[..head.len().min(8)]) && !head.is_empty() {
-                Format::Ggmlviz
-            } else if ge_log::looks_like(
-                String::from_utf8_lossy(head)
-                    .lines()
-                    .next()
-                    .unwrap_or_default(),
-            ) {
-                Format::GeLog
-            } else if head
-                .iter()
-                .find(|b| !b.is_ascii_whitespace())
-                .is_some_and(|&b| b == b'[' || b == b'{')
-            {
-                // CoMMA records are Chrome-trace-like: `cat` and `ph`; v2 records are not.
-                let text = String::from_utf8_lossy(head);
-                if text.contains("\"cat\"") || text.contains("\"ph\"") {
-                    Format::Comma
-                } else {
-                    Format::TelemetryV2
-                }
-            } else {
-                return Err(ImportError(format!(
-                    "{name}: format not recognised (supported: GGMLVIZ traces, GE profiling logs, TelemetryEvent v2 JSON, CoMMA NCCL JSON)"
-                )));
-            }
-        }
+        None => detect(path)?,
     };
     match format {
         Format::Ggmlviz => {

@@ -1,14 +1,14 @@
 //! `report`: one self-contained HTML page of one or more inputs.
 
 use std::fs::File;
-use std::io::{BufWriter, IsTerminal, Read, Write};
+use std::io::{BufWriter, IsTerminal, Write};
 use std::path::{Path, PathBuf};
 
 use clap::Args;
 use ggml_viz_reader::TraceStats;
 use ggml_viz_reader::report::{ReportBuilder, SpanCount, write_html};
 use ggml_viz_reader::telemetry::ggmlviz::Ids;
-use ggml_viz_reader::telemetry::{Format, import_path};
+use ggml_viz_reader::telemetry::{Format, detect, import_path};
 
 use crate::Failure;
 use crate::input::Input;
@@ -42,17 +42,6 @@ pub struct ReportArgs {
 fn file_name(p: &Path) -> String {
     p.file_name()
         .map_or_else(|| p.display().to_string(), |n| n.to_string_lossy().into())
-}
-
-/// Whether `path` is a GGMLVIZ trace (its events and drops are then counted by the trace reader).
-fn is_trace(path: &Path, format: Option<Format>) -> bool {
-    if let Some(f) = format {
-        return f == Format::Ggmlviz;
-    }
-    let mut head = [0u8; 8];
-    File::open(path)
-        .and_then(|mut f| f.read_exact(&mut head))
-        .is_ok_and(|()| head == ggml_viz_reader::format::MAGIC)
 }
 
 pub fn run(args: ReportArgs) -> Result<(), Failure> {
@@ -112,7 +101,8 @@ pub fn run(args: ReportArgs) -> Result<(), Failure> {
             &mut ids,
             &mut builder,
         );
-        if is_trace(path, args.input.format) {
+        let format = args.input.format.map_or_else(|| detect(path).ok(), Some);
+        if format == Some(Format::Ggmlviz) {
             let (stats, damage) = trace_stats(path, name, args.input.layout)?;
             builder.add_input_totals(
                 stats.events(),
