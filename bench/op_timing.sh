@@ -11,7 +11,7 @@ n_gen="${N_GEN:-64}"
 
 python3 -c "import gguf" 2>/dev/null || python3 -m pip install -q gguf
 build="$(bash scripts/setup-llama.sh | tail -n 1)"
-cargo build --release -q -p ggml-viz-hook -p ggml-viz-reader
+cargo build --release -q -p ggml-viz-hook -p ggml-viz
 hook="$PWD/target/release/libggml_viz_hook.so"
 tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT

@@ -95,7 +95,7 @@ def peak_rss(cmd):
 def readers(quick, tmp):
     events = 2_000_000 if quick else 10_000_000
     progress(f"summary and Perfetto export of a {events}-event trace")
-    run(["cargo", "build", "-q", "--release", "-p", "ggml-viz-reader", "--example", "synthesize"])
+    run(["cargo", "build", "-q", "--release", "-p", "ggml-viz-examples", "--example", "synthesize"])
     trace = os.path.join(tmp, "synthetic.ggmlviz")
     run([os.path.join(ROOT, "target/release/examples/synthesize"), trace, str(events)])
     size_mb = os.path.getsize(trace) / 1e6
@@ -149,7 +149,7 @@ def llama(quick, tmp):
 def live(quick, tmp):
     rate, seconds = 1_000_000, (4 if quick else 10)
     progress(f"live view following a writer of {rate:,} events/s for {seconds} s")
-    run(["cargo", "build", "-q", "--release", "-p", "ggml-viz-reader", "--example", "synthesize"])
+    run(["cargo", "build", "-q", "--release", "-p", "ggml-viz-examples", "--example", "synthesize"])
     trace = os.path.join(tmp, "live.ggmlviz")
     writer = subprocess.Popen([os.path.join(ROOT, "target/release/examples/synthesize"), trace,
                                str(rate * seconds), "--rate", str(rate)], stdout=subprocess.PIPE, text=True)

@@ -17,7 +17,7 @@ samples=../shared/samples
 corpus=fuzz/corpus
 mkdir -p "$corpus/decode" "$corpus/follow" "$corpus/importers"
 cp "$samples"/ggml-viz/*.ggmlviz "$corpus/decode/"
-cargo run -q --release -p ggml-viz-reader --example synthesize -- "$corpus/decode/synthetic.ggmlviz" 200
+cargo run -q --release -p ggml-viz-examples --example synthesize -- "$corpus/decode/synthetic.ggmlviz" 200
 for f in "$corpus"/decode/*; do printf '\007' | cat - "$f" > "$corpus/follow/$(basename "$f")"; done
 cp "$samples"/ada-pa/*.log "$samples"/gpumemprof/*.json reader/tests/data/*.jsonl "$corpus/importers/"
 

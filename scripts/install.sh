@@ -5,7 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 prefix="${1:-$HOME/.local}"
-cargo build --release --locked -p ggml-viz-reader -p ggml-viz-hook
+cargo build --release --locked -p ggml-viz -p ggml-viz-hook
 install -d "$prefix/bin" "$prefix/lib"
 install -m 755 target/release/ggml-viz "$prefix/bin/ggml-viz"
 install -m 644 target/release/libggml_viz_hook.so "$prefix/lib/libggml_viz_hook.so"

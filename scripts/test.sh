@@ -50,10 +50,10 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 rustup target add x86_64-apple-darwin aarch64-apple-darwin x86_64-pc-windows-gnu
 for target in x86_64-apple-darwin aarch64-apple-darwin x86_64-pc-windows-gnu; do
   CARGO_TARGET_DIR=target/cross cargo clippy --locked --target "$target" \
-    -p ggml-viz-hook -p ggml-viz-reader -p ggml-viz-config -- -D warnings
+    -p ggml-viz-hook -p ggml-viz-reader -p ggml-viz-config -p ggml-viz -- -D warnings
 done
 CARGO_TARGET_DIR=target/cross cargo build --release --locked --target x86_64-pc-windows-gnu \
-  -p ggml-viz-hook -p ggml-viz-reader
+  -p ggml-viz-hook -p ggml-viz
 # The macOS hook compiled to Mach-O objects (no macOS linker needed), which a test reads back
 # (hook/tests/macos_interpose.rs: the interpose table dyld will see).
 macos_objects=()
@@ -66,7 +66,15 @@ done
 GGML_VIZ_MACOS_OBJECTS="$(IFS=:; echo "${macos_objects[*]}")"
 export GGML_VIZ_MACOS_OBJECTS
 # The end-to-end tests (tests/) preload the built hook and run the built CLI: build them first.
-cargo build --workspace --release --locked
+cargo build --workspace --release --locked --examples
+# The examples (examples/README.md), each run once on a trace or a sample file.
+examples_dir="$(mktemp -d)"
+target/release/examples/synthesize "$examples_dir/synthetic.ggmlviz" 20000
+target/release/examples/op_totals "$examples_dir/synthetic.ggmlviz" | tee "$examples_dir/op_totals.txt"
+grep -q "timed ops" "$examples_dir/op_totals.txt"
+target/release/examples/import_timeline ../shared/samples/ada-pa/pytorch_acl.log | tee "$examples_dir/import.txt" | head -n 12
+[ -s "$examples_dir/import.txt" ]
+rm -rf "$examples_dir"
 # The benchmark suite in its quick form: catches a benchmark that no longer builds or runs (its
 # figures are not checked here; the machines are too noisy for that).
 python3 bench/run.py --quick --out "${TMPDIR:-/tmp}/ggml-viz-bench-quick.json"

@@ -2,10 +2,10 @@
 //! summary and the Perfetto writer. Invariant: no panic; errors are values.
 #![no_main]
 
-use ggml_viz_reader::telemetry::ggmlviz::Ids;
-use ggml_viz_reader::telemetry::perfetto::PerfettoWriter;
-use ggml_viz_reader::telemetry::summary::Summary;
-use ggml_viz_reader::telemetry::{comma, event_v2, ge_log};
+use ggml_viz_reader::telemetry::Ids;
+use ggml_viz_reader::telemetry::PerfettoWriter;
+use ggml_viz_reader::telemetry::Summary;
+use ggml_viz_reader::telemetry::import::{comma, event_v2, ge_log};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

@@ -13,7 +13,7 @@ use std::sync::{Mutex, Once, PoisonError};
 use std::time::Duration;
 
 use ggml_viz_config::{Config, Sources};
-use ggml_viz_reader::ext::{self, Counters};
+use ggml_viz_reader::format::ext::{self, Counters};
 use ggml_viz_reader::format::{self, ExtensionKind, Layout, Payload};
 
 use crate::capture::{self, Entry, Recorder};
@@ -463,7 +463,7 @@ impl Sink {
             ExtensionKind::SpanEnd
         };
         let name = Entry::from_code(e.entry).map_or("span", Entry::name);
-        let span = ext::Span {
+        let span = ext::SpanBoundary {
             name: name.into(),
             n_tokens: (e.b != u32::MAX).then_some(e.b),
         };

@@ -1,14 +1,19 @@
-//! The GGMLVIZ v1 trace format and everything that reads it.
+//! The GGMLVIZ v1 trace format, its readers, and the telemetry model they feed.
 //!
+//! Four layers, each depending only on those before it:
 //! - [`format`]: the one definition of the on-disk format (event types, the packed and padded
-//!   layouts, encoding and decoding). Standard library only: the hook's writer uses it too.
-//! - [`ext`]: the payloads of ggml-viz extension records (metadata, counters, …).
-//! - [`TraceFile`]: a finished trace, memory-mapped, iterated without copying labels.
-//! - [`StreamReader`]: a trace from any `io::Read` (a pipe, stdin).
-//! - [`Follower`]: a trace another process is still writing; each poll returns only new records.
-//! - [`TraceStats`]: the counts `ggml-viz info` prints; [`ops::OpAnalysis`]: per-op timings.
-//! - [`telemetry`]: the model every import lands in, its importers and exporters; [`report`]: the
-//!   self-contained HTML report.
+//!   layouts, encoding and decoding of records, extension payloads in [`format::ext`], damage,
+//!   layout detection). The hook's writer encodes with it too.
+//! - reading (private module `read`): [`TraceFile`], a finished trace memory-mapped and iterated
+//!   without copying labels; [`StreamReader`], a trace from any `io::Read`; [`Follower`], a trace
+//!   another process is still writing, each poll returning only new records; [`Decoder`], the
+//!   push decoder the last two are built on.
+//! - [`telemetry`]: the common model every import lands in, its importers
+//!   ([`telemetry::import`]: GGMLVIZ, GE logs, TelemetryEvent v2, CoMMA) and exporters
+//!   ([`telemetry::export`]: Perfetto, summaries, TelemetryEvent v2). It knows nothing of who
+//!   produced the data.
+//! - analysis (private module `analysis`): [`TraceStats`], the counts of one pass over a trace;
+//!   [`OpAnalysis`], per-op timings grouped by op, tensor, backend or layer.
 //!
 //! No input makes a reader panic: damage is returned as a [`Damage`] that names the byte
 //! offset, after every complete event before it.
@@ -31,25 +36,19 @@
 //! assert_eq!(decoded, vec![Ok(event)]);
 //! ```
 
-pub mod damage;
-pub mod decoder;
-pub mod detect;
-pub mod ext;
-pub mod follow;
+mod analysis;
 pub mod format;
-pub mod live;
-pub mod ops;
-pub mod report;
-pub mod slice;
-pub mod stats;
-pub mod stream;
+mod read;
 pub mod telemetry;
 
-pub use damage::{Damage, DamageKind};
-pub use decoder::Decoder;
-pub use detect::{LayoutChoice, LayoutSource, choose_layout};
-pub use follow::{Follower, Poll};
-pub use format::{Event, EventType, Layout, Payload};
-pub use slice::{Events, TraceFile, TypeCounts, count_types};
-pub use stats::{DurationSummary, TraceStats};
-pub use stream::{StreamError, StreamReader};
+pub use analysis::op_timings::{
+    GroupBy, OpAnalysis, OpGroup, OpSample, Phase, group_ops, op_timing_note,
+};
+pub use analysis::stats::{DurationSummary, MemoryStats, TraceStats};
+pub use format::{
+    Damage, DamageKind, Event, EventType, Layout, LayoutChoice, LayoutSource, Payload,
+    choose_layout,
+};
+pub use read::{
+    Decoder, Events, Follower, Poll, StreamError, StreamReader, TraceFile, TypeCounts, count_types,
+};

@@ -1,7 +1,7 @@
 //! Damaged input: every complete event before the damage, then an error that names the offset.
 //! Never a panic, a hang, or a guess.
 
-mod common;
+use crate::common;
 
 use ggml_viz_reader::format::Layout;
 use ggml_viz_reader::{
@@ -204,7 +204,8 @@ proptest! {
 fn hostile_sizes_and_times_saturate_instead_of_overflowing() {
     // Found by the decode fuzz target: two huge allocations overflowed the byte totals.
     use ggml_viz_reader::format::{Event, Payload};
-    use ggml_viz_reader::telemetry::{Collected, ggmlviz};
+    use ggml_viz_reader::telemetry::Collected;
+    use ggml_viz_reader::telemetry::import::ggmlviz;
     let huge = |type_code, ptr, ts| Event {
         type_code,
         timestamp_ns: ts,
@@ -229,7 +230,7 @@ fn hostile_sizes_and_times_saturate_instead_of_overflowing() {
         &bytes,
         Layout::Packed,
         "hostile",
-        &mut ggmlviz::Ids::default(),
+        &mut ggml_viz_reader::telemetry::Ids::default(),
         &mut c,
     );
     assert_eq!(c.counters.len(), 4);

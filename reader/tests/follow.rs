@@ -1,6 +1,6 @@
 //! The follow reader returns each record once, as it completes, without re-reading.
 
-mod common;
+use crate::common;
 
 use std::io::Write;
 

@@ -1,7 +1,7 @@
 //! Any sequence of events, encoded in either layout, decodes to the same events, through every
 //! reader.
 
-mod common;
+use crate::common;
 
 use ggml_viz_reader::{Events, StreamReader, count_types};
 use proptest::prelude::*;

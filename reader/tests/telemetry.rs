@@ -1,16 +1,18 @@
 //! The telemetry model: GE logs against ada-pa's own reports, the C++ tool's sample, the
 //! same-name nesting rule, and the Perfetto export's structure.
 
-mod common;
+use crate::common;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
 
 use ggml_viz_reader::format::Layout;
-use ggml_viz_reader::telemetry::ggmlviz::{self, Ids};
-use ggml_viz_reader::telemetry::perfetto::PerfettoWriter;
-use ggml_viz_reader::telemetry::summary::Summary;
-use ggml_viz_reader::telemetry::{Clock, Collected, ge_log, import_path};
+use ggml_viz_reader::telemetry::Ids;
+use ggml_viz_reader::telemetry::PerfettoWriter;
+use ggml_viz_reader::telemetry::Summary;
+use ggml_viz_reader::telemetry::import::ge_log;
+use ggml_viz_reader::telemetry::import::ggmlviz;
+use ggml_viz_reader::telemetry::{Clock, Collected, import_path};
 use serde_json::Value;
 
 fn sample(path: &str) -> PathBuf {
@@ -264,8 +266,12 @@ fn a_bad_comma_line_is_an_error_naming_it() {
     let mut c = Collected::default();
     let text =
         "{\"cat\":\"COLL\",\"ts\":1,\"dur\":2,\"name\":\"all_gather\",\"rank\":0}\n{\"cat\": \n";
-    let err =
-        ggml_viz_reader::telemetry::comma::import(text, "x.jsonl", &mut Ids::default(), &mut c)
-            .unwrap_err();
+    let err = ggml_viz_reader::telemetry::import::comma::import(
+        text,
+        "x.jsonl",
+        &mut Ids::default(),
+        &mut c,
+    )
+    .unwrap_err();
     assert!(err.contains("x.jsonl: line 2"), "{err}");
 }

@@ -5,7 +5,7 @@ use std::process::Command;
 
 use ggml_viz_e2e::*;
 use ggml_viz_reader::Event;
-use ggml_viz_reader::ext::{self, Span, TensorInfo};
+use ggml_viz_reader::format::ext::{self, SpanBoundary, TensorInfo};
 use ggml_viz_reader::format::{EventType, ExtensionKind, Payload};
 
 fn llama_simple(n_predict: u32) -> Command {
@@ -131,7 +131,7 @@ fn llama_simple_ops_are_timed_one_pair_per_node_with_names_and_spans() {
     );
 
     // One llama_decode span per decode call: the prompt, then one token at a time.
-    let spans: Vec<Span> = ext_payloads(&events, ExtensionKind::SpanBegin);
+    let spans: Vec<SpanBoundary> = ext_payloads(&events, ExtensionKind::SpanBegin);
     assert_eq!(spans.len(), decoded);
     assert!(spans.iter().all(|s| s.name == "llama_decode"));
     assert!(spans[0].n_tokens.unwrap() > 1);

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use ggml_viz_e2e::*;
-use ggml_viz_reader::ext::{self, TensorInfo};
+use ggml_viz_reader::format::ext::{self, TensorInfo};
 use ggml_viz_reader::format::{self, Event, ExtensionKind, Layout, Payload};
 use serde_json::Value;
 
@@ -259,7 +259,7 @@ fn a_million_event_trace_is_drawn_in_part_and_says_so() {
     while graphs < 5_100 {
         let tid = (graphs % 2) as u32;
         let t = &mut ts[tid as usize];
-        let span = ext::Span {
+        let span = ext::SpanBoundary {
             name: "llama_decode".into(),
             n_tokens: Some(if graphs < 2 { 16 } else { 1 }),
         };

@@ -1,20 +1,20 @@
 //! The common telemetry model every import lands in, and the exports that read it.
 //!
-//! An importer turns its input into a stream of [`Record`]s handed to a [`Sink`]: processes and
+//! An importer turns its input into a stream of [`Record`]s handed to a [`RecordSink`]: processes and
 //! lanes (threads, devices, NCCL proxy lanes) as they are met, spans when they close (with their
 //! parent, depth and self time already known), counter samples, instants and warnings. Exporters
 //! and summaries are sinks, so nothing needs the whole input in memory.
 //!
-//! - importers: [`ggmlviz`], [`ge_log`], [`event_v2`] (TelemetryEvent v2), [`comma`] (CoMMA NCCL);
-//! - sinks: [`perfetto::PerfettoWriter`], [`summary::Summary`], and [`Collected`] (everything, for
+//! - importers ([`import`]): GGMLVIZ, GE logs, TelemetryEvent v2, CoMMA NCCL;
+//! - sinks ([`export`]): [`PerfettoWriter`], [`Summary`], and [`Collected`] (everything, for
 //!   tests and small inputs).
 
-pub mod comma;
-pub mod event_v2;
-pub mod ge_log;
-pub mod ggmlviz;
-pub mod perfetto;
-pub mod summary;
+pub mod export;
+pub mod import;
+
+pub use export::perfetto::PerfettoWriter;
+pub use export::summary::Summary;
+pub use import::{Format, ImportError, detect, import_path};
 
 use std::fmt;
 
@@ -126,7 +126,7 @@ pub enum Record {
 }
 
 /// Receives an import.
-pub trait Sink {
+pub trait RecordSink {
     fn record(&mut self, record: Record);
 }
 
@@ -142,7 +142,7 @@ pub struct Collected {
     pub clock: Option<Clock>,
 }
 
-impl Sink for Collected {
+impl RecordSink for Collected {
     fn record(&mut self, record: Record) {
         match record {
             Record::Process(p) => self.processes.push(p),
@@ -249,6 +249,29 @@ pub fn clock_of(first_timestamp_ns: u64) -> Clock {
     }
 }
 
+/// Ids already handed out, so that several inputs share one timeline without collisions.
+#[derive(Debug, Default)]
+pub struct Ids {
+    pub next_process: u32,
+    pub next_lane: u32,
+    pub next_span: u64,
+}
+
+impl Ids {
+    fn process(&mut self) -> u32 {
+        self.next_process += 1;
+        self.next_process
+    }
+    fn lane(&mut self) -> u32 {
+        self.next_lane += 1;
+        self.next_lane
+    }
+    fn span(&mut self) -> u64 {
+        self.next_span += 1;
+        self.next_span
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -262,125 +285,5 @@ mod tests {
         assert_eq!((child.parent, child.depth, child.self_ns), (Some(1), 1, 30));
         let parent = stack.close(0, 100).unwrap();
         assert_eq!((parent.parent, parent.depth, parent.self_ns), (None, 0, 70));
-    }
-}
-
-/// Input formats, recognised by content.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Format {
-    Ggmlviz,
-    GeLog,
-    TelemetryV2,
-    Comma,
-}
-
-impl std::str::FromStr for Format {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Format, String> {
-        match s {
-            "ggmlviz" => Ok(Format::Ggmlviz),
-            "ge-log" => Ok(Format::GeLog),
-            other => Err(format!(
-                "unknown input format {other:?}: expected ggmlviz or ge-log"
-            )),
-        }
-    }
-}
-
-/// What an import found wrong that makes it fail (after everything before it was delivered).
-#[derive(Debug)]
-pub struct ImportError(pub String);
-
-/// The format of the file at `path`, recognised by its first bytes.
-pub fn detect(path: &std::path::Path) -> Result<Format, ImportError> {
-    let name = path.display().to_string();
-    let fail = |e: std::io::Error| ImportError(format!("cannot read {name}: {e}"));
-    let mut head = [0u8; 256];
-    let mut file = std::fs::File::open(path).map_err(fail)?;
-    let n = std::io::Read::read(&mut file, &mut head).map_err(fail)?;
-    let head = &head[..n];
-    Ok(
-        if head.starts_with(&crate::format::MAGIC[..head.len().min(8)]) && !head.is_empty() {
-            Format::Ggmlviz
-        } else if ge_log::looks_like(
-            String::from_utf8_lossy(head)
-                .lines()
-                .next()
-                .unwrap_or_default(),
-        ) {
-            Format::GeLog
-        } else if head
-            .iter()
-            .find(|b| !b.is_ascii_whitespace())
-            .is_some_and(|&b| b == b'[' || b == b'{')
-        {
-            // CoMMA records are Chrome-trace-like: `cat` and `ph`; v2 records are not.
-            let text = String::from_utf8_lossy(head);
-            if text.contains("\"cat\"") || text.contains("\"ph\"") {
-                Format::Comma
-            } else {
-                Format::TelemetryV2
-            }
-        } else {
-            return Err(ImportError(format!(
-                "{name}: format not recognised (supported: GGMLVIZ traces, GE profiling logs, TelemetryEvent v2 JSON, CoMMA NCCL JSON)"
-            )));
-        },
-    )
-}
-
-/// Imports the file at `path` into `sink`, recognising its format unless `format` is given.
-/// Corruption is an error (what came before it was delivered); a truncated tail is a warning.
-pub fn import_path<S: Sink>(
-    path: &std::path::Path,
-    format: Option<Format>,
-    layout: Option<crate::format::Layout>,
-    ids: &mut ggmlviz::Ids,
-    sink: &mut S,
-) -> Result<(), ImportError> {
-    let name = path.display().to_string();
-    let fail = |e: std::io::Error| ImportError(format!("cannot read {name}: {e}"));
-    let format = match format {
-        Some(f) => f,
-        None => detect(path)?,
-    };
-    match format {
-        Format::Ggmlviz => {
-            // Streamed, not mapped: memory stays bounded whatever the trace's size.
-            let file = std::fs::File::open(path).map_err(fail)?;
-            let mut reader = crate::stream::StreamReader::new(
-                std::io::BufReader::with_capacity(1 << 20, file),
-                layout,
-            );
-            let mut io_error = None;
-            let events = std::iter::from_fn(|| match reader.next()? {
-                Ok(event) => Some((reader.last_offset(), Ok(event))),
-                Err(crate::stream::StreamError::Damage(d)) => Some((d.offset, Err(d))),
-                Err(crate::stream::StreamError::Io(e)) => {
-                    io_error = Some(e);
-                    None
-                }
-            });
-            let damage = ggmlviz::import_events(events, &name, ids, sink);
-            if let Some(e) = io_error {
-                return Err(fail(e));
-            }
-            match damage {
-                Some(d) if !d.is_truncation() => Err(ImportError(format!("{name}: {d}"))),
-                _ => Ok(()),
-            }
-        }
-        Format::GeLog => {
-            let file = std::fs::File::open(path).map_err(fail)?;
-            ge_log::import(std::io::BufReader::new(file), &name, ids, sink).map_err(fail)
-        }
-        Format::TelemetryV2 => {
-            let text = std::fs::read_to_string(path).map_err(fail)?;
-            event_v2::import(&text, &name, ids, sink).map_err(ImportError)
-        }
-        Format::Comma => {
-            let text = std::fs::read_to_string(path).map_err(fail)?;
-            comma::import(&text, &name, ids, sink).map_err(ImportError)
-        }
     }
 }

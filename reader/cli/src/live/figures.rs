@@ -1,0 +1,317 @@
+//! What the live view shows, kept up to date from the records a [`ggml_viz_reader::Follower`] returns.
+//!
+//! Each record is looked at once. Rates and rolling figures come from one bucket per refresh
+//! (about a second of wall time): the bucket being filled, and the last `window` closed ones.
+//! Memory is bounded by the window, the number of op types and the nesting depth, never by the
+//! trace's length.
+
+use std::collections::{HashMap, VecDeque};
+use std::time::Duration;
+
+use ggml_viz_reader::Damage;
+use ggml_viz_reader::format::ext::{self, Counters, OpNames};
+use ggml_viz_reader::format::{Event, EventType, ExtensionKind, Payload};
+use ggml_viz_reader::telemetry::export::summary::Histogram;
+
+#[derive(Debug, Default)]
+struct Bucket {
+    wall: Duration,
+    events: u64,
+    graphs: u64,
+    ops: u64,
+    graph_ns: Histogram,
+    /// Per op type: time and count.
+    op_ns: HashMap<u32, (u64, u64)>,
+}
+
+/// Running totals and the rolling window.
+#[derive(Debug)]
+pub struct LiveStats {
+    pub events: u64,
+    pub graphs: u64,
+    pub ops: u64,
+    /// The writer's latest running totals of what it could not record.
+    pub counters: Counters,
+    /// Duration of the latest outermost graph compute.
+    pub latest_graph_ns: Option<u64>,
+    pub damage: Option<Damage>,
+    /// Per thread: begin timestamps of open graph computes, and open ops (tensor, type, begin).
+    open_graphs: HashMap<u32, Vec<u64>>,
+    open_ops: HashMap<u32, Vec<(u64, u32, u64)>>,
+    op_names: HashMap<u32, String>,
+    current: Bucket,
+    closed: VecDeque<Bucket>,
+    window: usize,
+}
+
+/// One op type's share of the window.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TopOp {
+    pub name: String,
+    pub total_ns: u64,
+    pub count: u64,
+    /// Of all op time in the window.
+    pub share: f64,
+}
+
+/// What a refresh shows.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Snapshot {
+    pub events: u64,
+    pub graphs: u64,
+    pub ops: u64,
+    pub lost: u64,
+    /// Over the last closed bucket.
+    pub events_per_s: f64,
+    pub graphs_per_s: f64,
+    pub latest_graph_ns: Option<u64>,
+    /// Over the window: outermost graph computes that ended in it.
+    pub window_graphs: u64,
+    pub p50_graph_ns: Option<u64>,
+    pub p99_graph_ns: Option<u64>,
+    pub top_ops: Vec<TopOp>,
+    /// Wall time the window covers.
+    pub window: Duration,
+}
+
+impl LiveStats {
+    /// `window`: how many refresh buckets the rolling figures span.
+    pub fn new(window: usize) -> LiveStats {
+        LiveStats {
+            events: 0,
+            graphs: 0,
+            ops: 0,
+            counters: Counters::default(),
+            latest_graph_ns: None,
+            damage: None,
+            open_graphs: HashMap::new(),
+            open_ops: HashMap::new(),
+            op_names: HashMap::new(),
+            current: Bucket::default(),
+            closed: VecDeque::new(),
+            window: window.max(1),
+        }
+    }
+
+    pub fn add(&mut self, e: &Event<'_>) {
+        self.events += 1;
+        self.current.events += 1;
+        let ts = e.timestamp_ns;
+        match (e.event_type(), e.payload) {
+            (_, Payload::Extension(x)) => match x.kind {
+                ExtensionKind::Counters => {
+                    if let Some(c) =
+                        ext::parse_payload::<Counters>(e.label.as_deref().unwrap_or_default())
+                    {
+                        self.counters = c;
+                    }
+                }
+                ExtensionKind::OpNames => {
+                    let names: OpNames = e
+                        .label
+                        .as_deref()
+                        .and_then(ext::parse_payload)
+                        .unwrap_or_default();
+                    for (k, v) in names.names {
+                        if let Ok(k) = k.parse() {
+                            self.op_names.insert(k, v);
+                        }
+                    }
+                }
+                _ => {}
+            },
+            (Some(EventType::GraphComputeBegin), _) => {
+                self.open_graphs.entry(e.thread_id).or_default().push(ts)
+            }
+            (Some(EventType::GraphComputeEnd), _) => {
+                let stack = self.open_graphs.entry(e.thread_id).or_default();
+                if let Some(begin) = stack.pop()
+                    && stack.is_empty()
+                {
+                    let ns = ts.saturating_sub(begin);
+                    self.graphs += 1;
+                    self.current.graphs += 1;
+                    self.current.graph_ns.add(ns);
+                    self.latest_graph_ns = Some(ns);
+                }
+            }
+            (
+                Some(EventType::OpComputeBegin),
+                Payload::Op {
+                    tensor_ptr,
+                    op_type,
+                    ..
+                },
+            ) => {
+                self.open_ops
+                    .entry(e.thread_id)
+                    .or_default()
+                    .push((tensor_ptr, op_type, ts));
+            }
+            (Some(EventType::OpComputeEnd), Payload::Op { tensor_ptr, .. }) => {
+                let stack = self.open_ops.entry(e.thread_id).or_default();
+                if let Some(i) = stack.iter().rposition(|o| o.0 == tensor_ptr) {
+                    let (_, op_type, begin) = stack.remove(i);
+                    let ns = ts.saturating_sub(begin);
+                    self.ops += 1;
+                    self.current.ops += 1;
+                    let slot = self.current.op_ns.entry(op_type).or_default();
+                    slot.0 = slot.0.saturating_add(ns);
+                    slot.1 += 1;
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// Closes the bucket being filled, which covered `wall` of wall time.
+    pub fn tick(&mut self, wall: Duration) {
+        let mut bucket = std::mem::take(&mut self.current);
+        bucket.wall = wall;
+        self.closed.push_back(bucket);
+        while self.closed.len() > self.window {
+            self.closed.pop_front();
+        }
+    }
+
+    pub fn snapshot(&self, top: usize) -> Snapshot {
+        let last = self.closed.back();
+        let per_s = |n: u64| match last {
+            Some(b) if !b.wall.is_zero() => n as f64 / b.wall.as_secs_f64(),
+            _ => 0.0,
+        };
+        let mut graph_ns = Histogram::default();
+        let mut op_ns: HashMap<u32, (u64, u64)> = HashMap::new();
+        for b in &self.closed {
+            graph_ns.merge(&b.graph_ns);
+            for (&op, &(ns, n)) in &b.op_ns {
+                let slot = op_ns.entry(op).or_default();
+                slot.0 = slot.0.saturating_add(ns);
+                slot.1 += n;
+            }
+        }
+        let all: u64 = op_ns.values().map(|v| v.0).sum();
+        let mut top_ops: Vec<TopOp> = op_ns
+            .into_iter()
+            .map(|(op, (total_ns, count))| TopOp {
+                name: self
+                    .op_names
+                    .get(&op)
+                    .cloned()
+                    .unwrap_or_else(|| format!("op {op}")),
+                total_ns,
+                count,
+                share: if all == 0 {
+                    0.0
+                } else {
+                    total_ns as f64 / all as f64
+                },
+            })
+            .collect();
+        top_ops.sort_by(|a, b| b.total_ns.cmp(&a.total_ns).then(a.name.cmp(&b.name)));
+        top_ops.truncate(top);
+        let has = graph_ns.count() > 0;
+        Snapshot {
+            events: self.events,
+            graphs: self.graphs,
+            ops: self.ops,
+            lost: self.counters.lost(),
+            events_per_s: per_s(last.map_or(0, |b| b.events)),
+            graphs_per_s: per_s(last.map_or(0, |b| b.graphs)),
+            latest_graph_ns: self.latest_graph_ns,
+            window_graphs: graph_ns.count(),
+            p50_graph_ns: has.then(|| graph_ns.quantile(0.5)),
+            p99_graph_ns: has.then(|| graph_ns.quantile(0.99)),
+            top_ops,
+            window: self.closed.iter().map(|b| b.wall).sum(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ev(type_code: u8, ts: u64, tid: u32, payload: Payload) -> Event<'static> {
+        Event {
+            type_code,
+            timestamp_ns: ts,
+            thread_id: tid,
+            payload,
+            label: None,
+        }
+    }
+
+    fn graph() -> Payload {
+        Payload::Graph {
+            graph_ptr: 1,
+            n_nodes: 1,
+            n_threads: 1,
+            backend_ptr: 0,
+        }
+    }
+
+    fn op(tensor_ptr: u64, op_type: u32) -> Payload {
+        Payload::Op {
+            tensor_ptr,
+            op_type,
+            op_size: 0,
+            backend_ptr: 0,
+        }
+    }
+
+    #[test]
+    fn outermost_graphs_ops_and_the_window() {
+        let mut s = LiveStats::new(2);
+        // Bucket 1: one graph of 100 ns holding a nested graph and two ops.
+        for e in [
+            ev(0, 0, 1, graph()),
+            ev(0, 5, 1, graph()),
+            ev(2, 10, 1, op(0xa, 29)),
+            ev(3, 40, 1, op(0xa, 29)),
+            ev(2, 50, 1, op(0xb, 7)),
+            ev(3, 60, 1, op(0xb, 7)),
+            ev(1, 90, 1, graph()),
+            ev(1, 100, 1, graph()),
+        ] {
+            s.add(&e);
+        }
+        s.tick(Duration::from_millis(500));
+        let snap = s.snapshot(5);
+        assert_eq!((snap.graphs, snap.ops, snap.events), (1, 2, 8));
+        assert_eq!(snap.latest_graph_ns, Some(100));
+        assert_eq!(snap.graphs_per_s, 2.0);
+        assert_eq!(snap.events_per_s, 16.0);
+        assert_eq!(snap.top_ops[0].name, "op 29");
+        assert_eq!((snap.top_ops[0].total_ns, snap.top_ops[0].count), (30, 1));
+        assert!((snap.top_ops[0].share - 0.75).abs() < 1e-9);
+        // Names arrive later and apply; older buckets leave the window.
+        let names = OpNames {
+            names: [("29".to_string(), "MUL_MAT".to_string())].into(),
+        };
+        let mut bytes = Vec::new();
+        ext::encode_extension(
+            &mut bytes,
+            ggml_viz_reader::format::Layout::Packed,
+            ExtensionKind::OpNames,
+            0,
+            0,
+            &names,
+        );
+        let (named, _) =
+            ggml_viz_reader::format::decode_record(&bytes, ggml_viz_reader::format::Layout::Packed)
+                .unwrap()
+                .unwrap();
+        s.add(&named);
+        s.add(&ev(0, 200, 2, graph()));
+        s.add(&ev(1, 1200, 2, graph()));
+        s.tick(Duration::from_secs(1));
+        s.tick(Duration::from_secs(1));
+        let snap = s.snapshot(5);
+        assert_eq!(snap.window_graphs, 1, "the first bucket left the window");
+        assert_eq!(snap.p50_graph_ns, Some(1000));
+        assert!(snap.top_ops.is_empty());
+        assert_eq!(snap.graphs_per_s, 0.0);
+        assert_eq!(snap.window, Duration::from_secs(2));
+    }
+}

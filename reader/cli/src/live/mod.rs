@@ -1,0 +1,545 @@
+//! `live`, and `record --live`: follow a trace while it is written and refresh a view of it
+//! about once a second. Only new records are read on each poll (the `Follower`); the figures
+//! come from [`figures::LiveStats`].
+
+mod figures;
+
+use std::io::{self, IsTerminal, Write};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use clap::Args;
+use figures::{LiveStats, Snapshot};
+use ggml_viz_reader::{Follower, Layout};
+
+use crate::Failure;
+use crate::dump::parse_layout;
+use crate::info::fmt_ns;
+
+/// How often the file is polled for new records.
+const POLL: Duration = Duration::from_millis(100);
+
+/// How the view looks; shared by `live` and `record --live`.
+#[derive(Args, Clone)]
+pub struct ViewOpts {
+    /// Seconds the rolling figures (p50/p99 of graph time, top ops) cover.
+    #[arg(long, default_value_t = 10)]
+    window: u32,
+    /// Seconds between refreshes.
+    #[arg(long, default_value_t = 1.0)]
+    interval: f64,
+    /// Op types listed.
+    #[arg(long, default_value_t = 8)]
+    top: usize,
+    /// One plain line per refresh, even on a terminal (the default when stdout is not one).
+    #[arg(long)]
+    plain: bool,
+}
+
+impl ViewOpts {
+    /// Whether the view redraws a terminal screen (and reads keys), rather than printing lines.
+    pub fn interactive(&self) -> bool {
+        !self.plain && io::stdout().is_terminal()
+    }
+}
+
+/// Follow a trace while a program writes it: graphs/s, the latest graph time and its rolling
+/// p50/p99, the top ops by time over the last seconds, events and drops, refreshed about once a
+/// second.
+///
+/// Quits on `q` or Ctrl-C (Ctrl-C only on Windows), and by itself when the writer is done (the hook holds a lock on its
+/// trace while the program runs). On a terminal the screen is redrawn; otherwise (a pipe, a file,
+/// or --plain) one line is printed per refresh. Never reads a byte twice: it keeps up with a
+/// writer making millions of events a second.
+#[derive(Args)]
+#[command(
+    after_help = "Examples:\n  ggml-viz live trace.ggmlviz\n  ggml-viz live --window 30 --plain trace.ggmlviz >> progress.log\n  ggml-viz record --live -- llama-cli -m model.gguf -p \"Hello\" -n 256"
+)]
+pub struct LiveArgs {
+    /// The trace to follow (it may not exist yet).
+    file: PathBuf,
+    #[command(flatten)]
+    view: ViewOpts,
+    /// Event layout instead of detecting it.
+    #[arg(long, value_parser = parse_layout)]
+    layout: Option<Layout>,
+}
+
+pub fn run(args: LiveArgs) -> Result<(), Failure> {
+    watch(&args.file, &args.view, args.layout, WriterGone::Unlocked).map(|_| ())
+}
+
+/// How to know that no more records will come.
+pub enum WriterGone<'a> {
+    /// No process holds the trace's lock (and nothing new arrived).
+    Unlocked,
+    /// The recorded program, started at the given time, exited (`record --live`): the function
+    /// says how, once it has.
+    Exited(std::time::SystemTime, &'a mut dyn FnMut() -> Option<String>),
+}
+
+/// Why the view stopped.
+pub enum Stop {
+    Quit,
+    WriterDone,
+}
+
+static INTERRUPTED: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_sigint(_: libc::c_int) {
+    INTERRUPTED.store(true, Ordering::Relaxed);
+}
+
+/// Follows `path` until `q`, Ctrl-C or the writer is done; prints a last summary line.
+pub fn watch(
+    path: &Path,
+    opts: &ViewOpts,
+    layout: Option<Layout>,
+    mut gone: WriterGone<'_>,
+) -> Result<Stop, Failure> {
+    let interactive = opts.interactive();
+    let keys = if interactive { Keys::open() } else { None };
+    INTERRUPTED.store(false, Ordering::Relaxed);
+    // SAFETY: the handler only stores to an atomic.
+    let old = unsafe { libc::signal(libc::SIGINT, on_sigint as *const () as libc::sighandler_t) };
+    // Under `record`, plain lines go to stderr: the program's stdout stays its own.
+    let to_stderr = matches!(gone, WriterGone::Exited(..));
+    let mut screen = Screen::new(path, opts, interactive, to_stderr);
+    let result = follow(path, opts, layout, &mut gone, &keys, &mut screen);
+    // SAFETY: restoring the disposition we replaced.
+    unsafe { libc::signal(libc::SIGINT, old) };
+    result
+}
+
+fn quit_requested(keys: &Option<Keys>) -> bool {
+    INTERRUPTED.load(Ordering::Relaxed) || keys.as_ref().is_some_and(Keys::quit_pressed)
+}
+
+/// Waits one poll interval, on the keyboard when there is one (so that `q` acts at once).
+fn pause(keys: &Option<Keys>) {
+    match keys {
+        Some(k) => k.wait(POLL),
+        None => std::thread::sleep(POLL),
+    }
+}
+
+fn follow(
+    path: &Path,
+    opts: &ViewOpts,
+    layout: Option<Layout>,
+    gone: &mut WriterGone<'_>,
+    keys: &Option<Keys>,
+    screen: &mut Screen,
+) -> Result<Stop, Failure> {
+    let mut exited: Option<String> = None;
+    let writer_done = |gone: &mut WriterGone<'_>, exited: &mut Option<String>| match gone {
+        WriterGone::Unlocked => !crate::input::being_written(path),
+        WriterGone::Exited(_, check) => {
+            if exited.is_none() {
+                *exited = check();
+            }
+            exited.is_some()
+        }
+    };
+    // The trace appears when the program first calls ggml; `record --live` waits for a file
+    // written since the program started, so that one left by an earlier run is not taken for it.
+    let mut last_draw = Instant::now();
+    loop {
+        // `live FILE` waits for the file however long it takes; `record --live` until the
+        // program exits. Whether it had, before looking for the file: it may write and exit.
+        let program_done = matches!(gone, WriterGone::Exited(..)) && writer_done(gone, &mut exited);
+        let ready = match gone {
+            WriterGone::Unlocked => path.exists(),
+            WriterGone::Exited(started, _) => std::fs::metadata(path)
+                .and_then(|m| m.modified())
+                .is_ok_and(|t| t >= *started),
+        };
+        if ready {
+            break;
+        }
+        if quit_requested(keys) {
+            screen.finish(
+                "quit",
+                None,
+                &mut LiveStats::new(1),
+                Instant::now(),
+                opts.top,
+            );
+            return Ok(Stop::Quit);
+        }
+        if program_done {
+            let why = exited.clone().unwrap_or_else(|| "no writer".into());
+            eprintln!(
+                "ggml-viz: {why}; no trace at {}: the program called no interposed ggml function (or tracing was off)",
+                path.display()
+            );
+            return Ok(Stop::WriterDone);
+        }
+        if last_draw.elapsed().as_secs_f64() >= opts.interval {
+            screen.waiting();
+            last_draw = Instant::now();
+        }
+        pause(keys);
+    }
+
+    let mut follower = Follower::open(path, layout)
+        .map_err(|e| Failure::Data(format!("cannot open {}: {e}", path.display())))?;
+    let mut stats = LiveStats::new((opts.window as f64 / opts.interval).ceil().max(1.0) as usize);
+    let mut bucket_start = Instant::now();
+    screen.draw(&stats.snapshot(opts.top), "following");
+    loop {
+        // Whether the writer was done before this poll: then the poll saw its last bytes.
+        let done = writer_done(gone, &mut exited);
+        let poll = follower
+            .poll()
+            .map_err(|e| Failure::Data(format!("cannot read {}: {e}", path.display())))?;
+        let got = !poll.events.is_empty();
+        for e in &poll.events {
+            stats.add(e);
+        }
+        if let Some(d) = poll.damage {
+            stats.damage = Some(d);
+        }
+        if std::fs::metadata(path).is_ok_and(|m| m.len() < follower.offset()) {
+            screen.finish("stopped", None, &mut stats, bucket_start, opts.top);
+            return Err(Failure::Data(format!(
+                "{} shrank below the {} bytes already read: it was truncated or replaced by a new run",
+                path.display(),
+                follower.offset()
+            )));
+        }
+        if bucket_start.elapsed().as_secs_f64() >= opts.interval {
+            stats.tick(bucket_start.elapsed());
+            bucket_start = Instant::now();
+            let state = if exited.is_some() {
+                "program exited"
+            } else {
+                "following"
+            };
+            screen.draw(&stats.snapshot(opts.top), state);
+        }
+        if stats.damage.as_ref().is_some_and(|d| !d.is_truncation()) {
+            let d = stats.damage.clone().expect("checked");
+            screen.finish(
+                "stopped",
+                exited.as_deref(),
+                &mut stats,
+                bucket_start,
+                opts.top,
+            );
+            return Err(Failure::Data(format!("{}: {d}", path.display())));
+        }
+        if quit_requested(keys) {
+            screen.finish(
+                "quit",
+                exited.as_deref(),
+                &mut stats,
+                bucket_start,
+                opts.top,
+            );
+            return Ok(Stop::Quit);
+        }
+        if done && !got {
+            let why = exited
+                .clone()
+                .unwrap_or_else(|| "the writer finished".into());
+            screen.finish(&why, None, &mut stats, bucket_start, opts.top);
+            if follower.pending() > 0 {
+                eprintln!(
+                    "ggml-viz: warning: {}: the writer stopped in the middle of a record: {} byte(s) after byte offset {} are incomplete",
+                    path.display(),
+                    follower.pending(),
+                    follower.offset()
+                );
+            }
+            return Ok(Stop::WriterDone);
+        }
+        if !got {
+            pause(keys);
+        }
+    }
+}
+
+/// The keyboard, in a mode where keys arrive one at a time without echo; restored on drop.
+#[cfg(unix)]
+struct Keys {
+    saved: libc::termios,
+}
+
+#[cfg(unix)]
+impl Keys {
+    fn open() -> Option<Keys> {
+        if !io::stdin().is_terminal() {
+            return None;
+        }
+        // SAFETY: termios is plain data; tcgetattr fills it.
+        let mut t: libc::termios = unsafe { std::mem::zeroed() };
+        // SAFETY: fd 0 is a terminal (checked); `t` is a valid termios.
+        if unsafe { libc::tcgetattr(0, &mut t) } != 0 {
+            return None;
+        }
+        let saved = t;
+        t.c_lflag &= !(libc::ICANON | libc::ECHO);
+        t.c_cc[libc::VMIN] = 0;
+        t.c_cc[libc::VTIME] = 0;
+        // SAFETY: as above.
+        unsafe { libc::tcsetattr(0, libc::TCSANOW, &t) };
+        Some(Keys { saved })
+    }
+
+    /// Waits up to `timeout` for a key (or a signal).
+    fn wait(&self, timeout: Duration) {
+        let mut fd = libc::pollfd {
+            fd: 0,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd.
+        unsafe { libc::poll(&mut fd, 1, timeout.as_millis() as libc::c_int) };
+    }
+
+    fn quit_pressed(&self) -> bool {
+        let mut buf = [0u8; 64];
+        loop {
+            // SAFETY: reading into our buffer; VMIN=0 makes it return at once.
+            let n = unsafe { libc::read(0, buf.as_mut_ptr().cast(), buf.len()) };
+            if n <= 0 {
+                return false;
+            }
+            if buf[..n as usize]
+                .iter()
+                .any(|&b| b == b'q' || b == b'Q' || b == 3)
+            {
+                return true;
+            }
+        }
+    }
+}
+
+#[cfg(unix)]
+impl Drop for Keys {
+    fn drop(&mut self) {
+        // SAFETY: restoring the settings read in `open`.
+        unsafe { libc::tcsetattr(0, libc::TCSANOW, &self.saved) };
+    }
+}
+
+/// Without a Unix terminal, Ctrl-C is the way to quit.
+#[cfg(not(unix))]
+struct Keys;
+
+#[cfg(not(unix))]
+impl Keys {
+    fn open() -> Option<Keys> {
+        None
+    }
+    fn wait(&self, timeout: Duration) {
+        std::thread::sleep(timeout);
+    }
+    fn quit_pressed(&self) -> bool {
+        false
+    }
+}
+
+/// Where the view goes: a redrawn terminal screen, or one line per refresh.
+struct Screen {
+    name: String,
+    window: u32,
+    interactive: bool,
+    to_stderr: bool,
+    started: Instant,
+    drawn: bool,
+}
+
+fn opt_ns(ns: Option<u64>) -> String {
+    ns.map_or_else(|| "-".into(), |n| fmt_ns(n as f64))
+}
+
+fn count(n: u64) -> String {
+    let s = n.to_string();
+    let mut out = String::new();
+    for (i, c) in s.chars().enumerate() {
+        if i > 0 && (s.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+impl Screen {
+    fn new(path: &Path, opts: &ViewOpts, interactive: bool, to_stderr: bool) -> Screen {
+        Screen {
+            name: path.display().to_string(),
+            window: opts.window,
+            interactive,
+            to_stderr,
+            started: Instant::now(),
+            drawn: false,
+        }
+    }
+
+    fn waiting(&mut self) {
+        if self.interactive {
+            let mut out = io::stdout().lock();
+            let _ = write!(
+                out,
+                "\x1b[H\x1b[2Jggml-viz live  {}\r\nwaiting for the trace to be written…   (q or Ctrl-C to quit)\r\n",
+                self.name
+            );
+            let _ = out.flush();
+        } else {
+            let line = format!(
+                "live {:>5.1}s waiting for {}",
+                self.started.elapsed().as_secs_f64(),
+                self.name
+            );
+            if self.to_stderr {
+                eprintln!("{line}");
+            } else {
+                println!("{line}");
+            }
+        }
+    }
+
+    fn draw(&mut self, s: &Snapshot, state: &str) {
+        // A closed output (a pager quit) ends nothing: the trace is still followed to its end.
+        let _ = if self.interactive {
+            let mut out = io::stdout().lock();
+            self.draw_screen(&mut out, s, state)
+                .and_then(|()| out.flush())
+        } else if self.to_stderr {
+            self.draw_line(&mut io::stderr().lock(), s, state)
+        } else {
+            let mut out = io::stdout().lock();
+            self.draw_line(&mut out, s, state)
+                .and_then(|()| out.flush())
+        };
+    }
+
+    fn draw_line(&self, out: &mut impl Write, s: &Snapshot, state: &str) -> io::Result<()> {
+        let top: Vec<String> = s
+            .top_ops
+            .iter()
+            .take(3)
+            .map(|o| format!("{} {:.1}%", o.name, 100.0 * o.share))
+            .collect();
+        writeln!(
+            out,
+            "live {:>5.1}s {state}: graphs {} ({:.1}/s) latest {} p50 {} p99 {} | events {} ({:.0}/s) lost {} | top {}",
+            self.started.elapsed().as_secs_f64(),
+            s.graphs,
+            s.graphs_per_s,
+            opt_ns(s.latest_graph_ns),
+            opt_ns(s.p50_graph_ns),
+            opt_ns(s.p99_graph_ns),
+            s.events,
+            s.events_per_s,
+            s.lost,
+            if top.is_empty() {
+                "-".into()
+            } else {
+                top.join(", ")
+            }
+        )
+    }
+
+    fn draw_screen(&mut self, out: &mut impl Write, s: &Snapshot, state: &str) -> io::Result<()> {
+        // Home, then each line cleared to its end; the first draw clears the screen.
+        if !self.drawn {
+            write!(out, "\x1b[2J")?;
+            self.drawn = true;
+        }
+        let window = s.window.as_secs_f64().min(self.window as f64);
+        let mut lines = vec![
+            format!(
+                "ggml-viz live  {}  [{state}]{}",
+                self.name,
+                if state == "ended" {
+                    ""
+                } else {
+                    "   q or Ctrl-C to quit"
+                }
+            ),
+            String::new(),
+            format!(
+                "graph computes  {:>12}   {:>8.1}/s   latest {:>11}   p50 {:>11}   p99 {:>11}   (last {:.0} s: {})",
+                count(s.graphs),
+                s.graphs_per_s,
+                opt_ns(s.latest_graph_ns),
+                opt_ns(s.p50_graph_ns),
+                opt_ns(s.p99_graph_ns),
+                window,
+                count(s.window_graphs)
+            ),
+            format!(
+                "events          {:>12}   {:>8.0}/s   lost {}   ops {}",
+                count(s.events),
+                s.events_per_s,
+                count(s.lost),
+                count(s.ops)
+            ),
+            String::new(),
+            format!("top ops by time, last {window:.0} s:"),
+        ];
+        if s.top_ops.is_empty() {
+            lines.push("  (no op events: record with GGML_VIZ_OP_TIMING=1)".into());
+        }
+        for o in &s.top_ops {
+            lines.push(format!(
+                "  {:<20} {:>6.1}%   {:>11}   {:>10} ops",
+                o.name,
+                100.0 * o.share,
+                fmt_ns(o.total_ns as f64),
+                count(o.count)
+            ));
+        }
+        write!(out, "\x1b[H")?;
+        for l in lines {
+            write!(out, "{l}\x1b[K\r\n")?;
+        }
+        write!(out, "\x1b[J")
+    }
+
+    /// The end: the final screen on a terminal, and a last line on stderr (so that it stays after
+    /// a redrawn screen and apart from the data) with the totals and the rolling figures of the
+    /// last window, the bucket begun at `bucket_start` included.
+    fn finish(
+        &mut self,
+        why: &str,
+        exited: Option<&str>,
+        stats: &mut LiveStats,
+        bucket_start: Instant,
+        top: usize,
+    ) {
+        stats.tick(bucket_start.elapsed());
+        let s = &stats.snapshot(top);
+        if self.interactive {
+            // The screen stays as the last thing seen: with the final totals.
+            self.draw(s, "ended");
+        }
+        let why = exited.map_or_else(|| why.to_string(), |e| format!("{why} ({e})"));
+        let top: Vec<String> = s
+            .top_ops
+            .iter()
+            .take(3)
+            .map(|o| format!("{} {:.1}%", o.name, 100.0 * o.share))
+            .collect();
+        eprintln!(
+            "ggml-viz: live view ended: {why}; {} events, {} graph computes, {} ops, {} lost; last {:.0} s: graph p50 {} p99 {}, top ops {}",
+            s.events,
+            s.graphs,
+            s.ops,
+            s.lost,
+            s.window.as_secs_f64().min(self.window as f64),
+            opt_ns(s.p50_graph_ns),
+            opt_ns(s.p99_graph_ns),
+            if top.is_empty() {
+                "-".into()
+            } else {
+                top.join(", ")
+            }
+        );
+    }
+}

@@ -1,0 +1,169 @@
+//! `ggml-viz ops`: where the time goes inside the graphs, op by op.
+
+use std::io::{self, Write};
+use std::path::PathBuf;
+
+use clap::{Args, ValueEnum};
+use ggml_viz_reader::Layout;
+use ggml_viz_reader::{GroupBy, OpAnalysis, OpSample, Phase, group_ops};
+
+use crate::Failure;
+use crate::dump::parse_layout;
+use crate::info::fmt_ns;
+use crate::input::{Input, ReadStop};
+
+/// Show per-op timings: count, total, mean/p50/p99 time, GFLOP/s (MUL_MAT) and GB/s (result
+/// bytes per second) per op type, tensor name, backend or layer, and the share of graph time
+/// spent in ops. With llama_decode spans in the trace, prefill (multi-token batches) and
+/// generation (single tokens) are shown separately.
+///
+/// Op timings exist when the hook ran with op timing on (GGML_VIZ_OP_TIMING=1, the default):
+/// each node is then computed and synchronized on its own, which adds a synchronization per node
+/// and disables ggml's op fusion.
+#[derive(Args)]
+#[command(
+    after_help = "Examples:\n  ggml-viz ops trace.ggmlviz\n  ggml-viz ops --by layer --top 5 trace.ggmlviz\n  ggml-viz ops --by name trace.ggmlviz"
+)]
+pub struct OpsArgs {
+    /// Trace file, or - for standard input.
+    file: PathBuf,
+    /// Group by op type, tensor name, backend, or layer (llama.cpp's `<name>-<layer>`).
+    #[arg(long, value_enum, default_value_t = By::Op)]
+    by: By,
+    /// Show the N groups with the most time (0: all).
+    #[arg(long, default_value_t = 20)]
+    top: usize,
+    /// Read with this event layout instead of detecting it.
+    #[arg(long, value_parser = parse_layout)]
+    layout: Option<Layout>,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum By {
+    Op,
+    Name,
+    Backend,
+    Layer,
+}
+
+pub fn run(args: OpsArgs) -> Result<(), Failure> {
+    let input = Input::open(&args.file, args.layout).map_err(Failure::Data)?;
+    let mut events = Vec::new();
+    let (stop, _) = input.for_each(args.layout, |e| {
+        events.push(Ok(e.into_owned()));
+        Ok(())
+    })?;
+    let analysis = OpAnalysis::collect(events);
+    let by = match args.by {
+        By::Op => GroupBy::Op,
+        By::Name => GroupBy::Name,
+        By::Backend => GroupBy::Backend,
+        By::Layer => GroupBy::Layer,
+    };
+    let mut out = io::stdout().lock();
+    write_header(&mut out, &analysis)?;
+    if analysis.has_phases() {
+        for phase in [Phase::Prefill, Phase::Generation] {
+            let ops: Vec<&OpSample> = analysis
+                .ops
+                .iter()
+                .filter(|o| o.phase == Some(phase))
+                .collect();
+            writeln!(out, "\n{} ({} ops)", phase.name(), ops.len())?;
+            write_table(&mut out, ops, by, args.top)?;
+        }
+    } else if !analysis.ops.is_empty() {
+        writeln!(out)?;
+        write_table(&mut out, analysis.ops.iter().collect(), by, args.top)?;
+    }
+    out.flush()?;
+    match stop {
+        Some(stop) if stop.is_warning() => {
+            eprintln!("ggml-viz: warning: {}", stop.describe(&input.name()));
+            Ok(())
+        }
+        Some(stop @ ReadStop::Damage(_)) | Some(stop @ ReadStop::Io(_)) => {
+            Err(Failure::Data(stop.describe(&input.name())))
+        }
+        None => Ok(()),
+    }
+}
+
+fn write_header(out: &mut impl Write, a: &OpAnalysis) -> io::Result<()> {
+    if let Some(note) = &a.timing_note {
+        writeln!(out, "op timing: {note}")?;
+    }
+    if a.ops.is_empty() {
+        return writeln!(out, "no op timings in this trace");
+    }
+    let op_ns = a.op_ns();
+    let share = if a.timed_graph_ns > 0 {
+        100.0 * op_ns as f64 / a.timed_graph_ns as f64
+    } else {
+        0.0
+    };
+    writeln!(
+        out,
+        "{} ops, {} in ops = {share:.1} % of the {} of graph computes they ran in",
+        a.ops.len(),
+        fmt_ns(op_ns as f64),
+        fmt_ns(a.timed_graph_ns as f64)
+    )
+}
+
+fn write_table(
+    out: &mut impl Write,
+    ops: Vec<&OpSample>,
+    by: GroupBy,
+    top: usize,
+) -> io::Result<()> {
+    let total = ops
+        .iter()
+        .fold(0u64, |a, o| a.saturating_add(o.duration_ns));
+    let rows = group_ops(ops, by);
+    let shown = if top == 0 {
+        rows.len()
+    } else {
+        top.min(rows.len())
+    };
+    writeln!(
+        out,
+        "{:<28} {:>7} {:>11} {:>7} {:>10} {:>10} {:>10} {:>9} {:>8}",
+        "group", "count", "total", "share", "mean", "p50", "p99", "GFLOP/s", "GB/s"
+    )?;
+    for g in &rows[..shown] {
+        let share = if total > 0 {
+            100.0 * g.total_ns as f64 / total as f64
+        } else {
+            0.0
+        };
+        let gflops = g
+            .flops_per_s
+            .map_or_else(|| "-".into(), |f| format!("{:.2}", f / 1e9));
+        writeln!(
+            out,
+            "{:<28} {:>7} {:>11} {:>6.1}% {:>10} {:>10} {:>10} {:>9} {:>8.2}",
+            truncate(&g.key, 28),
+            g.count,
+            fmt_ns(g.total_ns as f64),
+            share,
+            fmt_ns(g.durations.mean_ns),
+            fmt_ns(g.durations.p50_ns as f64),
+            fmt_ns(g.durations.p99_ns as f64),
+            gflops,
+            g.bytes_per_s / 1e9
+        )?;
+    }
+    if shown < rows.len() {
+        writeln!(out, "… {} more (use --top 0 for all)", rows.len() - shown)?;
+    }
+    Ok(())
+}
+
+fn truncate(s: &str, n: usize) -> String {
+    if s.chars().count() <= n {
+        s.to_string()
+    } else {
+        format!("{}…", s.chars().take(n - 1).collect::<String>())
+    }
+}

@@ -1,0 +1,728 @@
+//! What a report shows, computed from the telemetry model: aggregates over every span, and the
+//! spans the timeline draws (all of them up to a budget; beyond it, the op spans of a uniform
+//! sample of their parent graphs, said on the page).
+
+use std::collections::HashMap;
+
+use serde::Serialize;
+
+use ggml_viz_reader::telemetry::{Arg, Record, RecordSink, Span};
+
+/// Spans the timeline carries at most (about 40 bytes of HTML each).
+pub const SPAN_BUDGET: u64 = 150_000;
+/// Points per chart series at most.
+const POINT_BUDGET: usize = 4_000;
+/// Rows of the per-tensor table.
+const TOP_TENSORS: usize = 40;
+
+/// First pass: how many spans there are, to choose the sampling stride of the second.
+#[derive(Debug)]
+pub struct SpanCount {
+    pub spans: u64,
+    pub ops: u64,
+    /// Spans, counter samples and instants: what an input had, for inputs that are not traces.
+    pub items: u64,
+    /// The earliest time of anything: the report's origin.
+    pub first_ns: u64,
+}
+
+impl Default for SpanCount {
+    fn default() -> Self {
+        SpanCount {
+            spans: 0,
+            ops: 0,
+            items: 0,
+            first_ns: u64::MAX,
+        }
+    }
+}
+
+impl RecordSink for SpanCount {
+    fn record(&mut self, record: Record) {
+        let time = match record {
+            Record::Span(s) => {
+                self.spans += 1;
+                self.ops += u64::from(s.category == "op");
+                s.start_ns
+            }
+            Record::Counter(c) => c.time_ns,
+            Record::Instant(i) => i.time_ns,
+            _ => return,
+        };
+        self.items += 1;
+        self.first_ns = self.first_ns.min(time);
+    }
+}
+
+impl SpanCount {
+    /// Keep the ops of 1 parent in this many so that the timeline stays within [`SPAN_BUDGET`].
+    pub fn op_stride(&self) -> u64 {
+        let others = self.spans - self.ops;
+        let room = SPAN_BUDGET.saturating_sub(others).max(SPAN_BUDGET / 10);
+        self.ops.div_ceil(room).max(1)
+    }
+}
+
+/// Everything the page renders, serialized into it as JSON.
+#[derive(Debug, Default, Serialize)]
+pub struct ReportData {
+    pub title: String,
+    pub inputs: Vec<String>,
+    pub generator: String,
+    pub summary: Totals,
+    /// Strings the span columns point into.
+    pub strings: Vec<String>,
+    pub lanes: Vec<LaneOut>,
+    pub spans: SpanColumns,
+    pub sampling: Sampling,
+    pub by_op: Vec<Aggregate>,
+    pub by_tensor: Vec<Aggregate>,
+    pub tensors_not_shown: usize,
+    pub by_backend: Vec<Aggregate>,
+    /// What `by_op` groups: op spans, or every span by name when there are none.
+    pub by_op_source: String,
+    pub latency: Latency,
+    pub memory: Vec<Series>,
+    pub memory_note: Option<String>,
+}
+
+#[derive(Debug, Default, Serialize)]
+pub struct Totals {
+    pub wall_ns: u64,
+    pub graphs: u64,
+    pub ops: u64,
+    pub spans: u64,
+    pub events: u64,
+    pub dropped: u64,
+    /// Damage found in the inputs (byte offsets named), and other warnings.
+    pub damage: Vec<String>,
+    pub warnings: Vec<String>,
+    pub warnings_not_shown: usize,
+    /// Whether timestamps are epoch nanoseconds.
+    pub clock_relative: bool,
+    /// The absolute start of the timeline (decimal, it may exceed 2^53).
+    pub origin_ns: String,
+}
+
+#[derive(Debug, Default, Serialize)]
+pub struct LaneOut {
+    pub name: String,
+    pub process: String,
+    pub rows: u32,
+}
+
+/// One column per field: compact JSON, and typed arrays in the page.
+#[derive(Debug, Default, Serialize)]
+pub struct SpanColumns {
+    pub lane: Vec<u32>,
+    pub depth: Vec<u32>,
+    /// Nanoseconds from the origin.
+    pub start: Vec<u64>,
+    pub dur: Vec<u64>,
+    pub self_ns: Vec<u64>,
+    pub name: Vec<u32>,
+    pub cat: Vec<u32>,
+    /// Index into `strings` (0: none) for the tensor name and for its type/shape/backend line.
+    pub tensor: Vec<u32>,
+    pub detail: Vec<u32>,
+    pub bytes: Vec<u64>,
+}
+
+#[derive(Debug, Default, Serialize)]
+pub struct Sampling {
+    pub total_spans: u64,
+    pub drawn_spans: u64,
+    /// Op spans drawn for 1 parent span in this many (1: all).
+    pub op_stride: u64,
+}
+
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Aggregate {
+    pub name: String,
+    pub count: u64,
+    pub total_ns: u64,
+    pub self_ns: u64,
+}
+
+#[derive(Debug, Default, Serialize)]
+pub struct Latency {
+    /// `llama_decode spans` or `outermost graph computes`; empty when there is neither.
+    pub source: String,
+    pub series: Vec<LatencySeries>,
+}
+
+#[derive(Debug, Default, Serialize)]
+pub struct LatencySeries {
+    pub name: String,
+    /// Seconds from the origin, and latency to completion in milliseconds (sampled to the
+    /// point budget; the statistics are over all of them).
+    pub t: Vec<f64>,
+    pub ms: Vec<f64>,
+    pub count: u64,
+    pub p50_ns: u64,
+    pub p99_ns: u64,
+    /// Mean time per token of these calls (their tokens known from the batch).
+    pub per_token_ns: Option<u64>,
+}
+
+#[derive(Debug, Default, Serialize)]
+pub struct Series {
+    pub name: String,
+    pub t: Vec<f64>,
+    pub values: Vec<f64>,
+    pub peak: f64,
+}
+
+/// An outermost span of one lane, for latency to completion.
+#[derive(Clone, Copy, Debug)]
+struct TopSpan {
+    start: u64,
+    end: u64,
+    kind: TopKind,
+    n_tokens: Option<u64>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum TopKind {
+    Decode,
+    Graph,
+    Other,
+}
+
+/// The second pass: a [`RecordSink`] that builds [`ReportData`].
+pub struct ReportBuilder {
+    data: ReportData,
+    origin: u64,
+    op_stride: u64,
+    string_ids: HashMap<String, u32>,
+    process_names: HashMap<u32, String>,
+    /// Our lane id -> (process, name, index in `data.lanes` once it has a span).
+    lanes: HashMap<u32, (u32, String, Option<u32>)>,
+    by_op: HashMap<String, Aggregate>,
+    by_name: HashMap<String, Aggregate>,
+    by_tensor: HashMap<String, Aggregate>,
+    by_backend: HashMap<String, Aggregate>,
+    by_graph_backend: HashMap<String, Aggregate>,
+    /// Graph spans whose parent is still open, by parent id: outermost unless it is a graph.
+    graphs_by_parent: HashMap<u64, Vec<(String, Aggregate)>>,
+    tops: HashMap<u32, Vec<TopSpan>>,
+    counters: HashMap<String, Vec<(u64, f64)>>,
+    first_ns: u64,
+    last_ns: u64,
+}
+
+fn mix(mut x: u64) -> u64 {
+    // splitmix64's finalizer: parents are kept by a hash of their id, never by its residue
+    // (ids of graphs with a fixed op count are evenly spaced and would alias with a stride).
+    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    x ^ (x >> 31)
+}
+
+fn arg<'a>(span: &'a Span, key: &str) -> Option<&'a Arg> {
+    span.args.iter().find(|(k, _)| k == key).map(|(_, v)| v)
+}
+
+fn arg_str(span: &Span, key: &str) -> Option<String> {
+    arg(span, key).map(|a| a.to_string())
+}
+
+/// Counts one span (or outermost graph) of `total_ns`, `self_ns` under `key`.
+fn add(map: &mut HashMap<String, Aggregate>, key: &str, total_ns: u64, self_ns: u64) {
+    let a = map.entry(key.to_string()).or_insert_with(|| Aggregate {
+        name: key.to_string(),
+        ..Aggregate::default()
+    });
+    a.count += 1;
+    a.total_ns = a.total_ns.saturating_add(total_ns);
+    a.self_ns = a.self_ns.saturating_add(self_ns);
+}
+
+fn sorted(map: HashMap<String, Aggregate>) -> Vec<Aggregate> {
+    let mut v: Vec<Aggregate> = map.into_values().collect();
+    v.sort_by(|a, b| b.total_ns.cmp(&a.total_ns).then(a.name.cmp(&b.name)));
+    v
+}
+
+impl ReportBuilder {
+    /// `origin`: the earliest span start (from the first pass); `op_stride` from
+    /// [`SpanCount::op_stride`].
+    pub fn new(title: String, inputs: Vec<String>, origin: u64, op_stride: u64) -> ReportBuilder {
+        let mut b = ReportBuilder {
+            data: ReportData {
+                title,
+                inputs,
+                generator: format!("ggml-viz {}", env!("CARGO_PKG_VERSION")),
+                ..ReportData::default()
+            },
+            origin,
+            op_stride: op_stride.max(1),
+            string_ids: HashMap::new(),
+            process_names: HashMap::new(),
+            lanes: HashMap::new(),
+            by_op: HashMap::new(),
+            by_name: HashMap::new(),
+            by_tensor: HashMap::new(),
+            by_backend: HashMap::new(),
+            by_graph_backend: HashMap::new(),
+            graphs_by_parent: HashMap::new(),
+            tops: HashMap::new(),
+            counters: HashMap::new(),
+            first_ns: u64::MAX,
+            last_ns: 0,
+        };
+        b.string(""); // index 0: none
+        b
+    }
+
+    fn string(&mut self, s: &str) -> u32 {
+        if let Some(&id) = self.string_ids.get(s) {
+            return id;
+        }
+        let id = self.data.strings.len() as u32;
+        self.data.strings.push(s.to_string());
+        self.string_ids.insert(s.to_string(), id);
+        id
+    }
+
+    fn lane_index(&mut self, lane: u32) -> u32 {
+        let (process, name, index) = self
+            .lanes
+            .entry(lane)
+            .or_insert_with(|| (0, format!("lane {lane}"), None));
+        if let Some(i) = index {
+            return *i;
+        }
+        let i = self.data.lanes.len() as u32;
+        *index = Some(i);
+        let process = self.process_names.get(process).cloned().unwrap_or_default();
+        self.data.lanes.push(LaneOut {
+            name: name.clone(),
+            process,
+            rows: 1,
+        });
+        i
+    }
+
+    fn outermost_graph(&mut self, backend: &str, graph: &Aggregate) {
+        self.data.summary.graphs += 1;
+        add(
+            &mut self.by_graph_backend,
+            backend,
+            graph.total_ns,
+            graph.self_ns,
+        );
+    }
+
+    fn span(&mut self, span: Span) {
+        self.data.summary.spans += 1;
+        self.first_ns = self.first_ns.min(span.start_ns);
+        self.last_ns = self.last_ns.max(span.end_ns);
+        let tensor = arg_str(&span, "tensor");
+        let backend = arg_str(&span, "backend");
+        let is_op = span.category == "op";
+        if is_op {
+            self.data.summary.ops += 1;
+            add(
+                &mut self.by_op,
+                &span.name,
+                span.duration_ns(),
+                span.self_ns,
+            );
+            if let Some(t) = &tensor {
+                add(&mut self.by_tensor, t, span.duration_ns(), span.self_ns);
+            }
+            add(
+                &mut self.by_backend,
+                backend.as_deref().unwrap_or("(unknown)"),
+                span.duration_ns(),
+                span.self_ns,
+            );
+        } else {
+            add(
+                &mut self.by_name,
+                &span.name,
+                span.duration_ns(),
+                span.self_ns,
+            );
+        }
+        // An outermost graph compute is a graph span whose parent is not a graph; parents close
+        // after their children, so graph spans wait for theirs.
+        let waiting = self.graphs_by_parent.remove(&span.id).unwrap_or_default();
+        if span.category != "graph" {
+            for (backend, graph) in waiting {
+                self.outermost_graph(&backend, &graph);
+            }
+        }
+        if span.category == "graph" {
+            let key = backend.clone().unwrap_or_else(|| "(unknown)".into());
+            let graph = Aggregate {
+                count: 1,
+                total_ns: span.duration_ns(),
+                self_ns: span.self_ns,
+                ..Aggregate::default()
+            };
+            match span.parent {
+                Some(parent) => self
+                    .graphs_by_parent
+                    .entry(parent)
+                    .or_default()
+                    .push((key, graph)),
+                None => self.outermost_graph(&key, &graph),
+            }
+        }
+        if span.depth == 0 {
+            let kind = match (span.category.as_str(), span.name.as_str()) {
+                ("llama", "llama_decode" | "llama_process" | "llama_encode") => TopKind::Decode,
+                ("graph", _) => TopKind::Graph,
+                _ => TopKind::Other,
+            };
+            let n_tokens = match arg(&span, "n_tokens") {
+                Some(Arg::UInt(n)) => Some(*n),
+                _ => None,
+            };
+            self.tops.entry(span.lane).or_default().push(TopSpan {
+                start: span.start_ns,
+                end: span.end_ns,
+                kind,
+                n_tokens,
+            });
+        }
+        let drawn = !is_op
+            || self.op_stride == 1
+            || mix(span.parent.unwrap_or(0)).is_multiple_of(self.op_stride);
+        if !drawn {
+            return;
+        }
+        let lane = self.lane_index(span.lane);
+        let rows = &mut self.data.lanes[lane as usize].rows;
+        *rows = (*rows).max(span.depth + 1);
+        let detail = [
+            arg_str(&span, "type"),
+            arg_str(&span, "shape"),
+            backend.map(|b| format!("on {b}")),
+        ]
+        .into_iter()
+        .flatten()
+        .collect::<Vec<_>>()
+        .join(" ");
+        let bytes = match arg(&span, "bytes") {
+            Some(Arg::UInt(b)) => *b,
+            _ => 0,
+        };
+        let name = self.string(&span.name);
+        let cat = self.string(&span.category);
+        let tensor = tensor.map_or(0, |t| self.string(&t));
+        let detail = self.string(&detail);
+        let c = &mut self.data.spans;
+        c.lane.push(lane);
+        c.depth.push(span.depth);
+        c.start.push(span.start_ns.saturating_sub(self.origin));
+        c.dur.push(span.duration_ns());
+        c.self_ns.push(span.self_ns);
+        c.name.push(name);
+        c.cat.push(cat);
+        c.tensor.push(tensor);
+        c.detail.push(detail);
+        c.bytes.push(bytes);
+    }
+
+    /// Adds what was found outside the model: events and drops counted by the trace reader,
+    /// damage and warnings.
+    pub fn add_input_totals(&mut self, events: u64, dropped: u64, damage: Option<String>) {
+        self.data.summary.events += events;
+        self.data.summary.dropped += dropped;
+        self.data.summary.damage.extend(damage);
+    }
+
+    pub fn finish(mut self) -> ReportData {
+        for (backend, graph) in std::mem::take(&mut self.graphs_by_parent)
+            .into_values()
+            .flatten()
+        {
+            self.outermost_graph(&backend, &graph);
+        }
+        let origin = self.origin;
+        let seconds = |ns: u64| ns.saturating_sub(origin) as f64 / 1e9;
+        let d = &mut self.data;
+        d.summary.wall_ns = self.last_ns.saturating_sub(self.first_ns.min(self.last_ns));
+        d.summary.origin_ns = origin.to_string();
+        d.sampling = Sampling {
+            total_spans: d.summary.spans,
+            drawn_spans: d.spans.lane.len() as u64,
+            op_stride: self.op_stride,
+        };
+        let damage = &d.summary.damage;
+        d.summary.warnings.retain(|w| !damage.contains(w));
+        const SHOWN_WARNINGS: usize = 20;
+        if d.summary.warnings.len() > SHOWN_WARNINGS {
+            d.summary.warnings_not_shown = d.summary.warnings.len() - SHOWN_WARNINGS;
+            d.summary.warnings.truncate(SHOWN_WARNINGS);
+        }
+        if self.by_op.is_empty() {
+            d.by_op = sorted(std::mem::take(&mut self.by_name));
+            d.by_op_source = "spans by name (the trace has no op spans)".into();
+            d.by_backend = sorted(std::mem::take(&mut self.by_graph_backend));
+        } else {
+            d.by_op = sorted(std::mem::take(&mut self.by_op));
+            d.by_op_source = "op spans".into();
+            d.by_backend = sorted(std::mem::take(&mut self.by_backend));
+        }
+        d.by_backend
+            .retain(|a| a.name != "(unknown)" || a.count > 0);
+        let mut tensors = sorted(std::mem::take(&mut self.by_tensor));
+        d.tensors_not_shown = tensors.len().saturating_sub(TOP_TENSORS);
+        tensors.truncate(TOP_TENSORS);
+        d.by_tensor = tensors;
+        d.latency = latency(&mut self.tops, seconds);
+        d.memory = memory(std::mem::take(&mut self.counters), seconds);
+        if d.memory.iter().any(|s| s.t.len() >= POINT_BUDGET) {
+            d.memory_note = Some(format!(
+                "more than {POINT_BUDGET} changes: each point is the highest value of its interval"
+            ));
+        }
+        self.data
+    }
+}
+
+impl RecordSink for ReportBuilder {
+    fn record(&mut self, record: Record) {
+        match record {
+            Record::Process(p) => {
+                let mut name = if p.name.is_empty() {
+                    format!("process {}", p.id)
+                } else {
+                    p.name
+                };
+                if p.pid != 0 {
+                    name = format!("{name} (pid {})", p.pid);
+                }
+                if let (Some(rank), Some(world)) = (p.rank, p.world_size)
+                    && world > 1
+                {
+                    name = format!("rank {rank} · {name}");
+                }
+                self.process_names.insert(p.id, name);
+            }
+            Record::Lane(l) => {
+                let entry = self
+                    .lanes
+                    .entry(l.id)
+                    .or_insert((l.process, String::new(), None));
+                entry.0 = l.process;
+                entry.1 = l.name;
+            }
+            Record::Span(s) => self.span(s),
+            Record::Counter(c) => {
+                let name = c.name.strip_prefix("live bytes ").unwrap_or(&c.name);
+                self.counters
+                    .entry(name.to_string())
+                    .or_default()
+                    .push((c.time_ns, c.value));
+            }
+            Record::Instant(_) => {}
+            Record::Warning(w) => self.data.summary.warnings.push(w),
+            Record::Clock(c) => {
+                self.data.summary.clock_relative |= c == ggml_viz_reader::telemetry::Clock::Relative
+            }
+        }
+    }
+}
+
+fn quantile(sorted: &[u64], q: f64) -> u64 {
+    if sorted.is_empty() {
+        return 0;
+    }
+    let rank = ((q * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
+    sorted[rank - 1]
+}
+
+/// Latency of each decode call (or outermost graph compute when there are none), measured to
+/// completion: an `_async` compute returns at enqueue, and the work is done when the waits that
+/// follow it on its thread (synchronize) end. So a call lasts until the latest end of the
+/// outermost spans of its thread that begin before the next call.
+fn latency(tops: &mut HashMap<u32, Vec<TopSpan>>, seconds: impl Fn(u64) -> f64) -> Latency {
+    let any_decode = tops.values().flatten().any(|t| t.kind == TopKind::Decode);
+    let unit = if any_decode {
+        TopKind::Decode
+    } else {
+        TopKind::Graph
+    };
+    // (series, start, latency ns, tokens)
+    let mut calls: Vec<(usize, u64, u64, Option<u64>)> = Vec::new();
+    for spans in tops.values_mut() {
+        spans.sort_by_key(|s| s.start);
+        let mut current: Option<TopSpan> = None;
+        let flush = |c: Option<TopSpan>, calls: &mut Vec<_>| {
+            if let Some(c) = c {
+                let series = match (unit, c.n_tokens) {
+                    (TopKind::Decode, Some(n)) if n > 1 => 0,
+                    (TopKind::Decode, _) => 1,
+                    _ => 2,
+                };
+                calls.push((series, c.start, c.end - c.start, c.n_tokens));
+            }
+        };
+        for s in spans.iter() {
+            if s.kind == unit {
+                flush(current.take(), &mut calls);
+                current = Some(*s);
+            } else if let Some(c) = current.as_mut() {
+                c.end = c.end.max(s.end);
+            }
+        }
+        flush(current, &mut calls);
+    }
+    calls.sort_by_key(|c| c.1);
+    let names = ["prefill", "generation", "graph compute"];
+    let mut out = Latency {
+        source: match (any_decode, calls.is_empty()) {
+            (_, true) => String::new(),
+            (true, _) => "llama_decode spans".into(),
+            (false, _) => "outermost graph computes".into(),
+        },
+        series: Vec::new(),
+    };
+    for (i, name) in names.iter().enumerate() {
+        let mine: Vec<_> = calls.iter().filter(|c| c.0 == i).collect();
+        if mine.is_empty() {
+            continue;
+        }
+        let mut durations: Vec<u64> = mine.iter().map(|c| c.2).collect();
+        durations.sort_unstable();
+        let tokens: u64 = mine.iter().filter_map(|c| c.3).sum();
+        let stride = mine.len().div_ceil(POINT_BUDGET);
+        let kept = mine.iter().step_by(stride);
+        out.series.push(LatencySeries {
+            name: name.to_string(),
+            t: kept.clone().map(|c| seconds(c.1)).collect(),
+            ms: kept.map(|c| c.2 as f64 / 1e6).collect(),
+            count: mine.len() as u64,
+            p50_ns: quantile(&durations, 0.5),
+            p99_ns: quantile(&durations, 0.99),
+            per_token_ns: (i == 0 && tokens > 0).then(|| durations.iter().sum::<u64>() / tokens),
+        });
+    }
+    out
+}
+
+/// Live bytes per buffer type; past the point budget each point is the highest value of its
+/// interval (a peak must not vanish from the chart).
+fn memory(counters: HashMap<String, Vec<(u64, f64)>>, seconds: impl Fn(u64) -> f64) -> Vec<Series> {
+    let mut out: Vec<Series> = counters
+        .into_iter()
+        .map(|(name, mut points)| {
+            points.sort_by_key(|p| p.0);
+            let peak = points.iter().map(|p| p.1).fold(0.0, f64::max);
+            let (first, last) = (points[0].0, points[points.len() - 1].0);
+            let mut kept: Vec<(u64, f64)> = Vec::new();
+            if points.len() <= POINT_BUDGET {
+                kept = points;
+            } else {
+                let width = (last - first) / POINT_BUDGET as u64 + 1;
+                let mut bucket = u64::MAX;
+                for p in points {
+                    let b = (p.0 - first) / width;
+                    match kept.last_mut() {
+                        Some(k) if b == bucket => k.1 = k.1.max(p.1),
+                        _ => kept.push(p),
+                    }
+                    bucket = b;
+                }
+            }
+            Series {
+                name,
+                t: kept.iter().map(|p| seconds(p.0)).collect(),
+                values: kept.iter().map(|p| p.1).collect(),
+                peak,
+            }
+        })
+        .collect();
+    out.sort_by(|a, b| b.peak.total_cmp(&a.peak).then(a.name.cmp(&b.name)));
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn top(start: u64, end: u64, kind: TopKind, n_tokens: Option<u64>) -> TopSpan {
+        TopSpan {
+            start,
+            end,
+            kind,
+            n_tokens,
+        }
+    }
+
+    #[test]
+    fn latency_runs_to_the_end_of_the_waits_that_follow_a_call() {
+        let mut tops = HashMap::new();
+        tops.insert(
+            1,
+            vec![
+                top(0, 10, TopKind::Decode, Some(8)),
+                top(12, 30, TopKind::Other, None), // synchronize after an async decode
+                top(40, 45, TopKind::Decode, Some(1)),
+                top(50, 70, TopKind::Other, None),
+                top(80, 82, TopKind::Decode, Some(1)),
+            ],
+        );
+        let l = latency(&mut tops, |ns| ns as f64);
+        assert_eq!(l.source, "llama_decode spans");
+        let prefill = &l.series[0];
+        assert_eq!((prefill.name.as_str(), prefill.count), ("prefill", 1));
+        assert_eq!(prefill.p50_ns, 30);
+        assert_eq!(prefill.per_token_ns, Some(30 / 8));
+        let generation = &l.series[1];
+        assert_eq!(generation.count, 2);
+        assert_eq!((generation.p50_ns, generation.p99_ns), (2, 30));
+    }
+
+    #[test]
+    fn graphs_are_the_unit_without_decode_spans() {
+        let mut tops = HashMap::new();
+        tops.insert(
+            1,
+            vec![
+                top(0, 10, TopKind::Graph, None),
+                top(10, 25, TopKind::Other, None),
+            ],
+        );
+        let l = latency(&mut tops, |ns| ns as f64);
+        assert_eq!(l.source, "outermost graph computes");
+        assert_eq!((l.series[0].count, l.series[0].p50_ns), (1, 25));
+    }
+
+    #[test]
+    fn downsampled_memory_keeps_the_peak() {
+        let mut c = HashMap::new();
+        let mut points: Vec<(u64, f64)> = (0..20_000).map(|i| (i, (i % 7) as f64)).collect();
+        points[12_345].1 = 1e9;
+        c.insert("CPU".to_string(), points);
+        let m = memory(c, |ns| ns as f64);
+        assert!(m[0].t.len() <= POINT_BUDGET + 1);
+        assert_eq!(m[0].peak, 1e9);
+        assert!(m[0].values.contains(&1e9));
+    }
+
+    #[test]
+    fn the_op_stride_fits_the_budget() {
+        let count = SpanCount {
+            spans: 1_000_000 + 4_000,
+            ops: 1_000_000,
+            ..SpanCount::default()
+        };
+        let stride = count.op_stride();
+        assert!(1_000_000 / stride + 4_000 <= SPAN_BUDGET);
+        assert_eq!(
+            SpanCount {
+                spans: 10,
+                ops: 8,
+                ..SpanCount::default()
+            }
+            .op_stride(),
+            1
+        );
+    }
+}

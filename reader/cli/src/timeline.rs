@@ -1,0 +1,300 @@
+//! `summary`, `diff` and `export`: the commands that read inputs into the telemetry model.
+
+use std::fs::File;
+use std::io::{self, BufWriter, Write};
+use std::path::{Path, PathBuf};
+
+use clap::{Args, ValueEnum};
+use ggml_viz_reader::Layout;
+use ggml_viz_reader::TraceFile;
+use ggml_viz_reader::telemetry::Ids;
+use ggml_viz_reader::telemetry::PerfettoWriter;
+use ggml_viz_reader::telemetry::export::summary::{Row, Summary, csv_cell};
+use ggml_viz_reader::telemetry::export::telemetry_v2;
+use ggml_viz_reader::telemetry::{Format, RecordSink, import_path};
+
+use crate::Failure;
+use crate::dump::parse_layout;
+use crate::info::fmt_ns;
+
+/// Options every telemetry command takes.
+#[derive(Args)]
+pub struct InputOpts {
+    /// Force the input format instead of recognising it by content.
+    #[arg(long, value_parser = parse_format)]
+    pub format: Option<Format>,
+    /// GGMLVIZ event layout instead of detecting it.
+    #[arg(long, value_parser = parse_layout)]
+    pub layout: Option<Layout>,
+}
+
+fn parse_format(s: &str) -> Result<Format, String> {
+    s.parse()
+}
+
+/// Imports every input into `sink`; warnings go to stderr. The first corrupt input fails the
+/// command, after everything before the damage was delivered.
+fn import_all<S: RecordSink>(
+    paths: &[PathBuf],
+    opts: &InputOpts,
+    sink: &mut S,
+) -> Result<(), Failure> {
+    let mut ids = Ids::default();
+    for path in paths {
+        import_path(path, opts.format, opts.layout, &mut ids, sink)
+            .map_err(|e| Failure::Data(e.0))?;
+    }
+    Ok(())
+}
+
+fn say_warnings(warnings: &[String]) {
+    for w in warnings {
+        eprintln!("ggml-viz: warning: {w}");
+    }
+}
+
+/// Time per event name over one or more inputs (GGMLVIZ traces, GE logs): count, total, self,
+/// mean, min, p50, p99, max and share of wall time. Nested spans of the same name count once:
+/// a 20 µs span containing two 10 µs spans of its own name is 2 spans, 20 µs.
+#[derive(Args)]
+#[command(
+    after_help = "Examples:\n  ggml-viz summary trace.ggmlviz\n  ggml-viz summary --csv ge.log > ge.csv"
+)]
+pub struct SummaryArgs {
+    /// Inputs, recognised by content.
+    #[arg(required = true)]
+    files: Vec<PathBuf>,
+    /// Write CSV to stdout (units in the column names) instead of a table.
+    #[arg(long)]
+    csv: bool,
+    #[command(flatten)]
+    input: InputOpts,
+}
+
+pub fn summary(args: SummaryArgs) -> Result<(), Failure> {
+    let mut s = Summary::default();
+    let result = import_all(&args.files, &args.input, &mut s);
+    say_warnings(&s.warnings);
+    let mut out = io::stdout().lock();
+    if args.csv {
+        write_csv(&mut out, &s)?;
+    } else {
+        write_table(&mut out, &s)?;
+    }
+    out.flush()?;
+    result
+}
+
+fn share(row: &Row, wall: u64) -> f64 {
+    if wall == 0 {
+        0.0
+    } else {
+        100.0 * row.total_ns as f64 / wall as f64
+    }
+}
+
+fn write_table(out: &mut impl Write, s: &Summary) -> io::Result<()> {
+    writeln!(out, "wall time: {}", fmt_ns(s.wall_ns() as f64))?;
+    writeln!(
+        out,
+        "{:<40} {:>8} {:>11} {:>11} {:>10} {:>10} {:>10} {:>10} {:>10} {:>7}",
+        "name", "count", "total", "self", "mean", "min", "p50", "p99", "max", "share"
+    )?;
+    for (name, r) in s.sorted() {
+        writeln!(
+            out,
+            "{:<40} {:>8} {:>11} {:>11} {:>10} {:>10} {:>10} {:>10} {:>10} {:>6.1}%",
+            name,
+            r.count,
+            fmt_ns(r.total_ns as f64),
+            fmt_ns(r.self_ns as f64),
+            fmt_ns(r.mean_ns()),
+            fmt_ns(r.min_ns() as f64),
+            fmt_ns(r.durations.quantile(0.5) as f64),
+            fmt_ns(r.durations.quantile(0.99) as f64),
+            fmt_ns(r.max_ns() as f64),
+            share(r, s.wall_ns())
+        )?;
+    }
+    Ok(())
+}
+
+fn write_csv(out: &mut impl Write, s: &Summary) -> io::Result<()> {
+    writeln!(
+        out,
+        "name,count,total_us,self_us,mean_us,min_us,p50_us,p99_us,max_us,share_percent"
+    )?;
+    let us = |ns: f64| ns / 1000.0;
+    for (name, r) in s.sorted() {
+        writeln!(
+            out,
+            "{},{},{:.3},{:.3},{:.3},{:.3},{:.3},{:.3},{:.3},{:.3}",
+            csv_cell(name),
+            r.count,
+            us(r.total_ns as f64),
+            us(r.self_ns as f64),
+            us(r.mean_ns()),
+            us(r.min_ns() as f64),
+            us(r.durations.quantile(0.5) as f64),
+            us(r.durations.quantile(0.99) as f64),
+            us(r.max_ns() as f64),
+            share(r, s.wall_ns())
+        )?;
+    }
+    Ok(())
+}
+
+/// Two runs side by side: per event name, count and total time of each and the change.
+#[derive(Args)]
+#[command(after_help = "Example:\n  ggml-viz diff before.ggmlviz after.ggmlviz")]
+pub struct DiffArgs {
+    /// The baseline.
+    a: PathBuf,
+    /// The run to compare with it.
+    b: PathBuf,
+    #[command(flatten)]
+    input: InputOpts,
+}
+
+pub fn diff(args: DiffArgs) -> Result<(), Failure> {
+    let mut a = Summary::default();
+    let mut b = Summary::default();
+    let ra = import_all(std::slice::from_ref(&args.a), &args.input, &mut a);
+    let rb = import_all(std::slice::from_ref(&args.b), &args.input, &mut b);
+    say_warnings(&a.warnings);
+    say_warnings(&b.warnings);
+    let mut names: Vec<&String> = a.rows.keys().chain(b.rows.keys()).collect();
+    names.sort();
+    names.dedup();
+    names.sort_by_key(|n| {
+        std::cmp::Reverse(
+            a.rows
+                .get(*n)
+                .map_or(0, |r| r.total_ns)
+                .max(b.rows.get(*n).map_or(0, |r| r.total_ns)),
+        )
+    });
+    let mut out = io::stdout().lock();
+    writeln!(
+        out,
+        "A: {}  (wall {})",
+        args.a.display(),
+        fmt_ns(a.wall_ns() as f64)
+    )?;
+    writeln!(
+        out,
+        "B: {}  (wall {})",
+        args.b.display(),
+        fmt_ns(b.wall_ns() as f64)
+    )?;
+    writeln!(
+        out,
+        "{:<40} {:>8} {:>8} {:>11} {:>11} {:>9}",
+        "name", "count A", "count B", "total A", "total B", "change"
+    )?;
+    for name in names {
+        let (ra_, rb_) = (a.rows.get(name), b.rows.get(name));
+        let (ta, tb) = (ra_.map_or(0, |r| r.total_ns), rb_.map_or(0, |r| r.total_ns));
+        let change = if ta == 0 {
+            "new".to_string()
+        } else {
+            format!("{:+.1}%", 100.0 * (tb as f64 - ta as f64) / ta as f64)
+        };
+        writeln!(
+            out,
+            "{:<40} {:>8} {:>8} {:>11} {:>11} {:>9}",
+            name,
+            ra_.map_or(0, |r| r.count),
+            rb_.map_or(0, |r| r.count),
+            fmt_ns(ta as f64),
+            fmt_ns(tb as f64),
+            change
+        )?;
+    }
+    out.flush()?;
+    ra.and(rb)
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum Target {
+    /// Chrome trace JSON, loadable in ui.perfetto.dev and chrome://tracing.
+    Perfetto,
+    /// TelemetryEvent v2 records (a JSON list) of a GGMLVIZ trace's backend buffers (recorded
+    /// with GGML_VIZ_MEMORY_TRACKING=1), collector `ggml_viz.hook`.
+    TelemetryV2,
+}
+
+/// Convert inputs (GGMLVIZ traces, GE logs) into one timeline for another tool.
+#[derive(Args)]
+#[command(
+    after_help = "Examples:\n  ggml-viz export --to perfetto trace.ggmlviz -o trace.json\n  ggml-viz export --to perfetto rank0.ggmlviz rank1.ggmlviz -o job.json"
+)]
+pub struct ExportArgs {
+    /// Output format.
+    #[arg(long, value_enum)]
+    to: Target,
+    /// Inputs, recognised by content; several make one timeline.
+    #[arg(required = true)]
+    files: Vec<PathBuf>,
+    /// Output file (default: standard output).
+    #[arg(short, long)]
+    output: Option<PathBuf>,
+    #[command(flatten)]
+    input: InputOpts,
+}
+
+pub fn export(args: ExportArgs) -> Result<(), Failure> {
+    let out: Box<dyn Write> = match &args.output {
+        Some(path) => Box::new(
+            File::create(path)
+                .map_err(|e| Failure::Data(format!("cannot write {}: {e}", path.display())))?,
+        ),
+        None => Box::new(io::stdout().lock()),
+    };
+    let (result, events) = match args.to {
+        Target::Perfetto => {
+            let mut writer = PerfettoWriter::new(BufWriter::with_capacity(1 << 16, out));
+            let result = import_all(&args.files, &args.input, &mut writer);
+            (result, writer.finish()?.1)
+        }
+        Target::TelemetryV2 => telemetry_v2(&args, BufWriter::new(out))?,
+    };
+    if let Some(path) = &args.output {
+        eprintln!("ggml-viz: wrote {events} events to {}", display(path));
+    }
+    result
+}
+
+/// Every input's buffer events as v2 records, in one JSON list.
+fn telemetry_v2(
+    args: &ExportArgs,
+    mut out: impl Write,
+) -> Result<(Result<(), Failure>, u64), Failure> {
+    let mut records = Vec::new();
+    let mut result = Ok(());
+    for path in &args.files {
+        let trace = TraceFile::open(path, args.input.layout)
+            .map_err(|e| Failure::Data(format!("cannot open {}: {e}", path.display())))?;
+        let (mut events, damage) = telemetry_v2::from_ggmlviz(trace.bytes(), trace.layout().layout);
+        if events.is_empty() {
+            eprintln!(
+                "ggml-viz: warning: {}: no buffer events (record with GGML_VIZ_MEMORY_TRACKING=1)",
+                path.display()
+            );
+        }
+        records.append(&mut events);
+        match damage {
+            Some(d) if d.is_truncation() => eprintln!("ggml-viz: warning: {}: {d}", path.display()),
+            Some(d) => result = Err(Failure::Data(format!("{}: {d}", path.display()))),
+            None => {}
+        }
+    }
+    serde_json::to_writer_pretty(&mut out, &records).map_err(io::Error::from)?;
+    writeln!(out)?;
+    out.flush()?;
+    Ok((result, records.len() as u64))
+}
+
+fn display(p: &Path) -> String {
+    p.display().to_string()
+}

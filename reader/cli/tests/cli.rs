@@ -1,0 +1,402 @@
+//! The `ggml-viz` binary: the `dump --format jsonl` contract, exit statuses, and messages.
+
+#[path = "../../tests/common/mod.rs"]
+mod common;
+
+use std::borrow::Cow;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use ggml_viz_reader::format::{Event, Layout, Payload};
+use serde_json::Value;
+
+fn ggml_viz(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_ggml-viz"))
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+fn temp_file(name: &str, bytes: &[u8]) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("ggml-viz-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join(name);
+    std::fs::write(&path, bytes).unwrap();
+    path
+}
+
+fn jsonl(out: &Output) -> Vec<serde_json::Map<String, Value>> {
+    String::from_utf8(out.stdout.clone())
+        .unwrap()
+        .lines()
+        .map(|line| match serde_json::from_str(line).unwrap() {
+            Value::Object(map) => map,
+            other => panic!("not an object: {other}"),
+        })
+        .collect()
+}
+
+fn keys(obj: &serde_json::Map<String, Value>) -> Vec<&str> {
+    let mut keys: Vec<&str> = obj.keys().map(String::as_str).collect();
+    keys.sort_unstable();
+    keys
+}
+
+fn assert_no_panic_text(out: &Output) {
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !stderr.contains("panicked") && !stderr.contains("RUST_BACKTRACE"),
+        "{stderr}"
+    );
+}
+
+/// Events with extreme values in every field, one of each kind the contract names.
+fn extreme_events() -> Vec<Event<'static>> {
+    let max = u64::MAX;
+    vec![
+        Event {
+            type_code: 0,
+            timestamp_ns: max,
+            thread_id: u32::MAX,
+            payload: Payload::Graph {
+                graph_ptr: max,
+                n_nodes: u32::MAX,
+                n_threads: 3,
+                backend_ptr: max - 1,
+            },
+            label: Some(Cow::Borrowed(b"graph \xff label")),
+        },
+        Event {
+            type_code: 3,
+            timestamp_ns: 1,
+            thread_id: 2,
+            payload: Payload::Op {
+                tensor_ptr: max,
+                op_type: 27,
+                op_size: max,
+                backend_ptr: 0,
+            },
+            label: None,
+        },
+        Event {
+            type_code: 4,
+            timestamp_ns: 2,
+            thread_id: 2,
+            payload: Payload::Memory {
+                ptr: max,
+                size: 1 << 63,
+            },
+            label: None,
+        },
+        Event {
+            type_code: 6,
+            timestamp_ns: 3,
+            thread_id: 2,
+            payload: Payload::Thread {
+                object_ptr: 1,
+                thread_index: 0,
+                n_threads: 2,
+                value: 5,
+            },
+            label: None,
+        },
+        Event {
+            type_code: 200,
+            timestamp_ns: 4,
+            thread_id: 2,
+            payload: Payload::Unknown { raw: [0; 32] },
+            label: Some(Cow::Borrowed(b"x")),
+        },
+    ]
+}
+
+#[test]
+fn jsonl_has_exactly_the_contract_keys_and_exact_u64_values() {
+    for layout in [Layout::Packed, Layout::Padded] {
+        let (bytes, _) = common::encode(&extreme_events(), layout);
+        let path = temp_file(&format!("extreme-{layout}.ggmlviz"), &bytes);
+        let out = ggml_viz(&[
+            "dump",
+            "--format",
+            "jsonl",
+            "--layout",
+            layout.name(),
+            path.to_str().unwrap(),
+        ]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let lines = jsonl(&out);
+        assert_eq!(lines.len(), 5);
+        let base = ["label", "thread_id", "timestamp_ns", "type", "type_code"];
+        let with = |extra: &[&'static str]| {
+            let mut k: Vec<&str> = base.iter().chain(extra).copied().collect();
+            k.sort_unstable();
+            k
+        };
+        assert_eq!(
+            keys(&lines[0]),
+            with(&["backend_ptr", "graph_ptr", "n_nodes", "n_threads"])
+        );
+        assert_eq!(
+            keys(&lines[1]),
+            with(&["backend_ptr", "op_size", "op_type", "tensor_ptr"])
+        );
+        assert_eq!(keys(&lines[2]), with(&["ptr", "size"]));
+        assert_eq!(keys(&lines[3]), with(&[]));
+        assert_eq!(keys(&lines[4]), with(&[]));
+
+        assert_eq!(lines[0]["type"], "graph_compute_begin");
+        assert_eq!(lines[0]["timestamp_ns"].as_u64(), Some(u64::MAX));
+        assert_eq!(lines[0]["graph_ptr"].as_u64(), Some(u64::MAX));
+        assert_eq!(lines[0]["backend_ptr"].as_u64(), Some(u64::MAX - 1));
+        assert_eq!(lines[0]["thread_id"].as_u64(), Some(u32::MAX as u64));
+        assert_eq!(lines[0]["label"], "graph \u{fffd} label");
+        assert_eq!(lines[1]["type"], "op_compute_end");
+        assert_eq!(lines[1]["op_size"].as_u64(), Some(u64::MAX));
+        assert_eq!(lines[1]["label"], Value::Null);
+        assert_eq!(lines[2]["type"], "tensor_alloc");
+        assert_eq!(lines[2]["size"].as_u64(), Some(1 << 63));
+        assert_eq!(lines[3]["type"], "barrier_wait");
+        assert_eq!(lines[4]["type"], "unknown");
+        assert_eq!(lines[4]["type_code"], 200);
+    }
+}
+
+#[test]
+fn the_cpp_sample_dumps_sixty_events_and_info_names_the_layout() {
+    let sample = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../shared/samples/ggml-viz/test_trace.ggmlviz");
+    let out = ggml_viz(&["dump", "--format", "jsonl", sample.to_str().unwrap()]);
+    assert!(out.status.success());
+    let lines = jsonl(&out);
+    assert_eq!(lines.len(), 60);
+    assert_eq!(
+        lines
+            .iter()
+            .filter(|l| l["type"] == "op_compute_begin")
+            .count(),
+        20
+    );
+    let info = ggml_viz(&["info", sample.to_str().unwrap()]);
+    let text = String::from_utf8(info.stdout).unwrap();
+    assert!(text.contains("layout:          padded"), "{text}");
+    assert!(text.contains("graph computes:  10"), "{text}");
+}
+
+#[test]
+fn a_truncated_tail_is_a_warning_with_exit_zero() {
+    let events = common::sample_trace(Layout::Packed);
+    let (bytes, ends) = common::encode(&events, Layout::Packed);
+    let cut = ends[3] + 5;
+    let path = temp_file("truncated.ggmlviz", &bytes[..cut]);
+    let out = ggml_viz(&["dump", "--format", "jsonl", path.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(0));
+    assert_eq!(jsonl(&out).len(), 4);
+    let stderr = String::from_utf8(out.stderr.clone()).unwrap();
+    assert!(
+        stderr.contains("warning") && stderr.contains(&format!("byte offset {}", ends[3])),
+        "{stderr}"
+    );
+    assert!(stderr.contains(path.to_str().unwrap()), "{stderr}");
+    assert_no_panic_text(&out);
+}
+
+#[test]
+fn corruption_prints_what_was_read_then_fails_with_exit_two() {
+    let events = common::sample_trace(Layout::Padded);
+    let (mut bytes, ends) = common::encode(&events, Layout::Padded);
+    bytes[ends[5] + Layout::Padded.fixed_len() - 1] = 9;
+    let path = temp_file("corrupt.ggmlviz", &bytes);
+    for cmd in ["dump", "info"] {
+        let out = ggml_viz(&[cmd, path.to_str().unwrap()]);
+        assert_eq!(out.status.code(), Some(2), "{cmd}");
+        let stderr = String::from_utf8(out.stderr.clone()).unwrap();
+        assert!(
+            stderr.contains(&format!("byte offset {}", ends[5])) && stderr.contains("corrupt"),
+            "{stderr}"
+        );
+        assert_no_panic_text(&out);
+    }
+    let out = ggml_viz(&["dump", "--format", "jsonl", path.to_str().unwrap()]);
+    assert_eq!(jsonl(&out).len(), 6);
+}
+
+#[test]
+fn usage_errors_exit_one_and_missing_files_exit_two() {
+    let out = ggml_viz(&["dump", "--layout", "sideways", "x.ggmlviz"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("packed"));
+    let out = ggml_viz(&["frobnicate"]);
+    assert_eq!(out.status.code(), Some(1));
+    let out = ggml_viz(&["info", "/nonexistent/trace.ggmlviz"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent/trace.ggmlviz"));
+    assert_no_panic_text(&out);
+    let out = ggml_viz(&["dump", "--help"]);
+    assert_eq!(out.status.code(), Some(0));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("Examples"));
+}
+
+#[test]
+fn stdin_reads_like_a_file() {
+    let events = common::sample_trace(Layout::Padded);
+    let (bytes, _) = common::encode(&events, Layout::Padded);
+    let mut child = Command::new(env!("CARGO_BIN_EXE_ggml-viz"))
+        .args(["dump", "--format", "jsonl", "-"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::Write;
+    child.stdin.take().unwrap().write_all(&bytes).unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success());
+    assert_eq!(jsonl(&out).len(), events.len());
+}
+
+#[test]
+fn summary_csv_diff_and_export_work_on_real_files() {
+    let samples = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/samples");
+    let acl = samples.join("ada-pa/pytorch_acl.log");
+    let ns = samples.join("ada-pa/pytorch_ns.log");
+    let out = ggml_viz(&["summary", "--csv", acl.to_str().unwrap()]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let csv = String::from_utf8(out.stdout).unwrap();
+    let mut lines = csv.lines();
+    assert_eq!(
+        lines.next(),
+        Some("name,count,total_us,self_us,mean_us,min_us,p50_us,p99_us,max_us,share_percent")
+    );
+    assert!(
+        csv.lines()
+            .any(|l| l.starts_with("AclCompileAndExecute,3,85792.450,")),
+        "{csv}"
+    );
+
+    let out = ggml_viz(&["diff", acl.to_str().unwrap(), ns.to_str().unwrap()]);
+    assert!(out.status.success());
+    let table = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        table
+            .lines()
+            .any(|l| l.starts_with("Execute ") && l.trim_end().ends_with("new")),
+        "{table}"
+    );
+
+    let json_path = temp_file("acl.json", b"");
+    let out = ggml_viz(&[
+        "export",
+        "--to",
+        "perfetto",
+        acl.to_str().unwrap(),
+        ns.to_str().unwrap(),
+        "-o",
+        json_path.to_str().unwrap(),
+    ]);
+    assert!(out.status.success());
+    let json: Value = serde_json::from_slice(&std::fs::read(&json_path).unwrap()).unwrap();
+    let events = json["traceEvents"].as_array().unwrap();
+    assert_eq!(
+        events
+            .iter()
+            .filter(|e| e["name"] == "process_name")
+            .count(),
+        2,
+        "two inputs, one timeline"
+    );
+    assert_eq!(events.iter().filter(|e| e["ph"] == "X").count(), 19 + 249);
+
+    let out = ggml_viz(&["summary", "/nonexistent.log"]);
+    assert_eq!(out.status.code(), Some(2));
+    let junk = temp_file("junk.bin", b"\x00\x01binary junk");
+    let out = ggml_viz(&["summary", junk.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("format not recognised"));
+    assert_no_panic_text(&out);
+}
+
+#[test]
+fn odd_inputs_get_clear_messages_and_documented_exit_codes() {
+    let dir = std::env::temp_dir().join(format!("ggml-viz-cli-odd-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for cmd in ["info", "dump", "ops", "summary"] {
+        // A device is streamed, not mapped: zeros are not a trace.
+        let out = ggml_viz(&[cmd, "/dev/zero"]);
+        assert_eq!(out.status.code(), Some(2), "{cmd} /dev/zero");
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains("/dev/zero"),
+            "{cmd}"
+        );
+        assert_no_panic_text(&out);
+        // A directory.
+        let out = ggml_viz(&[cmd, dir.to_str().unwrap()]);
+        assert_eq!(out.status.code(), Some(2), "{cmd} on a directory");
+        assert_no_panic_text(&out);
+    }
+    // An empty file: the header was never written; a warning, not an error.
+    let empty = dir.join("empty.ggmlviz");
+    std::fs::write(&empty, b"").unwrap();
+    let out = ggml_viz(&["info", empty.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(0));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("empty: no GGMLVIZ header"));
+    // A path that is not UTF-8.
+    use std::os::unix::ffi::OsStrExt;
+    let odd = dir.join(std::ffi::OsStr::from_bytes(b"trace-\xff\xfe.ggmlviz"));
+    let (bytes, _) = common::encode(&common::sample_trace(Layout::Packed), Layout::Packed);
+    std::fs::write(&odd, bytes).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_ggml-viz"))
+        .arg("info")
+        .arg(&odd)
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("graph computes:  3"));
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn a_file_truncated_while_mapped_is_an_error_not_a_crash() {
+    // 600 000 records (~25 MB): `dump` is still reading when the file is cut to 1 KB.
+    let events = common::sample_trace(Layout::Packed);
+    let mut bytes = Vec::new();
+    ggml_viz_reader::format::encode_header(&mut bytes);
+    for _ in 0..40_000 {
+        for e in &events {
+            ggml_viz_reader::format::encode_event(&mut bytes, Layout::Packed, e);
+        }
+    }
+    let path = temp_file("shrinking.ggmlviz", &bytes);
+    let child = Command::new(env!("CARGO_BIN_EXE_ggml-viz"))
+        .args(["dump", path.to_str().unwrap()])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&path)
+        .unwrap()
+        .set_len(1024)
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    // Either it finished before the cut (exit 0), or it reports the shrink: never a crash.
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.code() == Some(0) || (out.status.code() == Some(2) && stderr.contains("shrank")),
+        "{:?} {stderr}",
+        out.status
+    );
+}

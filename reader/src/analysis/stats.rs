@@ -1,0 +1,254 @@
+//! The counts and durations of a trace, computed in one pass over its events.
+//!
+//! A "graph compute" is an outermost graph begin/end pair on its thread. Pairs nested inside one
+//! (the scheduler's splits, the backend call under them) are its sub-graphs: counted as such,
+//! never as more graph computes.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use crate::format::Damage;
+use crate::format::ext::{Counters, Metadata, parse_payload};
+use crate::format::{Event, EventType, ExtensionKind, Payload};
+
+#[derive(Clone, Debug, Default)]
+pub struct TraceStats {
+    /// Events per type code, extension records excluded.
+    pub by_code: BTreeMap<u8, u64>,
+    /// Extension records per kind.
+    pub extensions: BTreeMap<ExtensionKind, u64>,
+    /// Extension records of ours whose JSON could not be read.
+    pub unreadable_extensions: u64,
+    pub first_timestamp_ns: Option<u64>,
+    pub last_timestamp_ns: Option<u64>,
+    pub threads: BTreeSet<u32>,
+    /// Outermost graph pairs.
+    pub graph_computes: u64,
+    /// Graph pairs nested inside another on the same thread.
+    pub sub_graphs: u64,
+    /// Durations of the outermost graph pairs, in file order.
+    pub graph_durations_ns: Vec<u64>,
+    pub unmatched_graph_begins: u64,
+    pub unmatched_graph_ends: u64,
+    /// Op begin events.
+    pub ops: u64,
+    /// Op begin events per op type, and the names the trace gives the types (op_names records).
+    pub ops_by_type: BTreeMap<u32, u64>,
+    pub op_names: HashMap<u32, String>,
+    /// Events that carry a label.
+    pub labels: u64,
+    /// Events whose timestamp is earlier than the previous one of the same thread.
+    pub backwards_timestamps: u64,
+    /// Backend buffers (TENSOR_ALLOC / TENSOR_FREE): counts, bytes, and the peak of live bytes.
+    pub memory: MemoryStats,
+    pub metadata: Option<Metadata>,
+    /// The last counters record (running totals).
+    pub counters: Option<Counters>,
+    pub damage: Option<Damage>,
+    open_graphs: HashMap<u32, Vec<u64>>,
+    last_by_thread: HashMap<u32, u64>,
+}
+
+impl TraceStats {
+    /// Stats of a whole trace given as a `Result` iterator (the damage, if any, is kept).
+    pub fn collect<'a>(events: impl IntoIterator<Item = Result<Event<'a>, Damage>>) -> TraceStats {
+        let mut stats = TraceStats::default();
+        for item in events {
+            match item {
+                Ok(event) => stats.add(&event),
+                Err(damage) => stats.damage = Some(damage),
+            }
+        }
+        stats.finish();
+        stats
+    }
+
+    pub fn add(&mut self, event: &Event<'_>) {
+        let ts = event.timestamp_ns;
+        self.first_timestamp_ns = Some(self.first_timestamp_ns.map_or(ts, |t| t.min(ts)));
+        self.last_timestamp_ns = Some(self.last_timestamp_ns.map_or(ts, |t| t.max(ts)));
+        self.labels += u64::from(event.label.is_some());
+        if let Payload::Extension(ext) = event.payload {
+            // The writer's own records: not the program's threads or clock.
+            *self.extensions.entry(ext.kind).or_default() += 1;
+            self.add_extension(ext.kind, event.label.as_deref().unwrap_or_default());
+            return;
+        }
+        self.threads.insert(event.thread_id);
+        if let Some(prev) = self.last_by_thread.insert(event.thread_id, ts) {
+            self.backwards_timestamps += u64::from(ts < prev);
+        }
+        *self.by_code.entry(event.type_code).or_default() += 1;
+        match event.event_type() {
+            Some(EventType::GraphComputeBegin) => {
+                let open = self.open_graphs.entry(event.thread_id).or_default();
+                if open.is_empty() {
+                    self.graph_computes += 1;
+                } else {
+                    self.sub_graphs += 1;
+                }
+                open.push(ts);
+            }
+            Some(EventType::GraphComputeEnd) => {
+                let open = self.open_graphs.entry(event.thread_id).or_default();
+                match open.pop() {
+                    Some(begin) if open.is_empty() => {
+                        self.graph_durations_ns.push(ts.saturating_sub(begin));
+                    }
+                    Some(_) => {}
+                    None => self.unmatched_graph_ends += 1,
+                }
+            }
+            Some(EventType::OpComputeBegin) => {
+                self.ops += 1;
+                if let Payload::Op { op_type, .. } = event.payload {
+                    *self.ops_by_type.entry(op_type).or_default() += 1;
+                }
+            }
+            Some(EventType::TensorAlloc) => {
+                if let Payload::Memory { ptr, size } = event.payload {
+                    // Sizes come from the file: saturate rather than overflow on hostile input.
+                    self.memory.allocs += 1;
+                    self.memory.allocated_bytes = self.memory.allocated_bytes.saturating_add(size);
+                    let replaced = self.memory.live.insert(ptr, size).unwrap_or(0);
+                    self.memory.live_bytes = self
+                        .memory
+                        .live_bytes
+                        .saturating_sub(replaced)
+                        .saturating_add(size);
+                    self.memory.peak_live_bytes =
+                        self.memory.peak_live_bytes.max(self.memory.live_bytes);
+                }
+            }
+            Some(EventType::TensorFree) => {
+                if let Payload::Memory { ptr, .. } = event.payload {
+                    self.memory.frees += 1;
+                    if let Some(size) = self.memory.live.remove(&ptr) {
+                        self.memory.live_bytes = self.memory.live_bytes.saturating_sub(size);
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+
+    fn add_extension(&mut self, kind: ExtensionKind, label: &[u8]) {
+        let readable = match kind {
+            ExtensionKind::Metadata => {
+                self.metadata = parse_payload(label);
+                self.metadata.is_some()
+            }
+            ExtensionKind::Counters => {
+                self.counters = parse_payload(label);
+                self.counters.is_some()
+            }
+            ExtensionKind::OpNames => match parse_payload::<crate::format::ext::OpNames>(label) {
+                Some(names) => {
+                    self.op_names.extend(
+                        names
+                            .names
+                            .into_iter()
+                            .filter_map(|(k, v)| Some((k.parse().ok()?, v))),
+                    );
+                    true
+                }
+                None => false,
+            },
+            ExtensionKind::LiveBuffers => {
+                self.memory.live_at_exit = parse_payload::<crate::format::ext::LiveBuffers>(label)
+                    .map(|l| l.buffers.len() as u64);
+                self.memory.live_at_exit.is_some()
+            }
+            _ => parse_payload::<serde_json::Value>(label).is_some(),
+        };
+        self.unreadable_extensions += u64::from(!readable);
+    }
+
+    /// Closes the pass: graph begins still open are counted as unmatched.
+    pub fn finish(&mut self) {
+        self.unmatched_graph_begins += self
+            .open_graphs
+            .values()
+            .map(|open| open.len() as u64)
+            .sum::<u64>();
+        self.open_graphs.clear();
+    }
+
+    /// Events in the trace, extension records included.
+    pub fn events(&self) -> u64 {
+        self.by_code.values().sum::<u64>() + self.extensions.values().sum::<u64>()
+    }
+
+    pub fn count(&self, ty: EventType) -> u64 {
+        self.by_code.get(&ty.code()).copied().unwrap_or(0)
+    }
+
+    /// Op types with their counts, most frequent first, named where the trace names them.
+    pub fn op_type_counts(&self) -> Vec<(String, u64)> {
+        let mut v: Vec<(String, u64)> = self
+            .ops_by_type
+            .iter()
+            .map(|(t, n)| {
+                (
+                    self.op_names
+                        .get(t)
+                        .cloned()
+                        .unwrap_or_else(|| format!("op {t}")),
+                    *n,
+                )
+            })
+            .collect();
+        v.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+        v
+    }
+
+    /// Type codes outside 0..=8 (other writers' extensions, newer types) and their counts.
+    pub fn unknown_codes(&self) -> impl Iterator<Item = (u8, u64)> + '_ {
+        self.by_code
+            .iter()
+            .filter(|(code, _)| EventType::from_code(**code).is_none())
+            .map(|(c, n)| (*c, *n))
+    }
+}
+
+/// What the TENSOR_ALLOC / TENSOR_FREE events of backend buffers add up to.
+#[derive(Clone, Debug, Default)]
+pub struct MemoryStats {
+    pub allocs: u64,
+    pub frees: u64,
+    pub allocated_bytes: u64,
+    pub peak_live_bytes: u64,
+    /// Bytes allocated and not freed by the end of the trace.
+    pub live_bytes: u64,
+    /// Buffers the writer reported still allocated when it closed the trace.
+    pub live_at_exit: Option<u64>,
+    live: HashMap<u64, u64>,
+}
+
+/// Mean, median and 99th percentile of durations (nearest rank), in nanoseconds.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct DurationSummary {
+    pub count: usize,
+    pub mean_ns: f64,
+    pub p50_ns: u64,
+    pub p99_ns: u64,
+    pub max_ns: u64,
+}
+
+impl DurationSummary {
+    pub fn of(durations: &[u64]) -> Option<DurationSummary> {
+        if durations.is_empty() {
+            return None;
+        }
+        let mut sorted = durations.to_vec();
+        sorted.sort_unstable();
+        let rank =
+            |p: f64| sorted[((p * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len()) - 1];
+        Some(DurationSummary {
+            count: sorted.len(),
+            mean_ns: sorted.iter().map(|&d| d as f64).sum::<f64>() / sorted.len() as f64,
+            p50_ns: rank(0.5),
+            p99_ns: rank(0.99),
+            max_ns: *sorted.last().expect("not empty"),
+        })
+    }
+}

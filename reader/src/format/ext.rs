@@ -1,0 +1,168 @@
+//! The payloads of ggml-viz extension records (FORMAT.md, "Extension records"): compact JSON in
+//! the record's label, one struct per kind. Unknown fields are ignored and missing ones take
+//! their defaults, so that older and newer writers stay readable.
+
+use serde::{Deserialize, Serialize};
+
+use crate::format::{self, EXTENSION_TYPE_CODE, Extension, ExtensionKind, Layout, Payload};
+
+/// Payload version of every kind defined here.
+pub const PAYLOAD_VERSION: u16 = 1;
+
+/// First record of every trace our writer makes.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Metadata {
+    /// Program that wrote the trace, e.g. `ggml-viz-hook 0.1.0`.
+    pub writer: String,
+    pub pid: u32,
+    pub host: String,
+    pub command_line: Vec<String>,
+    pub ggml_version: Option<String>,
+    /// CPUs available to the process.
+    pub n_cpus: u32,
+    pub cpu_model: Option<String>,
+    /// Settings in force, by name (`output`, `max_events`, …).
+    pub settings: serde_json::Map<String, serde_json::Value>,
+    pub distributed: Distributed,
+}
+
+/// Which process of a distributed job wrote the trace (the TelemetryEvent v2 identity).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Distributed {
+    pub job_id: Option<String>,
+    pub rank: u32,
+    pub local_rank: u32,
+    pub world_size: u32,
+}
+
+impl Default for Distributed {
+    fn default() -> Self {
+        Distributed {
+            job_id: None,
+            rank: 0,
+            local_rank: 0,
+            world_size: 1,
+        }
+    }
+}
+
+/// Events the writer could not record. Later records of this kind supersede earlier ones (the
+/// writer emits running totals).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Counters {
+    /// Dropped because a thread's ring was full.
+    pub dropped_ring_full: u64,
+    /// Not recorded because the event cap (`max_events`) was reached.
+    pub over_max_events: u64,
+    /// Not recorded because the call came while the writer was starting on another thread.
+    pub missed_while_starting: u64,
+}
+
+impl Counters {
+    pub fn lost(&self) -> u64 {
+        self.dropped_ring_full + self.over_max_events + self.missed_while_starting
+    }
+}
+
+/// Appends an extension record of `kind` whose payload is `payload` serialized as JSON.
+pub fn encode_extension<T: Serialize>(
+    out: &mut Vec<u8>,
+    layout: Layout,
+    kind: ExtensionKind,
+    timestamp_ns: u64,
+    thread_id: u32,
+    payload: &T,
+) {
+    let label = serde_json::to_vec(payload).expect("extension payloads serialize");
+    let ext = Extension {
+        kind,
+        version: PAYLOAD_VERSION,
+        layout,
+    };
+    format::encode_record(
+        out,
+        layout,
+        EXTENSION_TYPE_CODE,
+        timestamp_ns,
+        thread_id,
+        &Payload::Extension(ext),
+        Some(&label),
+    );
+}
+
+/// Parses an extension payload; `None` if it is not valid JSON of the expected shape.
+pub fn parse_payload<'de, T: Deserialize<'de>>(label: &'de [u8]) -> Option<T> {
+    serde_json::from_slice(label).ok()
+}
+
+/// `ggml_op` value (as a decimal string) to `ggml_op_name`, for the ggml that ran. Records add to
+/// the table.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct OpNames {
+    pub names: std::collections::BTreeMap<String, String>,
+}
+
+/// Backends and schedulers by pointer. Records add to the table.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct BackendNames {
+    pub backends: Vec<BackendName>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct BackendName {
+    pub ptr: u64,
+    pub name: String,
+    /// `backend` or `scheduler`.
+    pub kind: String,
+}
+
+/// The payload of a SPAN_BEGIN or SPAN_END record: one edge of an application-level span
+/// (`llama_decode`, `llama_encode`), on the record's thread.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct SpanBoundary {
+    pub name: String,
+    /// Tokens in the batch, for llama_decode / llama_encode.
+    pub n_tokens: Option<u32>,
+}
+
+/// What a node is: applies to the op events with this tensor name (their label) that follow it,
+/// until the next record for the same name.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct TensorInfo {
+    pub name: String,
+    /// `ggml_op_desc`: the op, or the unary / GLU sub-op (`MUL_MAT`, `SILU`).
+    pub op: String,
+    /// `t->op` and `ggml_op_name` of it, when the writer could read the struct safely.
+    pub op_type: Option<u32>,
+    pub op_name: Option<String>,
+    /// `ggml_type_name` of the result (`f32`, `q4_0`).
+    #[serde(rename = "type")]
+    pub type_name: String,
+    pub ne: [i64; 4],
+    /// Floating-point operations, where well defined (MUL_MAT: 2·K·M·N).
+    pub flops: Option<u64>,
+}
+
+/// Backend buffers allocated and never freed, as the writer closed the trace.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct LiveBuffers {
+    pub buffers: Vec<LiveBuffer>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct LiveBuffer {
+    /// The buffer handle (the `ptr` of its TENSOR_ALLOC).
+    pub ptr: u64,
+    pub size: u64,
+    pub buffer_type: String,
+}

@@ -1,0 +1,104 @@
+//! Reading a trace from any `io::Read`: a pipe, stdin, a socket.
+
+use std::io::{self, Read};
+
+use crate::format::Damage;
+use crate::format::LayoutChoice;
+use crate::format::{Event, Layout};
+use crate::read::Decoder;
+
+const CHUNK: usize = 64 << 10;
+
+/// An error while streaming: the input failed, or the trace is damaged.
+#[derive(Debug)]
+pub enum StreamError {
+    Io(io::Error),
+    Damage(Damage),
+}
+
+impl std::fmt::Display for StreamError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            StreamError::Io(err) => write!(f, "read failed: {err}"),
+            StreamError::Damage(damage) => damage.fmt(f),
+        }
+    }
+}
+
+impl std::error::Error for StreamError {}
+
+/// Decodes events from a reader as they arrive: `Ok` events, then at most one `Err`.
+///
+/// ```
+/// let bytes: &[u8] = b"GGMLVIZ1\x01\x00\x00\x00";
+/// let events: Vec<_> = ggml_viz_reader::StreamReader::new(bytes, None).collect();
+/// assert!(events.is_empty());
+/// ```
+pub struct StreamReader<R> {
+    input: R,
+    decoder: Decoder,
+    chunk: Vec<u8>,
+    ended: bool,
+    done: bool,
+    /// File offset where the last returned event began.
+    last_offset: u64,
+}
+
+impl<R: Read> StreamReader<R> {
+    pub fn new(input: R, forced: Option<Layout>) -> StreamReader<R> {
+        StreamReader {
+            input,
+            decoder: Decoder::new(forced),
+            chunk: vec![0; CHUNK],
+            last_offset: 0,
+            ended: false,
+            done: false,
+        }
+    }
+
+    /// Byte offset in the input where the last event returned began.
+    pub fn last_offset(&self) -> u64 {
+        self.last_offset
+    }
+
+    /// The layout in use, once decided (after the first event at the latest).
+    pub fn layout(&self) -> Option<LayoutChoice> {
+        self.decoder.layout()
+    }
+}
+
+impl<R: Read> Iterator for StreamReader<R> {
+    type Item = Result<Event<'static>, StreamError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.done {
+            return None;
+        }
+        loop {
+            if let Some(item) = self.decoder.next_event() {
+                self.done = item.is_err();
+                if let (Ok(event), Some(choice)) = (&item, self.decoder.layout()) {
+                    self.last_offset =
+                        self.decoder.offset() - event.encoded_len(choice.layout) as u64;
+                }
+                return Some(item.map_err(StreamError::Damage));
+            }
+            if self.ended {
+                self.done = true;
+                return self.decoder.finish().map(|d| Err(StreamError::Damage(d)));
+            }
+            match self.input.read(&mut self.chunk) {
+                Ok(0) => {
+                    self.ended = true;
+                    self.decoder.end_input();
+                }
+                Ok(n) => self.decoder.push(&self.chunk[..n]),
+                Err(err) if err.kind() == io::ErrorKind::Interrupted => {}
+                Err(err) => {
+                    self.done = true;
+                    return Some(Err(StreamError::Io(err)));
+                }
+            }
+        }
+    }
+}

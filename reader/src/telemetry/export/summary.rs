@@ -1,0 +1,278 @@
+//! Spans grouped by name: count, total, self, mean, min, p50, p99, max and share of wall time.
+//!
+//! Nested spans of the same name are not counted twice (the defect the ada-pa document describes:
+//! a 20 µs tiling made of two 10 µs tilings counted as 3 tilings, 40 µs). The rule:
+//! - count = spans of that name with no descendant of the same name (2 tilings);
+//! - total = wall time covered by spans of that name: a same-name span inside another adds nothing
+//!   (20 µs);
+//! - the duration statistics are over the counted spans; self time is summed over all spans.
+//!
+//! Spans arrive as they close, children before parents, so the rule is applied bottom-up with
+//! state kept only for spans still open: memory is bounded by nesting depth × distinct names,
+//! whatever the input's size. Percentiles come from a log histogram (buckets 1 % wide).
+
+use std::collections::{BTreeMap, HashMap};
+
+use crate::telemetry::{Record, RecordSink, Span};
+
+/// Per name, within one subtree: spans counted (no same-name descendant) and time covered.
+type Coverage = HashMap<String, (u64, u64)>;
+
+/// Durations in buckets 1 % wide: bounded memory, percentiles within 1 %.
+#[derive(Clone, Debug, Default)]
+pub struct Histogram {
+    buckets: BTreeMap<u32, u64>,
+    count: u64,
+    min: u64,
+    max: u64,
+}
+
+impl Histogram {
+    fn bucket(ns: u64) -> u32 {
+        if ns == 0 {
+            0
+        } else {
+            1 + ((ns as f64).ln() / 1.01f64.ln()) as u32
+        }
+    }
+
+    fn value(bucket: u32) -> u64 {
+        if bucket == 0 {
+            0
+        } else {
+            1.01f64.powi(bucket as i32 - 1).round() as u64
+        }
+    }
+
+    pub fn add(&mut self, ns: u64) {
+        *self.buckets.entry(Self::bucket(ns)).or_default() += 1;
+        self.min = if self.count == 0 {
+            ns
+        } else {
+            self.min.min(ns)
+        };
+        self.max = self.max.max(ns);
+        self.count += 1;
+    }
+
+    /// Adds every duration of `other`.
+    pub fn merge(&mut self, other: &Histogram) {
+        if other.count == 0 {
+            return;
+        }
+        for (&b, &n) in &other.buckets {
+            *self.buckets.entry(b).or_default() += n;
+        }
+        self.min = if self.count == 0 {
+            other.min
+        } else {
+            self.min.min(other.min)
+        };
+        self.max = self.max.max(other.max);
+        self.count += other.count;
+    }
+
+    pub fn count(&self) -> u64 {
+        self.count
+    }
+
+    /// The `q` quantile (nearest rank), clamped to the exact min and max.
+    pub fn quantile(&self, q: f64) -> u64 {
+        let rank = ((q * self.count as f64).ceil() as u64).clamp(1, self.count.max(1));
+        if rank == self.count {
+            return self.max;
+        }
+        if rank == 1 {
+            return self.min;
+        }
+        let mut seen = 0;
+        for (&b, &n) in &self.buckets {
+            seen += n;
+            if seen >= rank {
+                return Self::value(b).clamp(self.min, self.max);
+            }
+        }
+        self.max
+    }
+}
+
+/// One row.
+#[derive(Clone, Debug, Default)]
+pub struct Row {
+    pub count: u64,
+    pub total_ns: u64,
+    pub self_ns: u64,
+    pub durations: Histogram,
+}
+
+impl Row {
+    pub fn mean_ns(&self) -> f64 {
+        if self.count == 0 {
+            0.0
+        } else {
+            self.total_ns as f64 / self.count as f64
+        }
+    }
+    pub fn min_ns(&self) -> u64 {
+        self.durations.min
+    }
+    pub fn max_ns(&self) -> u64 {
+        self.durations.max
+    }
+}
+
+/// The summary sink.
+#[derive(Debug, Default)]
+pub struct Summary {
+    pub rows: BTreeMap<String, Row>,
+    /// Coverage gathered from the closed children of spans still open.
+    pending: HashMap<u64, Coverage>,
+    pub first_ns: Option<u64>,
+    pub last_ns: u64,
+    pub warnings: Vec<String>,
+}
+
+impl Summary {
+    /// Wall time from the first span's start to the last span's end.
+    pub fn wall_ns(&self) -> u64 {
+        self.first_ns.map_or(0, |f| self.last_ns.saturating_sub(f))
+    }
+
+    /// Rows, most total time first.
+    pub fn sorted(&self) -> Vec<(&String, &Row)> {
+        let mut rows: Vec<_> = self.rows.iter().collect();
+        rows.sort_by(|a, b| b.1.total_ns.cmp(&a.1.total_ns).then_with(|| a.0.cmp(b.0)));
+        rows
+    }
+
+    fn span(&mut self, s: Span) {
+        let dur = s.duration_ns();
+        self.first_ns = Some(self.first_ns.map_or(s.start_ns, |f| f.min(s.start_ns)));
+        self.last_ns = self.last_ns.max(s.end_ns);
+        let row = self.rows.entry(s.name.clone()).or_default();
+        row.self_ns = row.self_ns.saturating_add(s.self_ns);
+        let mut coverage = self.pending.remove(&s.id).unwrap_or_default();
+        match coverage.get_mut(&s.name) {
+            // A same-name descendant: this span is not counted, but covers its time.
+            Some(entry) => entry.1 = dur,
+            None => {
+                row.durations.add(dur);
+                coverage.insert(s.name.clone(), (1, dur));
+            }
+        }
+        match s.parent {
+            Some(parent) => {
+                let into = self.pending.entry(parent).or_default();
+                for (name, (count, covered)) in coverage {
+                    let e = into.entry(name).or_default();
+                    e.0 += count;
+                    e.1 = e.1.saturating_add(covered);
+                }
+            }
+            None => {
+                for (name, (count, covered)) in coverage {
+                    let row = self.rows.entry(name).or_default();
+                    row.count += count;
+                    row.total_ns = row.total_ns.saturating_add(covered);
+                }
+            }
+        }
+    }
+}
+
+impl RecordSink for Summary {
+    fn record(&mut self, record: Record) {
+        match record {
+            Record::Span(s) => self.span(s),
+            Record::Warning(w) => self.warnings.push(w),
+            _ => {}
+        }
+    }
+}
+
+/// A CSV cell: quoted when needed, and a leading `=`, `+`, `-` or `@` defused with a `'` (a
+/// spreadsheet would run it as a formula).
+pub fn csv_cell(s: &str) -> String {
+    let defused = if s.starts_with(['=', '+', '-', '@']) {
+        format!("'{s}")
+    } else {
+        s.to_string()
+    };
+    if defused.contains([',', '"', '\n', '\r']) {
+        format!("\"{}\"", defused.replace('"', "\"\""))
+    } else {
+        defused
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::telemetry::SpanStack;
+
+    /// The ada-pa document's case: a 20 µs tiling made of two 10 µs tilings.
+    #[test]
+    fn nested_same_name_spans_count_once() {
+        let mut stack = SpanStack::default();
+        let mut summary = Summary::default();
+        let us = 1000;
+        stack.open(1, "Tiling".into(), "ge".into(), 0, vec![]);
+        stack.open(2, "Tiling".into(), "ge".into(), 0, vec![]);
+        summary.record(Record::Span(stack.close(0, 10 * us).unwrap()));
+        stack.open(3, "Tiling".into(), "ge".into(), 10 * us, vec![]);
+        summary.record(Record::Span(stack.close(0, 20 * us).unwrap()));
+        summary.record(Record::Span(stack.close(0, 20 * us).unwrap()));
+        let row = &summary.rows["Tiling"];
+        assert_eq!((row.count, row.total_ns), (2, 20 * us));
+        assert_eq!(row.mean_ns(), 10_000.0);
+        assert_eq!((row.min_ns(), row.max_ns()), (10 * us, 10 * us));
+        assert_eq!(row.self_ns, 20 * us);
+    }
+
+    #[test]
+    fn different_names_nest_without_interference() {
+        let mut stack = SpanStack::default();
+        let mut summary = Summary::default();
+        stack.open(1, "graph".into(), "g".into(), 0, vec![]);
+        for i in 0..3u64 {
+            stack.open(10 + i, "MUL_MAT".into(), "op".into(), i * 100, vec![]);
+            summary.record(Record::Span(stack.close(0, i * 100 + 50).unwrap()));
+        }
+        summary.record(Record::Span(stack.close(0, 400).unwrap()));
+        assert_eq!(
+            (
+                summary.rows["MUL_MAT"].count,
+                summary.rows["MUL_MAT"].total_ns
+            ),
+            (3, 150)
+        );
+        assert_eq!(
+            (
+                summary.rows["graph"].count,
+                summary.rows["graph"].total_ns,
+                summary.rows["graph"].self_ns
+            ),
+            (1, 400, 250)
+        );
+        assert_eq!(summary.wall_ns(), 400);
+    }
+
+    #[test]
+    fn csv_cells_are_quoted_and_formulas_defused() {
+        assert_eq!(csv_cell("MUL_MAT"), "MUL_MAT");
+        assert_eq!(csv_cell("=HYPERLINK(\"x\")"), "\"'=HYPERLINK(\"\"x\"\")\"");
+        assert_eq!(csv_cell("-1+2"), "'-1+2");
+        assert_eq!(csv_cell("a,b"), "\"a,b\"");
+    }
+
+    #[test]
+    fn histogram_quantiles_are_within_one_percent() {
+        let mut h = Histogram::default();
+        for ns in 1..=10_000u64 {
+            h.add(ns * 1000);
+        }
+        let p50 = h.quantile(0.5) as f64;
+        assert!((p50 / 5_000_000.0 - 1.0).abs() < 0.011, "{p50}");
+        assert_eq!(h.quantile(1.0), 10_000_000);
+    }
+}

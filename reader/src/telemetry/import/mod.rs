@@ -1,0 +1,133 @@
+//! The importers: each turns one input format into [`Record`]s for a [`RecordSink`].
+//!
+//! - [`ggmlviz`]: GGMLVIZ v1 traces (ours);
+//! - [`ge_log`]: Ascend GE profiling logs;
+//! - [`event_v2`]: TelemetryEvent v2 records (gpu-memory-profiler);
+//! - [`comma`]: CoMMA's NCCL JSON.
+//!
+//! [`detect`] recognises a file's format by its first bytes; [`import_path`] imports a file.
+
+pub mod comma;
+pub mod event_v2;
+pub mod ge_log;
+pub mod ggmlviz;
+
+use super::{Ids, RecordSink};
+
+/// Input formats, recognised by content.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Format {
+    Ggmlviz,
+    GeLog,
+    TelemetryV2,
+    Comma,
+}
+
+impl std::str::FromStr for Format {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Format, String> {
+        match s {
+            "ggmlviz" => Ok(Format::Ggmlviz),
+            "ge-log" => Ok(Format::GeLog),
+            other => Err(format!(
+                "unknown input format {other:?}: expected ggmlviz or ge-log"
+            )),
+        }
+    }
+}
+
+/// What an import found wrong that makes it fail (after everything before it was delivered).
+#[derive(Debug)]
+pub struct ImportError(pub String);
+
+/// The format of the file at `path`, recognised by its first bytes.
+pub fn detect(path: &std::path::Path) -> Result<Format, ImportError> {
+    let name = path.display().to_string();
+    let fail = |e: std::io::Error| ImportError(format!("cannot read {name}: {e}"));
+    let mut head = [0u8; 256];
+    let mut file = std::fs::File::open(path).map_err(fail)?;
+    let n = std::io::Read::read(&mut file, &mut head).map_err(fail)?;
+    let head = &head[..n];
+    Ok(
+        if head.starts_with(&crate::format::MAGIC[..head.len().min(8)]) && !head.is_empty() {
+            Format::Ggmlviz
+        } else if ge_log::looks_like(
+            String::from_utf8_lossy(head)
+                .lines()
+                .next()
+                .unwrap_or_default(),
+        ) {
+            Format::GeLog
+        } else if head
+            .iter()
+            .find(|b| !b.is_ascii_whitespace())
+            .is_some_and(|&b| b == b'[' || b == b'{')
+        {
+            // CoMMA records are Chrome-trace-like: `cat` and `ph`; v2 records are not.
+            let text = String::from_utf8_lossy(head);
+            if text.contains("\"cat\"") || text.contains("\"ph\"") {
+                Format::Comma
+            } else {
+                Format::TelemetryV2
+            }
+        } else {
+            return Err(ImportError(format!(
+                "{name}: format not recognised (supported: GGMLVIZ traces, GE profiling logs, TelemetryEvent v2 JSON, CoMMA NCCL JSON)"
+            )));
+        },
+    )
+}
+
+/// Imports the file at `path` into `sink`, recognising its format unless `format` is given.
+/// Corruption is an error (what came before it was delivered); a truncated tail is a warning.
+pub fn import_path<S: RecordSink>(
+    path: &std::path::Path,
+    format: Option<Format>,
+    layout: Option<crate::format::Layout>,
+    ids: &mut Ids,
+    sink: &mut S,
+) -> Result<(), ImportError> {
+    let name = path.display().to_string();
+    let fail = |e: std::io::Error| ImportError(format!("cannot read {name}: {e}"));
+    let format = match format {
+        Some(f) => f,
+        None => detect(path)?,
+    };
+    match format {
+        Format::Ggmlviz => {
+            // Streamed, not mapped: memory stays bounded whatever the trace's size.
+            let file = std::fs::File::open(path).map_err(fail)?;
+            let mut reader =
+                crate::StreamReader::new(std::io::BufReader::with_capacity(1 << 20, file), layout);
+            let mut io_error = None;
+            let events = std::iter::from_fn(|| match reader.next()? {
+                Ok(event) => Some((reader.last_offset(), Ok(event))),
+                Err(crate::StreamError::Damage(d)) => Some((d.offset, Err(d))),
+                Err(crate::StreamError::Io(e)) => {
+                    io_error = Some(e);
+                    None
+                }
+            });
+            let damage = ggmlviz::import_events(events, &name, ids, sink);
+            if let Some(e) = io_error {
+                return Err(fail(e));
+            }
+            match damage {
+                Some(d) if !d.is_truncation() => Err(ImportError(format!("{name}: {d}"))),
+                _ => Ok(()),
+            }
+        }
+        Format::GeLog => {
+            let file = std::fs::File::open(path).map_err(fail)?;
+            ge_log::import(std::io::BufReader::new(file), &name, ids, sink).map_err(fail)
+        }
+        Format::TelemetryV2 => {
+            let text = std::fs::read_to_string(path).map_err(fail)?;
+            event_v2::import(&text, &name, ids, sink).map_err(ImportError)
+        }
+        Format::Comma => {
+            let text = std::fs::read_to_string(path).map_err(fail)?;
+            comma::import(&text, &name, ids, sink).map_err(ImportError)
+        }
+    }
+}
