@@ -13,10 +13,19 @@
 use std::hint::black_box;
 use std::time::Instant;
 
-use ggml_viz_hook::capture::{self, Entry, GraphInfo};
+use ggml_viz_config::{Config, Sources};
+use ggml_viz_hook::{self as record, Entry, GraphInfo, Setup};
 
 const RING: u64 = 1 << 20;
 const PAIRS: u64 = 400_000;
+
+/// Starts tracing with the configuration the environment gives, as the first wrapped call would.
+fn start() {
+    record::start_once(|| Setup {
+        config: Config::load(&Sources::from_process_env()),
+        ggml_version: None,
+    });
+}
 
 fn record_pairs(n: u64) {
     let info = |_| GraphInfo {
@@ -27,8 +36,8 @@ fn record_pairs(n: u64) {
         name_id: 0,
     };
     for _ in 0..n {
-        let scope = capture::graph_begin(Entry::GraphCompute, info).expect("tracing is on");
-        capture::graph_end(black_box(scope));
+        let scope = record::graph_begin(Entry::GraphCompute, info).expect("tracing is on");
+        record::graph_end(black_box(scope));
     }
 }
 
@@ -60,7 +69,7 @@ fn sustained(dir: &std::path::Path) {
         std::env::set_var("GGML_VIZ_OUTPUT", dir.join("sustained.ggmlviz"));
         std::env::set_var("GGML_VIZ_MAX_EVENTS", (1u64 << 50).to_string());
     }
-    capture::start_if_needed();
+    start();
     let seconds: f64 = std::env::var("GGML_VIZ_BENCH_SECONDS")
         .ok()
         .and_then(|s| s.parse().ok())
@@ -70,7 +79,7 @@ fn sustained(dir: &std::path::Path) {
         "sustained, default ring and flush", "events/s", "MB/s", "dropped"
     );
     for threads in [1u64, 2] {
-        let recorder = capture::active().expect("recorder");
+        let recorder = record::active().expect("recorder");
         let dropped_before = recorder.dropped_ring_full();
         let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
         let start = Instant::now();
@@ -123,12 +132,12 @@ fn main() {
         std::env::set_var("GGML_VIZ_MAX_EVENTS", (1u64 << 40).to_string());
         std::env::set_var("GGML_VIZ_FLUSH_INTERVAL", "10");
     }
-    capture::start_if_needed();
+    start();
 
     let start = Instant::now();
     let mut sum = 0u64;
     for _ in 0..2 * PAIRS {
-        sum = sum.wrapping_add(ggml_viz_hook::clock::now_ticks());
+        sum = sum.wrapping_add(record::now_ticks());
     }
     black_box(sum);
     let clock_ns = start.elapsed().as_nanos() as f64 / (2 * PAIRS) as f64;
@@ -147,7 +156,7 @@ fn main() {
     // Best of 3: this VM's neighbours come and go.
     let one_thread = (0..3).map(|_| measure(1)).fold(f64::INFINITY, f64::min);
     let two_threads = (0..3).map(|_| measure(2)).fold(f64::INFINITY, f64::min);
-    let recorder = capture::active().expect("recorder");
+    let recorder = record::active().expect("recorder");
     let dropped = recorder.dropped_ring_full();
     println!("{:<44} {:>10}", "measure", "ns/event");
     println!(

@@ -5,7 +5,7 @@
 //! replacements are our exported wrappers and whose originals are weak references to ggml's
 //! functions (so that a process without ggml still starts), in the order of `Entry::ALL`.
 
-use ggml_viz_hook::capture::Entry;
+use ggml_viz_hook::Entry;
 use object::{Object, ObjectSection, ObjectSymbol, RelocationTarget};
 
 #[test]

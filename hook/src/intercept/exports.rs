@@ -1,26 +1,29 @@
 //! The exported ggml entry points.
 //!
 //! Each export is a two-instruction trampoline that passes its own return address (which object
-//! called us: see [`crate::resolve`]) as an extra argument to the Rust function that does the
+//! called us: see [`super::route`]) as an extra argument to the Rust function that does the
 //! work. That function resolves the real function, records the begin event, calls the real
 //! function exactly once — whatever happens in our code, which runs inside `catch_unwind` —
 //! records the end event, and returns the real function's result unchanged.
 //!
 //! On Linux they are exported under ggml's own names (the dynamic loader then binds callers to
 //! them first); on macOS with a `ggml_viz_` prefix, and dyld's interpose table names the
-//! functions they replace ([`crate::resolve`]).
+//! functions they replace ([`super::route`]).
 
 use std::ffi::{c_int, c_void};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use crate::capture::{self, Entry, GraphInfo, GraphScope, Recorder};
-use crate::ggml::EvalCallback;
-use crate::ggml::Helpers;
-use crate::names::Owner;
-use crate::ops::{self, OpDriver};
-use crate::resolve::{Resolved, describe_route, resolve};
-use crate::spans;
+use ggml_viz_config::{Config, Sources};
+
+use super::batches;
+use super::eval_callback::{self, OpDriver};
+use super::route::{Resolved, describe_route, first_helpers, resolve};
+use crate::base::entry::Entry;
+use crate::base::ggml::{EvalCallback, Helpers};
+use crate::base::names::Owner;
+use crate::base::{VERBOSE, say};
+use crate::record::{self, GraphInfo, GraphScope, Recorder, Setup};
 
 type Ptr = *mut c_void;
 
@@ -53,7 +56,7 @@ macro_rules! trampoline {
         }
 
         #[doc = concat!("`", stringify!($name), "`, traced.\n\n# Safety\nggml's own contract: ggml objects from the caller's copy of ggml.")]
-        // Windows (no caller-scope resolution there: see `crate::resolve`) and other
+        // Windows (no caller-scope resolution there: see `super::route`) and other
         // architectures: a plain function, without the return address.
         #[cfg(any(windows, not(any(target_arch = "x86_64", target_arch = "aarch64"))))]
         #[cfg_attr(not(target_os = "macos"), unsafe(no_mangle))]
@@ -88,6 +91,7 @@ trampoline!(llama_batch_ext_add_token(batch: Ptr, seq_id: i32, token: i32) -> i3
 trampoline!(llama_batch_ext_clear(batch: Ptr), batch_ext_clear, x86_64: "rsi", aarch64: "x1");
 
 /// Our exported wrapper of `entry` (where an inline hook sends the executable's own calls).
+#[cfg(any(target_os = "linux", windows))]
 pub fn wrapper(entry: Entry) -> *const () {
     match entry {
         Entry::SchedGraphCompute => ggml_backend_sched_graph_compute as *const (),
@@ -120,11 +124,16 @@ fn guarded<T>(f: impl FnOnce() -> T) -> Option<T> {
 /// ggml version of the copy that is called); then tracing is started if this is the first call.
 fn real_function(entry: Entry, return_address: usize) -> Option<&'static Resolved> {
     let found = guarded(|| resolve(entry, return_address)).flatten();
-    guarded(capture::start_if_needed);
+    guarded(|| {
+        record::start_once(|| Setup {
+            config: Config::load(&Sources::from_process_env()),
+            ggml_version: first_helpers().and_then(|h| h.version()),
+        })
+    });
     match found {
         Some((resolved, fresh)) => {
-            if fresh && crate::VERBOSE.load(Ordering::Relaxed) {
-                crate::say(format_args!(
+            if fresh && VERBOSE.load(Ordering::Relaxed) {
+                say(format_args!(
                     "{}",
                     describe_route(entry, return_address, resolved)
                 ));
@@ -134,7 +143,7 @@ fn real_function(entry: Entry, return_address: usize) -> Option<&'static Resolve
         None => {
             static SAID: AtomicBool = AtomicBool::new(false);
             if !SAID.swap(true, Ordering::Relaxed) {
-                crate::say(format_args!(
+                say(format_args!(
                     "no loaded library defines {}; the call fails",
                     entry.name()
                 ));
@@ -157,11 +166,11 @@ fn traced_graph(
     let scope = if real.ambiguous {
         None
     } else {
-        guarded(|| capture::graph_begin(entry, |r| describe(real.helpers, r))).flatten()
+        guarded(|| record::graph_begin(entry, |r| describe(real.helpers, r))).flatten()
     };
     let status = call(real, scope.as_ref());
     if let Some(scope) = scope {
-        guarded(|| capture::graph_end(scope));
+        guarded(|| record::graph_end(scope));
     }
     status
 }
@@ -180,17 +189,17 @@ fn traced_wait(
     let scope = if real.ambiguous {
         None
     } else {
-        guarded(|| capture::wait_begin(entry, object, |r| name_of(r, real.helpers, object, owner)))
+        guarded(|| record::wait_begin(entry, object, |r| name_of(r, real.helpers, object, owner)))
             .flatten()
     };
     call(real.real);
     if let Some(scope) = scope {
-        guarded(|| capture::wait_end(scope));
+        guarded(|| record::wait_end(scope));
     }
 }
 
 fn name_of(r: &Recorder, helpers: &Helpers, object: Ptr, owner: Owner) -> u16 {
-    capture::name_id(r, object, owner, || match owner {
+    record::name_id(r, object, owner, || match owner {
         // SAFETY: the object came from this copy of ggml through the call we are wrapping.
         Owner::Backend => unsafe { helpers.backend_name(object) },
         // SAFETY: as above.
@@ -229,7 +238,7 @@ fn call2(real: usize, a: Ptr, b: Ptr) -> c_int {
 }
 
 /// The four entry points that take a scheduler or backend and a graph. A scheduler's compute
-/// gets our eval callback when its ops are to be timed (see [`crate::ops`]).
+/// gets our eval callback when its ops are to be timed (see [`super::eval_callback`]).
 fn object_compute(entry: Entry, owner: Owner, object: Ptr, graph: Ptr, ret: usize) -> c_int {
     traced_graph(
         entry,
@@ -369,7 +378,7 @@ unsafe extern "C" fn sched_set_eval_callback(
     let Some(real) = real_function(Entry::SchedSetEvalCallback, ret) else {
         return;
     };
-    guarded(|| ops::remember_app_callback(sched, callback, user_data));
+    guarded(|| eval_callback::remember_app_callback(sched, callback, user_data));
     type SetFn = unsafe extern "C" fn(Ptr, Option<EvalCallback>, Ptr);
     // SAFETY: the real ggml_backend_sched_set_eval_callback, with the caller's arguments.
     unsafe { std::mem::transmute::<usize, SetFn>(real.real)(sched, callback, user_data) }
@@ -395,9 +404,9 @@ fn traced_span(
     real: &Resolved,
     call: impl FnOnce(usize) -> i32,
 ) -> i32 {
-    guarded(|| capture::span(name, true, n_tokens));
+    guarded(|| record::span(name, true, n_tokens));
     let status = call(real.real);
-    guarded(|| capture::span(name, false, n_tokens));
+    guarded(|| record::span(name, false, n_tokens));
     status
 }
 
@@ -440,7 +449,7 @@ unsafe extern "C" fn llama_process_impl(ctx: Ptr, kind: c_int, batch: Ptr, ret: 
     } else {
         Entry::LlamaDecode
     };
-    let n_tokens = guarded(|| spans::batch_tokens(batch))
+    let n_tokens = guarded(|| batches::batch_tokens(batch))
         .flatten()
         .unwrap_or(u32::MAX);
     type ProcessFn = unsafe extern "C" fn(Ptr, c_int, Ptr) -> i32;
@@ -457,7 +466,7 @@ unsafe extern "C" fn batch_ext_add(batch: Ptr, seq_id: i32, ret: usize) -> i32 {
     type AddFn = unsafe extern "C" fn(Ptr, i32) -> i32;
     // SAFETY: the real llama_batch_ext_add, with the caller's arguments.
     let index = unsafe { std::mem::transmute::<usize, AddFn>(real.real)(batch, seq_id) };
-    guarded(|| spans::token_added(batch, index));
+    guarded(|| batches::token_added(batch, index));
     index
 }
 
@@ -469,7 +478,7 @@ unsafe extern "C" fn batch_ext_add_token(batch: Ptr, seq_id: i32, token: i32, re
     // SAFETY: the real llama_batch_ext_add_token, with the caller's arguments.
     let index =
         unsafe { std::mem::transmute::<usize, AddTokenFn>(real.real)(batch, seq_id, token) };
-    guarded(|| spans::token_added(batch, index));
+    guarded(|| batches::token_added(batch, index));
     index
 }
 
@@ -480,7 +489,7 @@ unsafe extern "C" fn batch_ext_clear(batch: Ptr, ret: usize) {
     type ClearFn = unsafe extern "C" fn(Ptr);
     // SAFETY: the real llama_batch_ext_clear, with the caller's argument.
     unsafe { std::mem::transmute::<usize, ClearFn>(real.real)(batch) };
-    guarded(|| spans::batch_cleared(batch));
+    guarded(|| batches::batch_cleared(batch));
 }
 
 /// `struct ggml_backend_buffer_i`, passed by value to `ggml_backend_buffer_init`: a table of
@@ -509,7 +518,7 @@ unsafe extern "C" fn buffer_init(
         guarded(|| {
             // SAFETY: the buffer was just made by this copy of ggml.
             let (base, size, _) = unsafe { real.helpers.buffer(buffer) };
-            capture::buffer_event(true, buffer, size, base, |r| {
+            record::buffer_event(true, buffer, size, base, |r| {
                 name_of(r, real.helpers, buft, Owner::BufferType)
             });
         });
@@ -525,7 +534,7 @@ unsafe extern "C" fn buffer_free(buffer: Ptr, ret: usize) {
         guarded(|| {
             // SAFETY: the buffer is still live: it is freed below.
             let (base, size, buft) = unsafe { real.helpers.buffer(buffer) };
-            capture::buffer_event(false, buffer, size, base, |r| {
+            record::buffer_event(false, buffer, size, base, |r| {
                 name_of(r, real.helpers, buft, Owner::BufferType)
             });
         });

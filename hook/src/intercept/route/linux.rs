@@ -11,7 +11,7 @@
 //! used, and when that fails too (ggml loaded `RTLD_LOCAL`) every loaded object is searched.
 //! Results are cached per call site in atomics; the slow path takes a lock, once per call site.
 //! The main program calling a ggml linked into itself goes to the inline hook's trampoline
-//! ([`crate::inline`]).
+//! ([`crate::intercept::inline`]).
 //!
 //! The helpers we call ourselves ([`Helpers`]: `ggml_graph_n_nodes`, `ggml_backend_name`, …) come
 //! from the scope of the object that defines the real function, so they belong to the same copy.
@@ -21,9 +21,11 @@ use std::ptr;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
 
-use crate::capture::Entry;
-pub use crate::ggml::Helpers;
-pub use crate::resolved::{Resolved, first_helpers};
+use super::{Resolved, note_helpers};
+use crate::base::entry::Entry;
+use crate::base::ggml::Helpers;
+use crate::base::say;
+use crate::intercept::inline;
 
 const CACHE_SLOTS: usize = 1024;
 
@@ -93,15 +95,15 @@ pub fn resolve(entry: Entry, return_address: usize) -> Option<(&'static Resolved
         return Some((found, false));
     }
     let (real, ambiguous) = slow.find_real(entry, return_address)?;
-    let helpers = crate::inline::helpers_for(real).unwrap_or_else(|| slow.helpers_for(real));
-    crate::resolved::note_helpers(helpers);
+    let helpers = inline::helpers_for(real).unwrap_or_else(|| slow.helpers_for(real));
+    note_helpers(helpers);
     let resolved: &'static Resolved = Box::leak(Box::new(Resolved {
         real,
         helpers,
         ambiguous,
     }));
     if ambiguous {
-        crate::say(format_args!(
+        say(format_args!(
             "several copies of ggml define {} and the caller at {return_address:#x} belongs to none of them; \
              calling the first one, untraced",
             entry.name()
@@ -128,7 +130,7 @@ pub fn describe_route(entry: Entry, return_address: usize, resolved: &Resolved) 
             Some(p) => p,
             None => format!("{return_address:#x}"),
         },
-        if crate::inline::helpers_for(resolved.real).is_some() {
+        if inline::helpers_for(resolved.real).is_some() {
             "the executable's own (inline hook)".to_string()
         } else {
             path(resolved.real).unwrap_or_else(|| format!("{:#x}", resolved.real))
@@ -143,7 +145,7 @@ impl Slow {
         // The main program (no path) calling its own statically linked ggml: the inline hook.
         if let Some(caller) = &caller
             && caller.path.is_empty()
-            && let Some(original) = crate::inline::original(entry)
+            && let Some(original) = inline::original(entry)
         {
             return Some((original, false));
         }

@@ -14,10 +14,9 @@
 
 use std::ffi::{CStr, CString};
 
-use crate::capture::Entry;
-use crate::ggml::Helpers;
-use crate::resolved::per_entry;
-pub use crate::resolved::{Resolved, first_helpers};
+use super::{Resolved, per_entry};
+use crate::base::entry::Entry;
+use crate::base::ggml::Helpers;
 
 // The interpose pairs, in the order of `Entry::ALL`; our wrappers are exported with a
 // `ggml_viz_` prefix so that the originals' names refer to ggml's functions.

@@ -1,8 +1,8 @@
 //! Statically linked ggml: when the executable itself defines the ggml entry points (llama.cpp
 //! built with `-DBUILD_SHARED_LIBS=OFF`), preloading cannot reach them — the executable calls
 //! its own functions directly, never through the dynamic loader. When its symbol table is
-//! present, each entry point it defines gets an inline hook ([`crate::inline`]) at start-up;
-//! [`crate::resolve`] then sends calls from the executable to the hook's trampoline.
+//! present, each entry point it defines gets an inline hook ([`crate::intercept::inline`]) at start-up;
+//! [`crate::intercept::route`] then sends calls from the executable to the hook's trampoline.
 //!
 //! The patching happens in a constructor, before `main` and before any other thread exists. It
 //! costs a process without ggml in its executable one open, one map and a symbol-table scan (none
@@ -12,7 +12,11 @@ use std::collections::HashMap;
 
 use object::{Object, ObjectSymbol, SymbolKind};
 
-use crate::capture::Entry;
+use ggml_viz_config::{Config, Sources};
+
+use crate::base::entry::Entry;
+use crate::base::say;
+use crate::intercept::{exports, inline};
 
 #[used]
 #[unsafe(link_section = ".init_array")]
@@ -24,7 +28,12 @@ extern "C" fn hook_executable_ggml() {
 }
 
 fn install() {
-    if std::env::var("GGML_VIZ_DISABLE").is_ok_and(|v| v == "1" || v == "true") {
+    // Disabled or misconfigured: no tracing will start, so nothing is patched (the session says
+    // why, at the first call).
+    let Ok(config) = Config::load(&Sources::from_process_env()) else {
+        return;
+    };
+    if config.disable {
         return;
     }
     let Some(symbols) = executable_symbols() else {
@@ -34,18 +43,27 @@ fn install() {
     // functions are our own wrappers.
     if Entry::ALL
         .into_iter()
-        .any(|e| symbols.get(e.name()) == Some(&(crate::exports::wrapper(e) as usize)))
+        .any(|e| symbols.get(e.name()) == Some(&(exports::wrapper(e) as usize)))
     {
         return;
     }
+    let mut hooked = 0;
     for entry in Entry::ALL {
         if let Some(&target) = symbols.get(entry.name()) {
             // SAFETY: `target` is the start of the executable's own function of this name (its
             // symbol table says so), and no other thread runs yet (this is a constructor).
-            unsafe { crate::inline::hook(entry, target, "the executable's own") };
+            let replacement = exports::wrapper(entry);
+            hooked += usize::from(unsafe {
+                inline::hook(entry, target, replacement, "the executable's own")
+            });
         }
     }
-    crate::inline::set_helpers(|name| name.to_str().ok().and_then(|n| symbols.get(n)).copied());
+    if config.verbose {
+        say(format_args!(
+            "ggml is linked into the executable: {hooked} of its entry points hooked inline"
+        ));
+    }
+    inline::set_helpers(|name| name.to_str().ok().and_then(|n| symbols.get(n)).copied());
 }
 
 /// The executable's defined functions named `ggml_*` or `llama_*`, at their run-time addresses;

@@ -102,10 +102,6 @@ impl Names {
     pub fn len(&self) -> usize {
         self.used.load(Ordering::Acquire)
     }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
 }
 
 impl Default for Names {

@@ -18,7 +18,7 @@ pub fn collect(config: &Config, ggml_version: Option<String>) -> Metadata {
     }
 }
 
-pub use crate::os::host_name;
+use super::os::host_name;
 
 fn command_line() -> Vec<String> {
     // /proc is Linux's (under Wine it names Wine's own server); elsewhere the process's arguments.

@@ -1,13 +1,14 @@
-//! Inline hooks: an entry point's first instructions are patched (`detour`) to jump to our
-//! exported wrapper, and a trampoline runs the original. Used where the dynamic loader cannot
-//! put our wrapper in front of ggml: a ggml linked into the executable itself (Linux,
-//! [`crate::static_ggml`]) and Windows DLLs (`crate::resolve` there).
+//! Inline hooks: an entry point's first instructions are patched (`detour`) to jump to a
+//! replacement (our exported wrapper), and a trampoline runs the original. Used where the dynamic
+//! loader cannot put our wrapper in front of ggml: a ggml linked into the executable itself
+//! (Linux) and Windows DLLs; the installers in [`crate::intercept::install`] say where.
 
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use crate::capture::Entry;
-use crate::ggml::Helpers;
+use crate::base::entry::Entry;
+use crate::base::ggml::Helpers;
+use crate::base::say;
 
 const ENTRIES: usize = Entry::ALL.len();
 
@@ -17,19 +18,20 @@ static ORIGINALS: [AtomicUsize; ENTRIES] = [const { AtomicUsize::new(0) }; ENTRI
 /// The helpers (`ggml_graph_n_nodes`, …) of the hooked ggml.
 static HELPERS: OnceLock<Helpers> = OnceLock::new();
 
-/// Patches the function at `target` (ggml's `entry`) to run our wrapper instead; says so on
+/// Patches the function at `target` (ggml's `entry`) to run `replacement` instead; says so on
 /// stderr when it cannot.
 ///
 /// # Safety
-/// `target` must be the start of ggml's function `entry` (whose C signature our wrapper has),
-/// and no thread may be running inside its first bytes while they are patched.
-pub unsafe fn hook(entry: Entry, target: usize, whose: &str) -> bool {
+/// `target` must be the start of ggml's function `entry`, `replacement` a function with the
+/// same C signature, and no thread may be running inside `target`'s first bytes while they are
+/// patched.
+pub unsafe fn hook(entry: Entry, target: usize, replacement: *const (), whose: &str) -> bool {
     if original(entry).is_some() {
         return true;
     }
     // SAFETY: the caller's contract.
     let hooked = unsafe {
-        detour::RawDetour::new(target as *const (), crate::exports::wrapper(entry))
+        detour::RawDetour::new(target as *const (), replacement)
             .and_then(|d| d.enable().map(|()| d))
     };
     match hooked {
@@ -40,7 +42,7 @@ pub unsafe fn hook(entry: Entry, target: usize, whose: &str) -> bool {
             true
         }
         Err(err) => {
-            crate::say(format_args!(
+            say(format_args!(
                 "cannot hook {whose} {}: {err}; its calls are not traced",
                 entry.name()
             ));
@@ -70,6 +72,7 @@ pub fn original(entry: Entry) -> Option<usize> {
 }
 
 /// The helpers of the hooked ggml, for a real function that is one of our trampolines.
+#[cfg(target_os = "linux")]
 pub fn helpers_for(real: usize) -> Option<&'static Helpers> {
     ORIGINALS
         .iter()

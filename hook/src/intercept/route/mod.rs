@@ -1,10 +1,28 @@
-//! Where a call goes, once found: what every platform's `resolve` hands to the wrappers.
+//! Finding the real function behind a wrapper, chosen once per OS: by the caller's scope on
+//! Linux ([`linux`]), from dyld's interpose table on macOS (`macos`), from the inline hooks put
+//! on ggml's DLLs on Windows (`windows`). Each hands the wrappers a [`Resolved`].
 
 use std::sync::OnceLock;
 
 #[cfg(not(target_os = "linux"))]
-use crate::capture::Entry;
-use crate::ggml::Helpers;
+use crate::base::entry::Entry;
+use crate::base::ggml::Helpers;
+
+#[cfg(target_os = "linux")]
+mod linux;
+#[cfg(target_os = "linux")]
+pub use linux::{describe_route, resolve};
+#[cfg(target_os = "macos")]
+mod macos;
+#[cfg(target_os = "macos")]
+pub use macos::{describe_route, resolve};
+#[cfg(windows)]
+mod windows;
+#[cfg(windows)]
+pub use windows::{
+    GetModuleHandleA, GetProcAddress, Module, describe_route, export_of, loaded_ggml_modules,
+    resolve,
+};
 
 /// Where a call goes.
 #[derive(Debug)]
@@ -24,14 +42,14 @@ pub fn first_helpers() -> Option<&'static Helpers> {
     FIRST_HELPERS.get().copied()
 }
 
-pub(crate) fn note_helpers(helpers: &'static Helpers) {
+fn note_helpers(helpers: &'static Helpers) {
     let _ = FIRST_HELPERS.set(helpers);
 }
 
 /// For platforms where each entry point has one real function whatever the caller (macOS,
 /// Windows): `find` is asked once per entry; returns the result and whether this call found it.
 #[cfg(not(target_os = "linux"))]
-pub(crate) fn per_entry(
+fn per_entry(
     entry: Entry,
     find: impl FnOnce() -> Option<(usize, &'static Helpers)>,
 ) -> Option<(&'static Resolved, bool)> {

@@ -9,7 +9,7 @@
 
 use std::sync::OnceLock;
 
-use crate::os::{monotonic_ns, realtime_ns};
+use super::os::{monotonic_ns, realtime_ns};
 
 /// Realtime minus monotonic, read once.
 fn epoch_offset() -> u64 {

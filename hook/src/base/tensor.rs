@@ -1,0 +1,200 @@
+//! What we read of a `struct ggml_tensor`: its name, op, type, shape and FLOP count, at offsets
+//! that are checked against ggml's own `ggml_op_desc` before any of them is trusted.
+
+use std::ffi::c_void;
+use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
+
+use super::ggml::Helpers;
+use super::say;
+
+type Ptr = *mut c_void;
+
+/// Offsets in `struct ggml_tensor` (ggml.h, unchanged since 2023): `type` at 0, `ne[4]` at 16,
+/// `op` at 80, `src[10]` at 152. The `op` offset is checked against `ggml_op_desc` on the first
+/// nodes before any of them is trusted.
+const TYPE_AT: usize = 0;
+const NE_AT: usize = 16;
+const OP_AT: usize = 80;
+const SRC_AT: usize = 152;
+
+const LAYOUT_UNCHECKED: u8 = 0;
+const LAYOUT_OK: u8 = 1;
+const LAYOUT_WRONG: u8 = 2;
+/// Nodes checked before the struct offsets are trusted.
+const NODES_TO_CHECK: u64 = 32;
+static LAYOUT: AtomicU8 = AtomicU8::new(LAYOUT_UNCHECKED);
+static CHECKED: AtomicU64 = AtomicU64::new(0);
+
+/// # Safety
+/// `tensor` points to a live `struct ggml_tensor` and `at + size_of::<T>()` lies inside it.
+unsafe fn field<T: Copy>(tensor: Ptr, at: usize) -> T {
+    // SAFETY: per the contract; unaligned reads are fine for any T.
+    unsafe { std::ptr::read_unaligned((tensor as *const u8).add(at) as *const T) }
+}
+
+/// Whether `t->op` can be read at its offset: checked on the first nodes against `ggml_op_desc`
+/// (which names unary and GLU sub-ops, so `UNARY` and `GLU` also pass).
+///
+/// # Safety
+/// `tensor` is a live tensor of the copy `h` belongs to.
+unsafe fn layout_ok(h: &Helpers, tensor: Ptr, desc: &str) -> bool {
+    match LAYOUT.load(Ordering::Relaxed) {
+        LAYOUT_OK => return true,
+        LAYOUT_WRONG => return false,
+        _ => {}
+    }
+    // SAFETY: per the contract.
+    let op: u32 = unsafe { field(tensor, OP_AT) };
+    // Bounded before ggml_op_name indexes its table with it.
+    // SAFETY: op is bounded by the size of every ggml's op table so far.
+    let name = if op < 128 {
+        unsafe { h.op_name(op) }
+    } else {
+        String::new()
+    };
+    let agrees = !name.is_empty() && (name == desc || name == "UNARY" || name == "GLU");
+    if !agrees {
+        LAYOUT.store(LAYOUT_WRONG, Ordering::Relaxed);
+        say(format_args!(
+            "this ggml's struct ggml_tensor does not have `op` where expected ({desc} read as {op}); \
+             ops are recorded by name only"
+        ));
+        return false;
+    }
+    if CHECKED.fetch_add(1, Ordering::Relaxed) + 1 >= NODES_TO_CHECK {
+        LAYOUT.store(LAYOUT_OK, Ordering::Relaxed);
+    }
+    true
+}
+
+/// A node's name, op, type, shape and FLOP count: what a tensor-info record says.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TensorInfo {
+    pub name: String,
+    /// Index of the distinct name, in order of first sight (a name can have several infos).
+    pub group: u32,
+    /// `ggml_op_desc`: the op's name, or the unary / GLU sub-op's.
+    pub op: String,
+    /// `t->op`, when the struct layout was confirmed, and `ggml_op_name` of it.
+    pub op_type: Option<u32>,
+    pub op_name: String,
+    pub type_name: String,
+    pub ne: [i64; 4],
+    /// Floating-point operations, where well defined (MUL_MAT: 2·K·M·N).
+    pub flops: Option<u64>,
+}
+
+/// # Safety
+/// `tensor` is a live tensor of the copy `h` belongs to.
+pub unsafe fn read_tensor(h: &Helpers, tensor: Ptr) -> TensorInfo {
+    // SAFETY: per the contract.
+    let (name, op) = unsafe { (h.tensor_name(tensor), h.op_desc(tensor)) };
+    // SAFETY: as above.
+    if !unsafe { layout_ok(h, tensor, &op) } {
+        return TensorInfo {
+            name,
+            group: 0,
+            op,
+            op_type: None,
+            op_name: String::new(),
+            type_name: String::new(),
+            ne: [0; 4],
+            flops: None,
+        };
+    }
+    // SAFETY: the layout was checked; these fields lie inside the tensor.
+    let (op_type, ty, ne) = unsafe {
+        (
+            field::<u32>(tensor, OP_AT),
+            field::<u32>(tensor, TYPE_AT),
+            field::<[i64; 4]>(tensor, NE_AT),
+        )
+    };
+    // SAFETY: `ty` and `op_type` were read from a live tensor whose layout was checked.
+    let (type_name, op_name) = unsafe { (h.type_name(ty), h.op_name(op_type)) };
+    // SAFETY: as above.
+    let flops = if op == "MUL_MAT" {
+        unsafe { mul_mat_flops(tensor, ne) }
+    } else {
+        None
+    };
+    TensorInfo {
+        name,
+        group: 0,
+        op,
+        op_type: Some(op_type),
+        op_name,
+        type_name,
+        ne,
+        flops,
+    }
+}
+
+/// 2·K·M·N for `dst = src0ᵀ·src1` (src0: K×M, src1: K×N), when the shapes agree.
+///
+/// # Safety
+/// `tensor` is a live MUL_MAT tensor whose layout was checked.
+unsafe fn mul_mat_flops(tensor: Ptr, ne: [i64; 4]) -> Option<u64> {
+    // SAFETY: per the contract; sources of a live node are live tensors.
+    let (src0, src1): (Ptr, Ptr) = unsafe { (field(tensor, SRC_AT), field(tensor, SRC_AT + 8)) };
+    if src0.is_null() || src1.is_null() {
+        return None;
+    }
+    // SAFETY: as above.
+    let (a, b): ([i64; 4], [i64; 4]) = unsafe { (field(src0, NE_AT), field(src1, NE_AT)) };
+    let k = a[0];
+    (k == b[0] && a[1] == ne[0] && k > 0)
+        .then(|| 2 * (k as u64) * ne.iter().map(|&n| n.max(0) as u64).product::<u64>())
+}
+
+/// What makes a node's tensor info distinct (name, op, type, shape), hashed, and its op number
+/// (`u32::MAX` until the struct layout is confirmed). Reads borrowed C strings, not copies: this
+/// runs for every node.
+///
+/// # Safety
+/// `tensor` is a live tensor of the copy `h` belongs to.
+pub unsafe fn identity(h: &Helpers, tensor: Ptr) -> (u64, u32) {
+    // `desc` is a static string; the name lives in the tensor.
+    // SAFETY: per the contract.
+    let (name, desc) = unsafe { (h.tensor_name_cstr(tensor), h.op_desc_cstr(tensor)) };
+    let checked = match LAYOUT.load(Ordering::Relaxed) {
+        LAYOUT_OK => true,
+        LAYOUT_WRONG => false,
+        // SAFETY: as above.
+        _ => unsafe { layout_ok(h, tensor, &desc.to_string_lossy()) },
+    };
+    // SAFETY: fields are read only once the layout was checked.
+    let (op_type, ty, ne) = if checked {
+        unsafe {
+            (
+                field::<u32>(tensor, OP_AT),
+                field::<u32>(tensor, TYPE_AT),
+                field::<[i64; 4]>(tensor, NE_AT),
+            )
+        }
+    } else {
+        (u32::MAX, 0, [0; 4])
+    };
+    let key = tensor_key(&[name.to_bytes(), desc.to_bytes()], op_type, ty, ne);
+    (key, op_type)
+}
+
+/// FNV-1a over the bytes that make a tensor info distinct (never 0).
+pub fn tensor_key(strings: &[&[u8]], op: u32, ty: u32, ne: [i64; 4]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    let mut eat = |bytes: &[u8]| {
+        for &b in bytes {
+            h = (h ^ b as u64).wrapping_mul(0x0100_0000_01b3);
+        }
+    };
+    for bytes in strings {
+        eat(bytes);
+        eat(&[0]);
+    }
+    eat(&op.to_le_bytes());
+    eat(&ty.to_le_bytes());
+    for n in ne {
+        eat(&n.to_le_bytes());
+    }
+    h | 1
+}

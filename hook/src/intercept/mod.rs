@@ -1,0 +1,18 @@
+//! The front ends: how calls get from the host program into the recording core.
+//!
+//! - [`exports`]: the exported trampolines and wrappers of ggml's entry points; each resolves
+//!   the real function, records around it, and calls it exactly once;
+//! - [`route`]: finding the real function behind a wrapper, chosen once per OS;
+//! - [`inline`] and [`install`]: inline hooks, for a ggml linked into the executable (Linux) and
+//!   ggml's DLLs (Windows);
+//! - [`eval_callback`]: per-op timing through the scheduler's eval callback;
+//! - [`batches`]: token counts of llama.cpp's opaque batches, for the decode spans.
+
+mod batches;
+mod eval_callback;
+pub mod exports;
+#[cfg(any(target_os = "linux", windows))]
+mod inline;
+#[cfg(any(target_os = "linux", windows))]
+mod install;
+mod route;

@@ -1,0 +1,408 @@
+//! The producer side: the events a wrapped call records around the real function, and each
+//! thread's state and ring.
+//!
+//! Steady state (a thread that already has its ring): read the clock, bump one shared counter
+//! (the event cap), copy the event into the thread's ring. No lock, no allocation, no system
+//! call. A thread's first event allocates and registers its ring, once.
+
+use std::cell::Cell;
+use std::ffi::c_void;
+use std::sync::atomic::Ordering;
+
+use ggml_viz_reader::EventType;
+use ggml_viz_reader::format::EXTENSION_TYPE_CODE;
+
+use super::recorder::Recorder;
+use super::session::{active, current};
+use crate::base::entry::Entry;
+use crate::base::names::Owner;
+use crate::base::ring::{RawEvent, Ring};
+use crate::base::{clock, os};
+
+/// Per-thread state. No destructors: it stays usable while the host's `atexit` handlers run,
+/// after Rust's own thread-locals are gone.
+struct Local {
+    ring: Cell<*const Ring>,
+    generation: Cell<u64>,
+    tid: Cell<u32>,
+    /// Graph computes open on this thread.
+    depth: Cell<u32>,
+    /// Whether the outermost open graph compute is inside the capture window.
+    recording: Cell<bool>,
+    /// Events this thread may still record under the cap.
+    budget: Cell<u64>,
+    /// Our eval callback is driving a node: the graph computes and waits ggml makes for it are
+    /// part of the op, not recorded on their own.
+    in_op: Cell<bool>,
+}
+
+thread_local! {
+    static LOCAL: Local = const {
+        Local {
+            ring: Cell::new(std::ptr::null()),
+            generation: Cell::new(u64::MAX),
+            tid: Cell::new(0),
+            depth: Cell::new(0),
+            recording: Cell::new(false),
+            budget: Cell::new(0),
+            in_op: Cell::new(false),
+        }
+    };
+}
+
+impl Local {
+    /// Forgets what this thread held for an earlier recorder (its parent's, in a child after
+    /// `fork`).
+    fn reset(&self, generation: u64) {
+        self.ring.set(std::ptr::null());
+        self.generation.set(generation);
+        self.tid.set(0);
+        self.depth.set(0);
+        self.recording.set(false);
+        self.budget.set(0);
+        self.in_op.set(false);
+    }
+}
+
+/// Runs `f` on this thread's state for recorder `r`, reset first if it was another recorder's.
+fn local<T>(r: &Recorder, f: impl FnOnce(&Local) -> T) -> T {
+    LOCAL.with(|l| {
+        if l.generation.get() != r.generation {
+            l.reset(r.generation);
+        }
+        f(l)
+    })
+}
+
+fn thread_id(l: &Local) -> u32 {
+    match l.tid.get() {
+        0 => {
+            // Once per thread.
+            let tid = os::thread_id();
+            l.tid.set(tid);
+            tid
+        }
+        tid => tid,
+    }
+}
+
+/// This thread's ring, made and registered on its first event (with a THREAD_BEGIN event when
+/// thread tracking is on).
+fn ring_of(l: &Local, r: &'static Recorder) -> &'static Ring {
+    if l.ring.get().is_null() {
+        let ring: &'static Ring = Box::leak(Box::new(Ring::new(r.config.buffer_size as usize)));
+        r.add_ring(ring);
+        l.ring.set(ring);
+        if r.config.thread_tracking {
+            // Registers this thread's exit hook (a thread-local with a destructor).
+            THREAD_EXIT.with(|_| {});
+            push(l, r, thread_event(r, l, EventType::ThreadBegin));
+        }
+    }
+    // SAFETY: rings are leaked, never freed.
+    unsafe { &*l.ring.get() }
+}
+
+/// THREAD_BEGIN or THREAD_FREE for this thread, labelled with its name.
+fn thread_event(r: &Recorder, l: &Local, ty: EventType) -> RawEvent {
+    let tid = thread_id(l);
+    let name_id = r.names.intern(tid as usize, Owner::Thread, os::thread_name);
+    RawEvent {
+        type_code: ty.code(),
+        name_id,
+        ..RawEvent::default()
+    }
+}
+
+/// Its destructor runs when the thread exits: the THREAD_FREE event.
+struct ThreadExit;
+
+impl Drop for ThreadExit {
+    fn drop(&mut self) {
+        let _ = std::panic::catch_unwind(|| {
+            let Some(r) = active() else { return };
+            LOCAL.with(|l| {
+                if l.generation.get() == r.generation && !l.ring.get().is_null() {
+                    push(l, r, thread_event(r, l, EventType::ThreadFree));
+                }
+            });
+        });
+    }
+}
+
+thread_local! {
+    static THREAD_EXIT: ThreadExit = const { ThreadExit };
+}
+
+/// A backend buffer was made (`alloc`, after `ggml_backend_buffer_init` returned it) or is about
+/// to be freed: TENSOR_ALLOC / TENSOR_FREE keyed by the buffer handle, with its real size, its
+/// base address and its buffer type's name. Only with memory tracking on.
+pub fn buffer_event(
+    alloc: bool,
+    buffer: *mut c_void,
+    size: u64,
+    base: u64,
+    buft_name: impl FnOnce(&Recorder) -> u16,
+) {
+    let Some(r) = current(1) else { return };
+    if !r.config.memory_tracking {
+        return;
+    }
+    let ty = if alloc {
+        EventType::TensorAlloc
+    } else {
+        EventType::TensorFree
+    };
+    let event = RawEvent {
+        type_code: ty.code(),
+        a: buffer as u64,
+        size,
+        d: base,
+        name_id: buft_name(r),
+        ..RawEvent::default()
+    };
+    local(r, |l| push(l, r, event));
+}
+
+fn push(l: &Local, r: &'static Recorder, mut event: RawEvent) {
+    let ring = ring_of(l, r);
+    let mut budget = l.budget.get();
+    if budget == 0 {
+        budget = r.reserve();
+        if budget == 0 {
+            r.over_max_events.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+    }
+    l.budget.set(budget - 1);
+    event.thread_id = thread_id(l);
+    event.ticks = clock::now_ticks();
+    // SAFETY: this thread is its ring's only producer.
+    unsafe { ring.push(event) };
+}
+
+/// What a graph event says, besides its type and time.
+#[derive(Clone, Copy, Debug)]
+pub struct GraphInfo {
+    pub graph: *mut c_void,
+    pub n_nodes: u32,
+    pub n_threads: u32,
+    pub backend: *mut c_void,
+    pub name_id: u16,
+}
+
+/// Interns the name of a backend or scheduler for the labels.
+pub fn name_id(r: &Recorder, ptr: *mut c_void, owner: Owner, name: impl FnOnce() -> String) -> u16 {
+    r.names.intern(ptr as usize, owner, name)
+}
+
+/// An open graph compute: what its end event needs.
+pub struct GraphScope {
+    recorder: &'static Recorder,
+    entry: Entry,
+    info: GraphInfo,
+    recording: bool,
+    /// No other graph compute is open on this thread.
+    outermost: bool,
+}
+
+fn graph_event(ty: EventType, entry: Entry, info: &GraphInfo) -> RawEvent {
+    RawEvent {
+        type_code: ty.code(),
+        entry: entry as u8,
+        a: info.graph as u64,
+        b: info.n_nodes,
+        c: info.n_threads,
+        d: info.backend as u64,
+        name_id: info.name_id,
+        ..RawEvent::default()
+    }
+}
+
+/// Before the real call: records the begin event if this graph compute is in the capture
+/// window. `describe` runs only when tracing.
+pub fn graph_begin(
+    entry: Entry,
+    describe: impl FnOnce(&'static Recorder) -> GraphInfo,
+) -> Option<GraphScope> {
+    // A begin and an end event.
+    let r = current(2)?;
+    local(r, |l| {
+        let depth = l.depth.get();
+        if depth == 0 {
+            let in_window = !r.has_window()
+                || r.graph_in_window(r.graphs_begun.fetch_add(1, Ordering::Relaxed));
+            l.recording.set(in_window);
+        }
+        l.depth.set(depth + 1);
+        let recording = l.recording.get() && !l.in_op.get();
+        let info = if recording {
+            describe(r)
+        } else {
+            GraphInfo::empty()
+        };
+        if recording {
+            push(
+                l,
+                r,
+                graph_event(EventType::GraphComputeBegin, entry, &info),
+            );
+        }
+        Some(GraphScope {
+            recorder: r,
+            entry,
+            info,
+            recording,
+            outermost: depth == 0,
+        })
+    })
+}
+
+impl GraphScope {
+    pub fn recorder(&self) -> &'static Recorder {
+        self.recorder
+    }
+
+    /// Whether this graph compute's ops should be timed: it is recorded and outermost (a nested
+    /// scheduler call is timed by the outer one), op timing is on, and it is the one in
+    /// `op_sample` that is sampled.
+    pub fn wants_op_timing(&self) -> bool {
+        let c = &self.recorder.config;
+        self.recording
+            && self.outermost
+            && c.op_timing
+            && self
+                .recorder
+                .op_timed_graphs
+                .fetch_add(1, Ordering::Relaxed)
+                .is_multiple_of(c.op_sample.max(1))
+    }
+}
+
+/// One node's op event: begin (`OP_COMPUTE_BEGIN`) or end.
+#[derive(Clone, Copy, Debug)]
+pub struct OpInfo {
+    pub tensor: *mut c_void,
+    pub op_type: u32,
+    pub op_size: u64,
+    pub backend: *mut c_void,
+    /// The tensor's entry in the recorder's tensor table.
+    pub tensor_id: u16,
+}
+
+fn op_event(ty: EventType, op: &OpInfo) -> RawEvent {
+    RawEvent {
+        type_code: ty.code(),
+        a: op.tensor as u64,
+        b: op.op_type,
+        size: op.op_size,
+        d: op.backend as u64,
+        name_id: op.tensor_id,
+        ..RawEvent::default()
+    }
+}
+
+/// Our eval callback is about to let ggml compute one node.
+pub fn op_begin(r: &'static Recorder, op: &OpInfo) {
+    local(r, |l| {
+        push(l, r, op_event(EventType::OpComputeBegin, op));
+        l.in_op.set(true);
+    });
+}
+
+/// The node is computed and synchronized.
+pub fn op_end(r: &'static Recorder, op: &OpInfo) {
+    local(r, |l| {
+        l.in_op.set(false);
+        push(l, r, op_event(EventType::OpComputeEnd, op));
+    });
+}
+
+/// An application-level span (`llama_decode`, `llama_encode`): begin or end, with the batch's
+/// tokens (`u32::MAX`: unknown) in `b`.
+pub fn span(entry: Entry, begin: bool, count: u32) {
+    let Some(r) = current(1) else { return };
+    let event = RawEvent {
+        type_code: EXTENSION_TYPE_CODE,
+        entry: entry as u8,
+        b: count,
+        c: u32::from(begin),
+        ..RawEvent::default()
+    };
+    local(r, |l| push(l, r, event));
+}
+
+/// After the real call: the end event.
+pub fn graph_end(scope: GraphScope) {
+    local(scope.recorder, |l| {
+        if scope.recording {
+            push(
+                l,
+                scope.recorder,
+                graph_event(EventType::GraphComputeEnd, scope.entry, &scope.info),
+            );
+        }
+        l.depth.set(l.depth.get().saturating_sub(1));
+    });
+}
+
+impl GraphInfo {
+    fn empty() -> GraphInfo {
+        GraphInfo {
+            graph: std::ptr::null_mut(),
+            n_nodes: 0,
+            n_threads: 0,
+            backend: std::ptr::null_mut(),
+            name_id: 0,
+        }
+    }
+}
+
+/// A wait for a backend or scheduler to finish (`*_synchronize`): one barrier_wait event at its
+/// end, whose value is the time waited. Recorded inside recorded graph computes, and outside any
+/// graph compute while the capture window is open.
+pub struct WaitScope {
+    recorder: &'static Recorder,
+    entry: Entry,
+    object: *mut c_void,
+    name_id: u16,
+    start_ticks: u64,
+}
+
+pub fn wait_begin(
+    entry: Entry,
+    object: *mut c_void,
+    name_id: impl FnOnce(&'static Recorder) -> u16,
+) -> Option<WaitScope> {
+    let r = current(1)?;
+    let recording = local(r, |l| {
+        if l.in_op.get() {
+            false
+        } else if l.depth.get() > 0 {
+            l.recording.get()
+        } else {
+            !r.has_window()
+                || r.graph_in_window(r.graphs_begun.load(Ordering::Relaxed).saturating_sub(1))
+        }
+    });
+    recording.then(|| WaitScope {
+        recorder: r,
+        entry,
+        object,
+        name_id: name_id(r),
+        start_ticks: clock::now_ticks(),
+    })
+}
+
+pub fn wait_end(scope: WaitScope) {
+    let waited = clock::now_ticks().saturating_sub(scope.start_ticks);
+    let event = RawEvent {
+        type_code: EventType::BarrierWait.code(),
+        entry: scope.entry as u8,
+        a: scope.object as u64,
+        d: waited,
+        name_id: scope.name_id,
+        ..RawEvent::default()
+    };
+    local(scope.recorder, |l| push(l, scope.recorder, event));
+}

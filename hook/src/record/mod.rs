@@ -1,0 +1,25 @@
+//! The recording core: what one trace holds and how events get into it. It never names an
+//! interception mechanism: front ends call it (heaptrack's `libheaptrack` API, in its way), and
+//! its tests call it directly, without preloading anything (`tests/hook.rs`).
+//!
+//! - [`events`]: the producer side. Steady state, for a thread that has its ring: read the
+//!   clock, take from the thread's share of the event cap, copy the event into the ring. No lock,
+//!   no allocation, no system call.
+//! - [`recorder`]: one trace's shared state (rings, names, tensors, cap, counters, writer).
+//! - [`tensors`]: the tensor infos op events refer to.
+//! - [`writer`]: the consumer side: encodes what the rings hold and writes it.
+//! - [`session`]: start (from the [`Setup`] the front end hands in), the flusher thread, the last
+//!   flush at exit, the child's fresh start after `fork`, and stopping when the output fails.
+
+mod events;
+mod recorder;
+mod session;
+mod tensors;
+mod writer;
+
+pub use events::{
+    GraphInfo, GraphScope, OpInfo, WaitScope, buffer_event, graph_begin, graph_end, name_id,
+    op_begin, op_end, span, wait_begin, wait_end,
+};
+pub use recorder::Recorder;
+pub use session::{Setup, active, finish, start_once};

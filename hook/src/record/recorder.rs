@@ -1,0 +1,134 @@
+//! One trace's shared state: the configuration, every thread's ring, the interned names and
+//! tensors, the event cap and the counters of what could not be recorded, and the writer.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, PoisonError};
+
+use ggml_viz_config::Config;
+use ggml_viz_reader::format::ext::Counters;
+
+use super::tensors::Tensors;
+use super::writer::{Drain, TraceWriter};
+use crate::base::names::Names;
+use crate::base::ring::Ring;
+use crate::base::tensor::TensorInfo;
+
+/// Events of calls that arrived while the recorder was being started, in this process.
+static MISSED_WHILE_STARTING: AtomicU64 = AtomicU64::new(0);
+/// Bumped per recorder, so that a thread's cached state is known to be stale after a fork.
+static GENERATION: AtomicU64 = AtomicU64::new(0);
+
+pub(super) fn count_missed_while_starting(events: u64) {
+    MISSED_WHILE_STARTING.fetch_add(events, Ordering::Relaxed);
+}
+
+/// In a child after `fork`: its parent's misses are not its own.
+pub(super) fn forget_missed_while_starting() {
+    MISSED_WHILE_STARTING.store(0, Ordering::Relaxed);
+}
+
+/// Everything one trace needs. A new one is made after `fork`: the child must not touch locks
+/// or rings that threads of its parent may have held.
+pub struct Recorder {
+    pub(super) config: Config,
+    pub(super) generation: u64,
+    rings: Mutex<Vec<&'static Ring>>,
+    pub(super) names: Names,
+    /// Events handed out to threads' budgets from the cap (`max_events`), at most the cap.
+    reserved: AtomicU64,
+    pub(super) over_max_events: AtomicU64,
+    /// Recorded graph computes considered for op timing (for `op_sample`).
+    pub(super) op_timed_graphs: AtomicU64,
+    /// Tensors seen by op timing: name, op, type, shape.
+    tensors: Tensors,
+    /// Outermost graph computes begun, recorded or not; counted only when a capture window is set.
+    pub(super) graphs_begun: AtomicU64,
+    pub(super) writer: Mutex<TraceWriter>,
+}
+
+impl Recorder {
+    pub(super) fn new(config: Config, writer: TraceWriter) -> Recorder {
+        Recorder {
+            config,
+            generation: GENERATION.fetch_add(1, Ordering::Relaxed),
+            rings: Mutex::new(Vec::new()),
+            names: Names::new(),
+            reserved: AtomicU64::new(0),
+            over_max_events: AtomicU64::new(0),
+            op_timed_graphs: AtomicU64::new(0),
+            tensors: Tensors::new(),
+            graphs_begun: AtomicU64::new(0),
+            writer: Mutex::new(writer),
+        }
+    }
+
+    /// The id of a node's tensor info (`key` hashes what makes it distinct), read by `info` on
+    /// first sight; 0 when the table is full.
+    pub fn tensor_id(&self, key: u64, info: impl FnOnce() -> TensorInfo) -> u16 {
+        self.tensors.intern(key, info)
+    }
+
+    pub(super) fn add_ring(&self, ring: &'static Ring) {
+        self.rings
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(ring);
+    }
+
+    /// Events dropped because a ring was full, over all rings.
+    pub fn dropped_ring_full(&self) -> u64 {
+        self.rings
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+            .map(|r| r.dropped())
+            .sum()
+    }
+
+    /// What the writer drains: the rings registered so far, the names, tensors and counters.
+    pub(super) fn drain(&self) -> Drain<'_> {
+        let rings = self
+            .rings
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        let counters = Counters {
+            dropped_ring_full: rings.iter().map(|r| r.dropped()).sum(),
+            over_max_events: self.over_max_events.load(Ordering::Relaxed),
+            missed_while_starting: MISSED_WHILE_STARTING.load(Ordering::Relaxed),
+        };
+        Drain {
+            rings,
+            names: &self.names,
+            tensors: &self.tensors,
+            counters,
+        }
+    }
+
+    pub(super) fn graph_in_window(&self, index: u64) -> bool {
+        let c = &self.config;
+        index >= c.skip_graphs && (c.max_graphs == 0 || index - c.skip_graphs < c.max_graphs)
+    }
+
+    /// Whether a capture window is set (else graph computes need no counting).
+    pub(super) fn has_window(&self) -> bool {
+        self.config.skip_graphs > 0 || self.config.max_graphs > 0
+    }
+
+    /// Takes up to [`BUDGET_CHUNK`] events from the cap for one thread; 0 when the cap is used up.
+    pub(super) fn reserve(&self) -> u64 {
+        let max = self.config.max_events;
+        let taken = self.reserved.fetch_add(BUDGET_CHUNK, Ordering::Relaxed);
+        if taken >= max {
+            // Keep the counter from creeping towards overflow once the cap is reached.
+            self.reserved.store(max, Ordering::Relaxed);
+            return 0;
+        }
+        BUDGET_CHUNK.min(max - taken)
+    }
+}
+
+/// Events a thread takes from the cap at a time, so that the producer does not touch a shared
+/// counter on every event. A thread may be refused while another still holds unused budget:
+/// then fewer than `max_events` are recorded, and the refusals are counted all the same.
+const BUDGET_CHUNK: u64 = 256;

@@ -1,0 +1,284 @@
+//! A trace's life in this process: started by the first call (configuration, output file,
+//! metadata record, flusher thread, exit and fork handlers), flushed by the flusher, closed at
+//! exit, forgotten in a child after `fork` (which starts its own on its next call), stopped for
+//! good when the output fails.
+//!
+//! The front end hands in what the session cannot know by itself ([`Setup`]: the configuration
+//! and the ggml version), as heaptrack's `heaptrack_init` receives its arguments.
+
+use std::fs::File;
+use std::io;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicPtr, AtomicU8, Ordering};
+use std::sync::{Once, PoisonError};
+use std::time::Duration;
+
+use ggml_viz_config::{Config, ConfigError};
+use ggml_viz_reader::format::Layout;
+
+use super::recorder::{self, Recorder};
+use super::writer::TraceWriter;
+use crate::base::{VERBOSE, clock, metadata, os, say};
+
+const UNSTARTED: u8 = 0;
+const STARTING: u8 = 1;
+const ACTIVE: u8 = 2;
+/// Disabled, misconfigured, or the output failed: every call goes straight through.
+const INERT: u8 = 3;
+
+static STATE: AtomicU8 = AtomicU8::new(UNSTARTED);
+static RECORDER: AtomicPtr<Recorder> = AtomicPtr::new(std::ptr::null_mut());
+
+/// What starting a trace needs from the front end.
+pub struct Setup {
+    pub config: Result<Config, ConfigError>,
+    /// The version of the ggml that calls go to, for the metadata record.
+    pub ggml_version: Option<String>,
+}
+
+/// Starts tracing if this is the first call of the process (or of a child since its fork);
+/// `setup` runs only then. A failure is said once on stderr and leaves the program untraced.
+pub fn start_once(setup: impl FnOnce() -> Setup) {
+    if STATE.load(Ordering::Acquire) != UNSTARTED
+        || STATE
+            .compare_exchange(UNSTARTED, STARTING, Ordering::AcqRel, Ordering::Acquire)
+            .is_err()
+    {
+        return;
+    }
+    let state = match start(setup()) {
+        Some(recorder) => {
+            let recorder: &'static Recorder = Box::leak(recorder);
+            RECORDER.store(
+                recorder as *const Recorder as *mut Recorder,
+                Ordering::Release,
+            );
+            spawn_flusher(recorder);
+            ACTIVE
+        }
+        None => INERT,
+    };
+    STATE.store(state, Ordering::Release);
+}
+
+/// The recorder, for a call that would record `events` events. `None`: do not trace this call.
+/// A call that arrives while another thread is starting the recorder is not traced (it does not
+/// wait): its events are counted as missed.
+pub(super) fn current(events: u64) -> Option<&'static Recorder> {
+    match STATE.load(Ordering::Acquire) {
+        ACTIVE => active(),
+        STARTING => {
+            recorder::count_missed_while_starting(events);
+            None
+        }
+        _ => None,
+    }
+}
+
+/// The recorder if one is active.
+pub fn active() -> Option<&'static Recorder> {
+    if STATE.load(Ordering::Acquire) != ACTIVE {
+        return None;
+    }
+    let r = RECORDER.load(Ordering::Acquire);
+    // SAFETY: a non-null RECORDER is a leaked, never freed Recorder, published (Release) before
+    // the state became ACTIVE.
+    (!r.is_null()).then(|| unsafe { &*r })
+}
+
+/// The last flush, as at exit: what a test of the recording core calls to end its trace.
+pub fn finish() {
+    at_exit();
+}
+
+fn start(setup: Setup) -> Option<Box<Recorder>> {
+    clock::init();
+    let config = match setup.config {
+        Ok(config) => config,
+        Err(err) => {
+            say(format_args!("{err}; the program runs untraced"));
+            return None;
+        }
+    };
+    VERBOSE.store(config.verbose, Ordering::Relaxed);
+    if config.disable {
+        if config.verbose {
+            say(format_args!("disabled by configuration"));
+        }
+        return None;
+    }
+    let layout: Layout = config.layout.parse().unwrap_or(Layout::Packed);
+    let (file, path) = match open_output(&config.output) {
+        Ok(opened) => opened,
+        Err((path, err)) => {
+            say(format_args!(
+                "cannot write the trace to {path}: {err}; the program runs untraced"
+            ));
+            return None;
+        }
+    };
+    let metadata = metadata::collect(&config, setup.ggml_version);
+    let writer = match TraceWriter::create(file, path, layout, &config, &metadata) {
+        Ok(writer) => writer,
+        Err((path, err)) => {
+            say(format_args!(
+                "cannot write the trace to {}: {err}; the program runs untraced",
+                path.display()
+            ));
+            return None;
+        }
+    };
+    if config.verbose {
+        say(format_args!("tracing to {}", writer.path().display()));
+    }
+    let recorder = Box::new(Recorder::new(config, writer));
+    install_process_handlers();
+    Some(recorder)
+}
+
+/// Spawns the flusher of the recorder just made active.
+fn spawn_flusher(recorder: &'static Recorder) {
+    let interval = Duration::from_millis(recorder.config.flush_interval_ms);
+    let spawned = std::thread::Builder::new()
+        .name("ggml-viz-flush".into())
+        .spawn(move || {
+            loop {
+                std::thread::sleep(interval);
+                let mut writer = recorder
+                    .writer
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner);
+                if writer.is_closed() {
+                    return;
+                }
+                let _ = catch_unwind(AssertUnwindSafe(|| flush(recorder, &mut writer)));
+            }
+        });
+    if let Err(err) = spawned {
+        say(format_args!(
+            "cannot start the flusher thread ({err}); events are written at exit only"
+        ));
+    }
+}
+
+/// Drains the rings into the trace; a failed write stops tracing for good.
+fn flush(recorder: &Recorder, writer: &mut TraceWriter) {
+    if let Err(err) = writer.flush(recorder.drain()) {
+        stop_after_write_error(writer, err);
+    }
+}
+
+fn stop_after_write_error(writer: &TraceWriter, err: io::Error) {
+    say(format_args!(
+        "writing the trace to {} failed: {err}; tracing stops, the program runs on",
+        writer.path().display()
+    ));
+    STATE.store(INERT, Ordering::Release);
+}
+
+/// `%p` becomes the pid, `%h` the host name, `%%` a percent sign.
+fn expand_path(template: &str) -> String {
+    let mut out = String::new();
+    let mut chars = template.chars();
+    while let Some(c) = chars.next() {
+        match (c, chars.clone().next()) {
+            ('%', Some('p')) => out.push_str(&std::process::id().to_string()),
+            ('%', Some('h')) => out.push_str(&os::host_name()),
+            ('%', Some('%')) => out.push('%'),
+            _ => {
+                out.push(c);
+                continue;
+            }
+        }
+        chars.next();
+    }
+    out
+}
+
+/// Opens the trace for writing. A file that another live process is tracing into (it holds the
+/// lock on it) is left alone: we write `PATH.PID` instead, and say so.
+fn open_output(template: &str) -> Result<(File, PathBuf), (String, io::Error)> {
+    let path = PathBuf::from(expand_path(template));
+    let fail = |path: &PathBuf, err| (path.display().to_string(), err);
+    let file = os::open_locked(&path).map_err(|err| fail(&path, err))?;
+    if let Some(file) = file {
+        return Ok((file, path));
+    }
+    let alternative = PathBuf::from(format!("{}.{}", path.display(), std::process::id()));
+    say(format_args!(
+        "{} is being written by another live process; writing {} instead",
+        path.display(),
+        alternative.display()
+    ));
+    match os::open_locked(&alternative) {
+        Ok(Some(file)) => Ok((file, alternative)),
+        Ok(None) => Err(fail(
+            &alternative,
+            io::Error::new(io::ErrorKind::WouldBlock, "locked by another process"),
+        )),
+        Err(err) => Err(fail(&alternative, err)),
+    }
+}
+
+fn install_process_handlers() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| os::install_process_handlers(at_exit, after_fork_in_child));
+}
+
+extern "C" fn at_exit() {
+    let _ = catch_unwind(|| {
+        let Some(recorder) = active() else {
+            return;
+        };
+        // The flusher holds the lock for a flush at most (milliseconds). On Windows the exit
+        // handlers run after the process's other threads were stopped, possibly the flusher
+        // inside a flush: then the lock is never released, and waiting would hang the exit.
+        let deadline = std::time::Instant::now() + Duration::from_secs(2);
+        loop {
+            let mut writer = match recorder.writer.try_lock() {
+                Ok(writer) => writer,
+                Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
+                Err(std::sync::TryLockError::WouldBlock)
+                    if std::time::Instant::now() < deadline =>
+                {
+                    std::thread::sleep(Duration::from_millis(1));
+                    continue;
+                }
+                Err(std::sync::TryLockError::WouldBlock) => {
+                    return say(format_args!(
+                        "the writer was stopped in the middle of a flush; the trace ends before the program did"
+                    ));
+                }
+            };
+            if let Err(err) = writer.close(recorder.drain(), recorder.config.memory_tracking) {
+                stop_after_write_error(&writer, err);
+            }
+            return;
+        }
+    });
+}
+
+/// In a child after `fork`: forget the parent's recorder; the child starts its own on its next
+/// call (threads see that theirs is stale by its generation). Runs in the forking thread, the
+/// only thread of the child.
+extern "C" fn after_fork_in_child() {
+    let _ = catch_unwind(|| {
+        RECORDER.store(std::ptr::null_mut(), Ordering::Release);
+        STATE.store(UNSTARTED, Ordering::Release);
+        recorder::forget_missed_while_starting();
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn path_patterns_expand() {
+        let pid = std::process::id().to_string();
+        assert_eq!(expand_path("t-%p.ggmlviz"), format!("t-{pid}.ggmlviz"));
+        assert_eq!(expand_path("100%%-%h"), format!("100%-{}", os::host_name()));
+        assert_eq!(expand_path("plain%"), "plain%");
+    }
+}

@@ -1,0 +1,87 @@
+//! The tensors seen by op timing, interned by name, op, type and shape: an op event carries the
+//! id, the writer writes each info once before the first event that needs it.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU16, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Mutex, OnceLock, PoisonError};
+
+use crate::base::tensor::TensorInfo;
+
+const TENSOR_SLOTS: usize = 1 << 14;
+/// Ids run from 1 to this; beyond, op events carry no tensor info.
+pub const MAX_TENSORS: usize = 8191;
+
+pub struct Tensors {
+    /// Open addressing: key hash (never 0) and id.
+    keys: Box<[AtomicU64]>,
+    ids: Box<[AtomicU16]>,
+    infos: Box<[OnceLock<TensorInfo>]>,
+    used: AtomicUsize,
+    /// Held while adding; maps each distinct name to its group.
+    adding: Mutex<HashMap<String, u32>>,
+}
+
+impl Tensors {
+    pub fn new() -> Tensors {
+        Tensors {
+            keys: (0..TENSOR_SLOTS).map(|_| AtomicU64::new(0)).collect(),
+            ids: (0..TENSOR_SLOTS).map(|_| AtomicU16::new(0)).collect(),
+            infos: (0..MAX_TENSORS).map(|_| OnceLock::new()).collect(),
+            used: AtomicUsize::new(0),
+            adding: Mutex::new(HashMap::new()),
+        }
+    }
+
+    pub fn get(&self, id: u16) -> Option<&TensorInfo> {
+        self.infos.get((id as usize).checked_sub(1)?)?.get()
+    }
+
+    fn find(&self, key: u64) -> Option<u16> {
+        let start = key as usize % TENSOR_SLOTS;
+        for i in 0..TENSOR_SLOTS {
+            let slot = (start + i) % TENSOR_SLOTS;
+            match self.keys[slot].load(Ordering::Acquire) {
+                0 => return None,
+                k if k == key => return Some(self.ids[slot].load(Ordering::Acquire)),
+                _ => {}
+            }
+        }
+        None
+    }
+
+    /// The id of `info` (key `key`), adding it on first sight; 0 when the table is full.
+    pub fn intern(&self, key: u64, info: impl FnOnce() -> TensorInfo) -> u16 {
+        if let Some(id) = self.find(key) {
+            return id;
+        }
+        let mut groups = self.adding.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(id) = self.find(key) {
+            return id;
+        }
+        let n = self.used.load(Ordering::Relaxed);
+        if n >= MAX_TENSORS {
+            return 0;
+        }
+        let mut info = info();
+        let next = groups.len() as u32;
+        info.group = *groups.entry(info.name.clone()).or_insert(next);
+        let _ = self.infos[n].set(info);
+        let id = n as u16 + 1;
+        let start = key as usize % TENSOR_SLOTS;
+        if let Some(slot) = (0..TENSOR_SLOTS)
+            .map(|i| (start + i) % TENSOR_SLOTS)
+            .find(|&s| self.keys[s].load(Ordering::Relaxed) == 0)
+        {
+            self.ids[slot].store(id, Ordering::Release);
+            self.keys[slot].store(key, Ordering::Release);
+        }
+        self.used.store(n + 1, Ordering::Release);
+        id
+    }
+}
+
+impl Default for Tensors {
+    fn default() -> Self {
+        Tensors::new()
+    }
+}

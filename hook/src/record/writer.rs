@@ -1,0 +1,390 @@
+//! The trace writer: encodes what the rings hold into GGMLVIZ v1, with the reader crate's
+//! `format` module (one definition of the format), and writes it. It returns every I/O error to
+//! the session, which decides what a failure means.
+//!
+//! The first record is the metadata extension record (which is also the layout marker); names
+//! of backends precede the events that use them; tensor-info records precede the first op event
+//! of each tensor; counters records carry the events that could not be recorded, as running
+//! totals, and always end the trace.
+
+use std::fs::File;
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+
+use ggml_viz_config::Config;
+use ggml_viz_reader::format::ext::{self, Counters, Metadata};
+use ggml_viz_reader::format::{self, ExtensionKind, Layout, Payload};
+
+use super::tensors::Tensors;
+use crate::base::clock::{self, TickConverter};
+use crate::base::entry::Entry;
+use crate::base::names::{self, Names, Owner};
+use crate::base::ring::{RawEvent, Ring};
+use crate::base::tensor::TensorInfo;
+use crate::base::{os, say};
+
+/// Name ids an event can carry: the name table's slots and 0 for none.
+const NAME_IDS: usize = names::SLOTS + 1;
+
+/// What one flush drains: the rings registered so far, the names and tensors their events
+/// refer to, and the counters of what could not be recorded.
+pub struct Drain<'a> {
+    pub rings: Vec<&'static Ring>,
+    pub names: &'a Names,
+    pub tensors: &'a Tensors,
+    pub counters: Counters,
+}
+
+pub struct TraceWriter {
+    file: io::BufWriter<File>,
+    path: PathBuf,
+    layout: Layout,
+    /// Op events carry their tensor's name as label (`tensor_names`).
+    tensor_names: bool,
+    /// Encoding buffer, reused.
+    buf: Vec<u8>,
+    /// For each tensor-name group, the tensor info last written (the reader keeps the latest).
+    info_of_group: Vec<u16>,
+    /// Buffers allocated and not yet freed: handle to size and buffer type.
+    live_buffers: std::collections::BTreeMap<u64, (u64, String)>,
+    /// Op types whose names were written.
+    op_names_written: std::collections::HashSet<u32>,
+    /// Labels by entry point and name id (index `entry * NAME_IDS + name_id`): built once, not
+    /// per event; empty until built.
+    labels: Vec<Vec<u8>>,
+    /// Names already written in a backend_names record.
+    names_written: usize,
+    counters_written: Counters,
+    closed: bool,
+    clock: TickConverter,
+}
+
+impl TraceWriter {
+    /// A writer on the opened trace `file`, which starts with the header and the metadata record
+    /// (also the layout marker). On error: the path and what failed.
+    pub fn create(
+        file: File,
+        path: PathBuf,
+        layout: Layout,
+        config: &Config,
+        metadata: &Metadata,
+    ) -> Result<TraceWriter, (PathBuf, io::Error)> {
+        let mut writer = TraceWriter {
+            file: io::BufWriter::with_capacity(1 << 16, file),
+            path,
+            layout,
+            tensor_names: config.tensor_names,
+            buf: Vec::with_capacity(1 << 16),
+            labels: vec![Vec::new(); 256 * NAME_IDS],
+            info_of_group: Vec::new(),
+            live_buffers: Default::default(),
+            op_names_written: Default::default(),
+            names_written: 0,
+            counters_written: Counters::default(),
+            closed: false,
+            clock: TickConverter::new(),
+        };
+        format::encode_header(&mut writer.buf);
+        ext::encode_extension(
+            &mut writer.buf,
+            layout,
+            ExtensionKind::Metadata,
+            clock::now_ns(),
+            0,
+            metadata,
+        );
+        match writer.write_buf() {
+            Ok(()) => Ok(writer),
+            Err(err) => Err((writer.path, err)),
+        }
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    pub fn is_closed(&self) -> bool {
+        self.closed
+    }
+
+    /// Writes what was encoded; nothing at all (no system call) when nothing was.
+    fn write_buf(&mut self) -> io::Result<()> {
+        if self.buf.is_empty() {
+            return Ok(());
+        }
+        os::without_sigxfsz(|| {
+            self.file.write_all(&self.buf)?;
+            self.buf.clear();
+            self.file.flush()
+        })
+    }
+
+    /// Drains every ring into the file, with new names and changed counters. After an error
+    /// the writer is closed: nothing more is written.
+    pub fn flush(&mut self, d: Drain<'_>) -> io::Result<()> {
+        if self.closed {
+            return Ok(());
+        }
+        // Before draining: every event drained now is older than this calibration point, or a
+        // few microseconds newer.
+        self.clock.recalibrate();
+        let events_at = self.buf.len();
+        for ring in &d.rings {
+            // SAFETY: the writer's lock is held by our caller, so this is the only consumer.
+            unsafe { ring.drain(|event| self.encode(event, &d)) };
+        }
+        // Names are interned before the events that use them are pushed, so the names known
+        // now cover every event drained; they go in front of those events, so that a reader
+        // knows each backend by name when it first meets it.
+        let names_at = self.buf.len();
+        self.encode_new_names(d.names);
+        let names_len = self.buf.len() - names_at;
+        self.buf[events_at..].rotate_right(names_len);
+        if d.counters != self.counters_written {
+            self.encode_counters(d.counters);
+        }
+        let written = self.write_buf();
+        self.closed = written.is_err();
+        written
+    }
+
+    /// The last flush: the buffers still live (with memory tracking), final counters, said on
+    /// stderr when events were lost.
+    pub fn close(&mut self, d: Drain<'_>, memory_tracking: bool) -> io::Result<()> {
+        self.flush(d)?;
+        if self.closed {
+            return Ok(());
+        }
+        let counters = self.counters_written;
+        if memory_tracking {
+            let buffers = self
+                .live_buffers
+                .iter()
+                .map(|(&ptr, (size, buft))| ext::LiveBuffer {
+                    ptr,
+                    size: *size,
+                    buffer_type: buft.clone(),
+                })
+                .collect();
+            let live = ext::LiveBuffers { buffers };
+            self.encode_own(ExtensionKind::LiveBuffers, &live);
+        }
+        // Always end with a counters record: "nothing lost" is then written, not assumed.
+        self.encode_counters(counters);
+        let _ = self.write_buf();
+        self.closed = true;
+        if counters.lost() > 0 {
+            say(format_args!(
+                "{} event(s) were not recorded in {}: {} dropped with a full ring (raise GGML_VIZ_BUFFER_SIZE), \
+                 {} over GGML_VIZ_MAX_EVENTS, {} while tracing started",
+                counters.lost(),
+                self.path.display(),
+                counters.dropped_ring_full,
+                counters.over_max_events,
+                counters.missed_while_starting
+            ));
+        }
+        Ok(())
+    }
+
+    fn encode(&mut self, e: &RawEvent, d: &Drain<'_>) {
+        let timestamp_ns = self.clock.to_epoch_ns(e.ticks);
+        let payload = match e.type_code {
+            0 | 1 => Payload::Graph {
+                graph_ptr: e.a,
+                n_nodes: e.b,
+                n_threads: e.c,
+                backend_ptr: e.d,
+            },
+            2 | 3 => return self.encode_op(e, timestamp_ns, d),
+            4 | 5 => return self.encode_buffer(e, timestamp_ns, d),
+            format::EXTENSION_TYPE_CODE => return self.encode_span(e, timestamp_ns),
+            _ => Payload::Thread {
+                object_ptr: e.a,
+                thread_index: e.b,
+                n_threads: e.c,
+                value: self.clock.to_ns(e.d),
+            },
+        };
+        let label = &mut self.labels[e.entry as usize * NAME_IDS + (e.name_id as usize % NAME_IDS)];
+        if label.is_empty() {
+            *label = label_of(e.entry, e.name_id, d.names);
+        }
+        format::encode_record(
+            &mut self.buf,
+            self.layout,
+            e.type_code,
+            timestamp_ns,
+            e.thread_id,
+            &payload,
+            (!label.is_empty()).then_some(label.as_slice()),
+        );
+    }
+
+    /// An op event, preceded by the tensor-info (and op-name) records it needs.
+    fn encode_op(&mut self, e: &RawEvent, timestamp_ns: u64, d: &Drain<'_>) {
+        let info = d.tensors.get(e.name_id);
+        if let Some(info) = info.filter(|_| e.type_code == 2) {
+            let group = info.group as usize;
+            if self.info_of_group.len() <= group {
+                self.info_of_group.resize(group + 1, 0);
+            }
+            if self.info_of_group[group] != e.name_id {
+                self.info_of_group[group] = e.name_id;
+                self.encode_tensor_info(info, timestamp_ns, e.thread_id);
+            }
+        }
+        let payload = Payload::Op {
+            tensor_ptr: e.a,
+            op_type: e.b,
+            op_size: e.size,
+            backend_ptr: e.d,
+        };
+        let label = info
+            .filter(|_| self.tensor_names)
+            .map(|i| i.name.as_bytes());
+        format::encode_record(
+            &mut self.buf,
+            self.layout,
+            e.type_code,
+            timestamp_ns,
+            e.thread_id,
+            &payload,
+            label,
+        );
+    }
+
+    fn encode_tensor_info(&mut self, info: &TensorInfo, timestamp_ns: u64, thread_id: u32) {
+        if let Some(op_type) = info.op_type
+            && self.op_names_written.insert(op_type)
+        {
+            let mut names = ext::OpNames::default();
+            names
+                .names
+                .insert(op_type.to_string(), info.op_name.clone());
+            ext::encode_extension(
+                &mut self.buf,
+                self.layout,
+                ExtensionKind::OpNames,
+                timestamp_ns,
+                thread_id,
+                &names,
+            );
+        }
+        let payload = ext::TensorInfo {
+            name: info.name.clone(),
+            op: info.op.clone(),
+            op_type: info.op_type,
+            op_name: info.op_type.map(|_| info.op_name.clone()),
+            type_name: info.type_name.clone(),
+            ne: info.ne,
+            flops: info.flops,
+        };
+        ext::encode_extension(
+            &mut self.buf,
+            self.layout,
+            ExtensionKind::TensorInfo,
+            timestamp_ns,
+            thread_id,
+            &payload,
+        );
+    }
+
+    /// TENSOR_ALLOC / TENSOR_FREE of a backend buffer: label `<buffer type>@<base address>`.
+    fn encode_buffer(&mut self, e: &RawEvent, timestamp_ns: u64, d: &Drain<'_>) {
+        let buft = d.names.get(e.name_id).map_or("", |(_, _, name)| name);
+        if e.type_code == 4 {
+            self.live_buffers.insert(e.a, (e.size, buft.to_string()));
+        } else {
+            self.live_buffers.remove(&e.a);
+        }
+        let label = format!("{buft}@{:#x}", e.d);
+        let payload = Payload::Memory {
+            ptr: e.a,
+            size: e.size,
+        };
+        format::encode_record(
+            &mut self.buf,
+            self.layout,
+            e.type_code,
+            timestamp_ns,
+            e.thread_id,
+            &payload,
+            Some(label.as_bytes()),
+        );
+    }
+
+    fn encode_span(&mut self, e: &RawEvent, timestamp_ns: u64) {
+        let kind = if e.c == 1 {
+            ExtensionKind::SpanBegin
+        } else {
+            ExtensionKind::SpanEnd
+        };
+        let name = Entry::from_code(e.entry).map_or("span", Entry::name);
+        let span = ext::SpanBoundary {
+            name: name.into(),
+            n_tokens: (e.b != u32::MAX).then_some(e.b),
+        };
+        ext::encode_extension(
+            &mut self.buf,
+            self.layout,
+            kind,
+            timestamp_ns,
+            e.thread_id,
+            &span,
+        );
+    }
+
+    fn encode_new_names(&mut self, names: &Names) {
+        let n = names.len();
+        if n == self.names_written {
+            return;
+        }
+        let backends: Vec<_> = (self.names_written..n)
+            .filter_map(|i| names.get(i as u16 + 1))
+            .filter(|(_, owner, _)| *owner != Owner::Thread)
+            .map(|(ptr, owner, name)| ext::BackendName {
+                ptr: ptr as u64,
+                name: name.into(),
+                kind: owner.name().into(),
+            })
+            .collect();
+        let payload = ext::BackendNames { backends };
+        self.encode_own(ExtensionKind::BackendNames, &payload);
+        self.names_written = n;
+    }
+
+    /// One of the writer's own extension records (thread 0, stamped now).
+    fn encode_own<T: serde::Serialize>(&mut self, kind: ExtensionKind, payload: &T) {
+        ext::encode_extension(
+            &mut self.buf,
+            self.layout,
+            kind,
+            clock::now_ns(),
+            0,
+            payload,
+        );
+    }
+
+    fn encode_counters(&mut self, counters: Counters) {
+        self.encode_own(ExtensionKind::Counters, &counters);
+        self.counters_written = counters;
+    }
+}
+
+/// An event's label: the entry point and the backend or scheduler name (`ggml_backend_graph_compute_async CPU`).
+fn label_of(entry: u8, name_id: u16, names: &Names) -> Vec<u8> {
+    let entry = Entry::from_code(entry);
+    let mut label = entry.map(Entry::name).unwrap_or_default().to_string();
+    let interned = names
+        .get(name_id)
+        .map(|(_, _, name)| name)
+        .filter(|n| !n.is_empty());
+    if let Some(name) = interned.or_else(|| entry.and_then(Entry::implied_backend)) {
+        if !label.is_empty() {
+            label.push(' ');
+        }
+        label.push_str(name);
+    }
+    label.into_bytes()
+}

@@ -1,0 +1,127 @@
+//! The recording core, called directly as a front end would, without preloading anything: what
+//! threads record comes out of the trace, read back by the reader, in order and complete.
+
+use std::collections::{BTreeMap, HashSet};
+
+use ggml_viz_config::{Config, Sources};
+use ggml_viz_hook::{Entry, GraphInfo, OpInfo, Setup};
+use ggml_viz_reader::TraceFile;
+use ggml_viz_reader::format::ext::{self, Counters, Metadata, SpanBoundary};
+use ggml_viz_reader::format::{EventType, ExtensionKind, Payload};
+
+const THREADS: usize = 3;
+const GRAPHS: usize = 40;
+const OPS: usize = 5;
+
+/// One thread's work: GRAPHS graph computes of OPS ops each, inside a decode span, each graph
+/// followed by a synchronize wait.
+fn work(thread: usize) {
+    ggml_viz_hook::span(Entry::LlamaDecode, true, 7);
+    for g in 0..GRAPHS {
+        let graph = (0x10_000 * (thread + 1) + g) as *mut _;
+        let scope = ggml_viz_hook::graph_begin(Entry::GraphCompute, |_| GraphInfo {
+            graph,
+            n_nodes: OPS as u32,
+            n_threads: 1,
+            backend: std::ptr::null_mut(),
+            name_id: 0,
+        })
+        .expect("the session is active");
+        let recorder = scope.recorder();
+        for op in 0..OPS {
+            let info = OpInfo {
+                tensor: (0x100 * (op + 1)) as *mut _,
+                op_type: op as u32,
+                op_size: 64,
+                backend: std::ptr::null_mut(),
+                tensor_id: 0,
+            };
+            ggml_viz_hook::op_begin(recorder, &info);
+            ggml_viz_hook::op_end(recorder, &info);
+        }
+        ggml_viz_hook::graph_end(scope);
+        let wait = ggml_viz_hook::wait_begin(Entry::BackendSynchronize, 0x77 as *mut _, |_| 0)
+            .expect("waits outside graph computes are recorded without a capture window");
+        ggml_viz_hook::wait_end(wait);
+    }
+    ggml_viz_hook::span(Entry::LlamaDecode, false, 7);
+}
+
+#[test]
+fn what_threads_record_is_in_the_trace_in_order() {
+    let dir = std::env::temp_dir().join(format!("ggml-viz-core-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("core.ggmlviz");
+    let config = Config::load(&Sources::from_pairs([
+        ("GGML_VIZ_OUTPUT", path.to_str().unwrap()),
+        ("GGML_VIZ_FLUSH_INTERVAL", "5"),
+    ]))
+    .unwrap();
+    ggml_viz_hook::start_once(|| Setup {
+        config: Ok(config),
+        ggml_version: Some("0.0.0-core-test".into()),
+    });
+    assert!(ggml_viz_hook::active().is_some(), "the session started");
+    std::thread::scope(|s| {
+        for t in 0..THREADS {
+            s.spawn(move || work(t));
+        }
+    });
+    ggml_viz_hook::finish();
+
+    let trace = TraceFile::open(&path, None).unwrap();
+    let mut per_thread: BTreeMap<u32, Vec<EventType>> = BTreeMap::new();
+    let (mut metadata, mut counters, mut spans) = (None, None, Vec::new());
+    for event in trace.events() {
+        let event = event.expect("no damage");
+        match (event.event_type(), event.payload) {
+            (Some(ty), _) => per_thread.entry(event.thread_id).or_default().push(ty),
+            (None, Payload::Extension(x)) => {
+                let label = event.label.as_deref().unwrap_or_default();
+                match x.kind {
+                    ExtensionKind::Metadata => metadata = ext::parse_payload::<Metadata>(label),
+                    ExtensionKind::Counters => counters = ext::parse_payload::<Counters>(label),
+                    ExtensionKind::SpanBegin | ExtensionKind::SpanEnd => spans.push((
+                        x.kind,
+                        event.thread_id,
+                        ext::parse_payload::<SpanBoundary>(label).unwrap(),
+                    )),
+                    _ => {}
+                }
+            }
+            _ => {}
+        }
+    }
+    let metadata = metadata.expect("a metadata record");
+    assert_eq!(metadata.ggml_version.as_deref(), Some("0.0.0-core-test"));
+    assert_eq!(metadata.pid, std::process::id());
+    assert_eq!(counters.expect("a counters record").lost(), 0);
+
+    assert_eq!(per_thread.len(), THREADS, "one event stream per thread");
+    // Every thread: graph begin, OPS op begin/end pairs, graph end, one wait; GRAPHS times.
+    let mut one_graph = vec![EventType::GraphComputeBegin];
+    for _ in 0..OPS {
+        one_graph.extend([EventType::OpComputeBegin, EventType::OpComputeEnd]);
+    }
+    one_graph.extend([EventType::GraphComputeEnd, EventType::BarrierWait]);
+    let expected: Vec<EventType> = one_graph
+        .iter()
+        .copied()
+        .cycle()
+        .take(one_graph.len() * GRAPHS)
+        .collect();
+    for (tid, events) in &per_thread {
+        assert_eq!(events, &expected, "thread {tid}");
+    }
+    // A decode span opens and closes each thread's work, with its token count.
+    let threads: HashSet<u32> = per_thread.keys().copied().collect();
+    assert_eq!(spans.len(), 2 * THREADS);
+    for (kind, tid, span) in &spans {
+        assert!(threads.contains(tid), "{kind:?} on an unknown thread");
+        assert_eq!(
+            (span.name.as_str(), span.n_tokens),
+            ("llama_decode", Some(7))
+        );
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
