@@ -1,5 +1,6 @@
 //! The hook preloaded into real llama.cpp (`llama-simple`) on a tiny generated model.
 
+use std::path::Path;
 use std::process::Command;
 
 use ggml_viz_e2e::*;
@@ -322,6 +323,15 @@ fn statically_linked_ggml_is_traced_through_inline_hooks() {
             && stderr.contains("goes to the executable's own (inline hook)"),
         "{stderr}"
     );
+    // Every entry point llama-simple defines is patched: the executable's symbol table says which.
+    let defined = static_entry_points(&bin.join("llama-simple"));
+    assert!(defined >= 8, "llama-simple defines {defined} entry points");
+    assert!(
+        stderr.contains(&format!(
+            "ggml is linked into the executable: {defined} of its entry points hooked inline"
+        )),
+        "{stderr}"
+    );
 
     let (events, damage, stats) = read_trace(&trace);
     assert_eq!(damage, None);
@@ -339,4 +349,81 @@ fn statically_linked_ggml_is_traced_through_inline_hooks() {
         decoded_batches(&stderr),
         "one llama_decode span per decode"
     );
+}
+
+/// The entry points the hook wraps that the executable at `path` defines, counted with `nm`
+/// (a reader of the symbol table independent of the hook's own).
+fn static_entry_points(path: &Path) -> usize {
+    let nm = run({
+        let mut c = Command::new("nm");
+        c.arg("--defined-only").arg(path);
+        c
+    });
+    assert!(nm.status.success(), "{}", text(&nm.stderr));
+    let entries = [
+        "ggml_backend_sched_graph_compute",
+        "ggml_backend_sched_graph_compute_async",
+        "ggml_backend_graph_compute",
+        "ggml_backend_graph_compute_async",
+        "ggml_graph_compute",
+        "ggml_graph_compute_with_ctx",
+        "ggml_backend_synchronize",
+        "ggml_backend_sched_synchronize",
+        "ggml_backend_sched_set_eval_callback",
+        "llama_decode",
+        "llama_encode",
+        "llama_process",
+        "llama_batch_ext_add",
+        "llama_batch_ext_add_token",
+        "llama_batch_ext_clear",
+        "ggml_backend_buffer_init",
+        "ggml_backend_buffer_free",
+    ];
+    let stdout = text(&nm.stdout);
+    let defined: std::collections::HashSet<&str> = stdout
+        .lines()
+        .filter_map(|l| {
+            let mut f = l.split_whitespace();
+            let (_, kind, name) = (f.next()?, f.next()?, f.next()?);
+            matches!(kind, "T" | "t").then_some(name)
+        })
+        .collect();
+    entries.iter().filter(|e| defined.contains(*e)).count()
+}
+
+/// Tracing disabled through the configuration — any spelling it accepts, or its JSON file —
+/// leaves a static executable's functions unpatched (and the program's output as it was).
+#[test]
+fn a_static_executable_is_not_patched_when_the_configuration_disables_tracing() {
+    let bin = llama_static_bin();
+    let dir = scratch("llama-static-disabled");
+    let file = dir.join("config.json");
+    std::fs::write(&file, r#"{"instrumentation": {"disable": true}}"#).unwrap();
+    let plain = run(llama_simple_in(&bin, 4));
+    assert!(plain.status.success(), "{}", text(&plain.stderr));
+    let file = file.to_str().unwrap();
+    for disabled in [
+        &[("GGML_VIZ_DISABLE", "yes")][..],
+        &[("GGML_VIZ_DISABLE", "on")],
+        &[("GGML_VIZ_DISABLE", "1")],
+        &[("GGML_VIZ_CONFIG", file)],
+    ] {
+        let mut settings = vec![
+            ("GGML_VIZ_VERBOSE", "1"),
+            ("GGML_VIZ_OUTPUT", "/nonexistent/never-written.ggmlviz"),
+        ];
+        settings.extend_from_slice(disabled);
+        let out = run(with_hook(llama_simple_in(&bin, 4), &settings));
+        let stderr = text(&out.stderr);
+        assert!(out.status.success(), "{disabled:?}: {stderr}");
+        assert_eq!(text(&out.stdout), text(&plain.stdout), "{disabled:?}");
+        assert!(
+            !stderr.contains("hooked inline"),
+            "{disabled:?}: patched although disabled: {stderr}"
+        );
+        assert!(
+            stderr.contains("disabled by configuration"),
+            "{disabled:?}: {stderr}"
+        );
+    }
 }
