@@ -140,7 +140,8 @@ impl Helpers {
     /// `backend` must be a backend of this copy of ggml.
     pub unsafe fn backend_name(&self, backend: Ptr) -> String {
         match self.backend_name_fn() {
-            // SAFETY: as above; the name is a NUL-terminated string owned by the backend.
+            // SAFETY: the function belongs to the copy that owns `backend` (the contract); the
+            // name it returns is a NUL-terminated string owned by the backend.
             Some(f) if !backend.is_null() => unsafe { c_string(f(backend)) },
             _ => String::new(),
         }
@@ -154,7 +155,7 @@ impl Helpers {
         let (Some(count), Some(get)) = (self.sched_n_backends_fn(), self.sched_backend_fn()) else {
             return String::new();
         };
-        // SAFETY: as above.
+        // SAFETY: the function belongs to the copy that owns `sched` (the contract).
         let n = unsafe { count(sched) }.clamp(0, 16);
         // SAFETY: indices are below the scheduler's backend count.
         (0..n)

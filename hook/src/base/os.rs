@@ -110,7 +110,8 @@ mod unix {
             libc::pthread_sigmask(libc::SIG_BLOCK, &xfsz, &mut old);
         }
         let result = write();
-        // SAFETY: as above. The signal is known to be pending, so consuming it returns at once.
+        // SAFETY: valid sigset pointers, and this thread's mask is restored to what it was. The
+        // signal is known to be pending, so consuming it returns at once.
         unsafe {
             let mut pending: libc::sigset_t = std::mem::zeroed();
             libc::sigpending(&mut pending);

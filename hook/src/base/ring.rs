@@ -71,7 +71,8 @@ pub struct Ring {
 // consumer only while it is inside; the release/acquire pairs on `tail` and `head` order the
 // accesses. The owner guarantees there is one producer and one consumer at a time.
 unsafe impl Sync for Ring {}
-// SAFETY: as above; RawEvent is plain data.
+// SAFETY: moving the ring to another thread moves its slots, which hold plain data
+// (`RawEvent`: integers only); the one-producer, one-consumer rule above still holds.
 unsafe impl Send for Ring {}
 
 impl Ring {
@@ -181,7 +182,7 @@ mod tests {
             unsafe { ring.drain(|e| got.push(e.ticks)) };
         }
         let pushed = producer.join().unwrap();
-        // SAFETY: as above.
+        // SAFETY: the producer has ended; this thread is the only consumer.
         unsafe { ring.drain(|e| got.push(e.ticks)) };
         assert_eq!(got.len() as u64, pushed);
         assert_eq!(pushed + ring.dropped(), 200_000);
@@ -221,7 +222,7 @@ mod loom_tests {
             // SAFETY: the only consumer.
             unsafe { ring.drain(|e| seen.push(e.ticks)) };
             let pushed = producer.join().unwrap();
-            // SAFETY: as above.
+            // SAFETY: the producer has ended; this thread is still the only consumer.
             unsafe { ring.drain(|e| seen.push(e.ticks)) };
             assert_eq!(seen.len() as u64, pushed);
             assert_eq!(pushed + ring.dropped(), 3);

@@ -89,7 +89,7 @@ pub struct TensorInfo {
 pub unsafe fn read_tensor(h: &Helpers, tensor: Ptr) -> TensorInfo {
     // SAFETY: per the contract.
     let (name, op) = unsafe { (h.tensor_name(tensor), h.op_desc(tensor)) };
-    // SAFETY: as above.
+    // SAFETY: `tensor` is a live tensor of the copy `h` belongs to (the contract).
     if !unsafe { layout_ok(h, tensor, &op) } {
         return TensorInfo {
             name,
@@ -112,7 +112,7 @@ pub unsafe fn read_tensor(h: &Helpers, tensor: Ptr) -> TensorInfo {
     };
     // SAFETY: `ty` and `op_type` were read from a live tensor whose layout was checked.
     let (type_name, op_name) = unsafe { (h.type_name(ty), h.op_name(op_type)) };
-    // SAFETY: as above.
+    // SAFETY: a live MUL_MAT tensor (its op description says so) whose layout was checked.
     let flops = if op == "MUL_MAT" {
         unsafe { mul_mat_flops(tensor, ne) }
     } else {
@@ -140,7 +140,7 @@ unsafe fn mul_mat_flops(tensor: Ptr, ne: [i64; 4]) -> Option<u64> {
     if src0.is_null() || src1.is_null() {
         return None;
     }
-    // SAFETY: as above.
+    // SAFETY: non-null sources of a live node are live tensors; `ne` lies inside each.
     let (a, b): ([i64; 4], [i64; 4]) = unsafe { (field(src0, NE_AT), field(src1, NE_AT)) };
     let k = a[0];
     (k == b[0] && a[1] == ne[0] && k > 0)
@@ -160,7 +160,7 @@ pub unsafe fn identity(h: &Helpers, tensor: Ptr) -> (u64, u32) {
     let checked = match LAYOUT.load(Ordering::Relaxed) {
         LAYOUT_OK => true,
         LAYOUT_WRONG => false,
-        // SAFETY: as above.
+        // SAFETY: `tensor` is a live tensor of the copy `h` belongs to (the contract).
         _ => unsafe { layout_ok(h, tensor, &desc.to_string_lossy()) },
     };
     // SAFETY: fields are read only once the layout was checked.

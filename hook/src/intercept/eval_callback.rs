@@ -143,15 +143,16 @@ impl OpDriver {
 unsafe fn describe_node(h: &Helpers, r: &Recorder, sched: Ptr, tensor: Ptr) -> OpInfo {
     // SAFETY: per the contract.
     let (key, op_type) = unsafe { tensor::identity(h, tensor) };
-    // SAFETY: as above.
+    // SAFETY: `tensor` is a live node of the copy `h` belongs to (this function's contract),
+    // which is all `read_tensor` asks.
     let tensor_id = r.tensor_id(key, || unsafe { read_tensor(h, tensor) });
-    // SAFETY: as above.
+    // SAFETY: `sched` and its live node `tensor` belong to the copy `h` belongs to.
     let backend = unsafe { h.tensor_backend(sched, tensor) };
     record::name_id(r, backend, Owner::Backend, || {
         // SAFETY: the scheduler's backend belongs to this copy.
         unsafe { h.backend_name(backend) }
     });
-    // SAFETY: as above.
+    // SAFETY: `tensor` is a live node of this copy; ggml_nbytes only reads its shape.
     let op_size = unsafe { h.nbytes(tensor) };
     OpInfo {
         tensor,
@@ -179,7 +180,8 @@ unsafe extern "C" fn eval_callback(tensor: Ptr, ask: bool, user_data: Ptr) -> bo
     }
     let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| driver.end()));
     match app {
-        // SAFETY: as above; only for the nodes it asked for, and its answer stops the graph.
+        // SAFETY: the application's own callback with its own user data, called as the
+        // scheduler would: only for the nodes it asked for, and its answer stops the graph.
         Some(f) if driver.app_wants => unsafe { f(tensor, false, app_data) },
         _ => true,
     }

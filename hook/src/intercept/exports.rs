@@ -202,9 +202,10 @@ fn name_of(r: &Recorder, helpers: &Helpers, object: Ptr, owner: Owner) -> u16 {
     record::name_id(r, object, owner, || match owner {
         // SAFETY: the object came from this copy of ggml through the call we are wrapping.
         Owner::Backend => unsafe { helpers.backend_name(object) },
-        // SAFETY: as above.
+        // SAFETY: a scheduler passed to the call we are wrapping, of this copy of ggml.
         Owner::Scheduler => unsafe { helpers.sched_name(object) },
-        // SAFETY: as above.
+        // SAFETY: a buffer type passed to the call we are wrapping (or the one of the buffer it
+        // passed), of this copy of ggml.
         Owner::BufferType => unsafe { helpers.buft_name(object) },
         Owner::Thread => String::new(),
     })

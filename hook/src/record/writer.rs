@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 
 use ggml_viz_config::Config;
 use ggml_viz_reader::format::ext::{self, Counters, Metadata};
-use ggml_viz_reader::format::{self, ExtensionKind, Layout, Payload};
+use ggml_viz_reader::format::{self, EventType, ExtensionKind, Layout, Payload};
 
 use super::tensors::Tensors;
 use crate::base::clock::{self, TickConverter};
@@ -22,6 +22,13 @@ use crate::base::names::{self, Names, Owner};
 use crate::base::ring::{RawEvent, Ring};
 use crate::base::tensor::TensorInfo;
 use crate::base::{os, say};
+
+const GRAPH_BEGIN: u8 = EventType::GraphComputeBegin.code();
+const GRAPH_END: u8 = EventType::GraphComputeEnd.code();
+const OP_BEGIN: u8 = EventType::OpComputeBegin.code();
+const OP_END: u8 = EventType::OpComputeEnd.code();
+const TENSOR_ALLOC: u8 = EventType::TensorAlloc.code();
+const TENSOR_FREE: u8 = EventType::TensorFree.code();
 
 /// Name ids an event can carry: the name table's slots and 0 for none.
 const NAME_IDS: usize = names::SLOTS + 1;
@@ -190,14 +197,14 @@ impl TraceWriter {
     fn encode(&mut self, e: &RawEvent, d: &Drain<'_>) {
         let timestamp_ns = self.clock.to_epoch_ns(e.ticks);
         let payload = match e.type_code {
-            0 | 1 => Payload::Graph {
+            GRAPH_BEGIN | GRAPH_END => Payload::Graph {
                 graph_ptr: e.a,
                 n_nodes: e.b,
                 n_threads: e.c,
                 backend_ptr: e.d,
             },
-            2 | 3 => return self.encode_op(e, timestamp_ns, d),
-            4 | 5 => return self.encode_buffer(e, timestamp_ns, d),
+            OP_BEGIN | OP_END => return self.encode_op(e, timestamp_ns, d),
+            TENSOR_ALLOC | TENSOR_FREE => return self.encode_buffer(e, timestamp_ns, d),
             format::EXTENSION_TYPE_CODE => return self.encode_span(e, timestamp_ns),
             _ => Payload::Thread {
                 object_ptr: e.a,
@@ -224,7 +231,7 @@ impl TraceWriter {
     /// An op event, preceded by the tensor-info (and op-name) records it needs.
     fn encode_op(&mut self, e: &RawEvent, timestamp_ns: u64, d: &Drain<'_>) {
         let info = d.tensors.get(e.name_id);
-        if let Some(info) = info.filter(|_| e.type_code == 2) {
+        if let Some(info) = info.filter(|_| e.type_code == OP_BEGIN) {
             let group = info.group as usize;
             if self.info_of_group.len() <= group {
                 self.info_of_group.resize(group + 1, 0);
@@ -293,7 +300,7 @@ impl TraceWriter {
     /// TENSOR_ALLOC / TENSOR_FREE of a backend buffer: label `<buffer type>@<base address>`.
     fn encode_buffer(&mut self, e: &RawEvent, timestamp_ns: u64, d: &Drain<'_>) {
         let buft = d.names.get(e.name_id).map_or("", |(_, _, name)| name);
-        if e.type_code == 4 {
+        if e.type_code == TENSOR_ALLOC {
             self.live_buffers.insert(e.a, (e.size, buft.to_string()));
         } else {
             self.live_buffers.remove(&e.a);

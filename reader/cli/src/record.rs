@@ -230,7 +230,7 @@ fn ignoring_interrupts<T>(f: impl FnOnce() -> T) -> T {
     // SAFETY: setting and restoring the disposition of SIGINT; no handler code runs.
     let old = unsafe { libc::signal(libc::SIGINT, libc::SIG_IGN) };
     let result = f();
-    // SAFETY: as above.
+    // SAFETY: restoring the disposition `signal` returned above, a valid one.
     unsafe { libc::signal(libc::SIGINT, old) };
     result
 }

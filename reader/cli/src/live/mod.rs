@@ -283,7 +283,7 @@ impl Keys {
         t.c_lflag &= !(libc::ICANON | libc::ECHO);
         t.c_cc[libc::VMIN] = 0;
         t.c_cc[libc::VTIME] = 0;
-        // SAFETY: as above.
+        // SAFETY: fd 0 is a terminal (checked); `t` is the termios it gave, with flags changed.
         unsafe { libc::tcsetattr(0, libc::TCSANOW, &t) };
         Some(Keys { saved })
     }

@@ -4,6 +4,7 @@
 
 mod data;
 mod page;
+mod series;
 
 use std::fs::File;
 use std::io::{BufWriter, IsTerminal, Write};
