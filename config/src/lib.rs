@@ -30,6 +30,8 @@ use serde_json::{Map, Value};
 /// Environment variable through which `ggml-viz record` hands its flags to the hook: a JSON
 /// object with the same keys as [`Config::to_json`]. It outranks the JSON file.
 pub const OVERRIDES_ENV: &str = "GGML_VIZ_OVERRIDES";
+/// The largest ring a thread may get, in events (768 MiB per thread).
+pub const MAX_BUFFER_SIZE: u64 = 1 << 24;
 /// Environment variable naming the JSON configuration file.
 pub const CONFIG_FILE_ENV: &str = "GGML_VIZ_CONFIG";
 
@@ -51,7 +53,7 @@ pub struct Config {
     pub tensor_names: bool,
     /// Milliseconds between flushes of the per-thread rings.
     pub flush_interval_ms: u64,
-    /// Events per thread ring; a power of two.
+    /// Events per thread ring; a power of two, at most [`MAX_BUFFER_SIZE`].
     pub buffer_size: u64,
     /// Graph computes to skip before recording (warm-up).
     pub skip_graphs: u64,
@@ -317,6 +319,12 @@ impl Config {
                         n.max(2).next_power_of_two()
                     ));
                 }
+                if n > MAX_BUFFER_SIZE {
+                    return Err(format!(
+                        "{n} events is more than the {MAX_BUFFER_SIZE} a thread's ring may hold \
+                         (each event takes 48 bytes, in every recording thread)"
+                    ));
+                }
                 self.buffer_size = n;
             }
             "skip_graphs" => self.skip_graphs = integer(v)?,
@@ -485,5 +493,28 @@ mod tests {
         };
         let env = [(OVERRIDES_ENV, Value::Object(c.to_json()).to_string())];
         assert_eq!(Config::load(&Sources::from_pairs(env)).unwrap(), c);
+    }
+
+    #[test]
+    fn a_ring_larger_than_the_bound_is_refused() {
+        for n in [
+            "1073741824",
+            "4294967296",
+            &(MAX_BUFFER_SIZE * 2).to_string(),
+        ] {
+            let err =
+                Config::load(&Sources::from_pairs([("GGML_VIZ_BUFFER_SIZE", n)])).unwrap_err();
+            assert!(
+                err.to_string().contains("more than the 16777216"),
+                "{n}: {err}"
+            );
+        }
+        let max = MAX_BUFFER_SIZE.to_string();
+        let c = Config::load(&Sources::from_pairs([(
+            "GGML_VIZ_BUFFER_SIZE",
+            max.as_str(),
+        )]))
+        .unwrap();
+        assert_eq!(c.buffer_size, 1 << 24);
     }
 }

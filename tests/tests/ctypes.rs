@@ -396,3 +396,72 @@ fn a_trace_being_written_is_read_not_mapped_and_a_removed_directory_harms_nobody
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert_eq!(fixture_graphs(&text(&out.stdout)).len(), 20000);
 }
+
+/// A ring larger than the configuration allows (2^30 and 2^32 events would be 48 and 192 GiB per
+/// thread) is refused with one line; the program computes the same results, untraced.
+#[test]
+fn a_huge_buffer_size_is_refused_and_the_program_runs_untraced() {
+    let dir = scratch("huge-ring");
+    let bin = llama_bin();
+    let args = ["--nodes", "3", "--repeat", "2"];
+    let plain = run(fixture_cmd(&[&bin], &args));
+    for size in ["1073741824", "4294967296"] {
+        let trace = dir.join(format!("{size}.ggmlviz"));
+        let traced = run(with_hook(
+            fixture_cmd(&[&bin], &args),
+            &[
+                ("GGML_VIZ_OUTPUT", trace.to_str().unwrap()),
+                ("GGML_VIZ_BUFFER_SIZE", size),
+            ],
+        ));
+        assert!(traced.status.success(), "{size}: {:?}", traced.status);
+        assert_eq!(text(&traced.stdout), text(&plain.stdout), "{size}");
+        let lines = hook_lines(&traced.stderr);
+        assert_eq!(lines.len(), 1, "{size}: {lines:?}");
+        assert!(
+            lines[0].contains("GGML_VIZ_BUFFER_SIZE") && lines[0].contains("runs untraced"),
+            "{lines:?}"
+        );
+        assert!(!trace.exists(), "{size}: no trace when untraced");
+    }
+}
+
+/// A ring the configuration allows but the process cannot get (its address space is limited
+/// below the ring's 768 MiB): one line, tracing stops, the program runs on with the same results.
+#[test]
+fn a_ring_that_cannot_be_allocated_stops_tracing_not_the_program() {
+    let dir = scratch("ring-alloc-fails");
+    let trace = dir.join("t.ggmlviz");
+    let bin = llama_bin();
+    let args = ["--nodes", "3", "--repeat", "2"];
+    let limited = |cmd: Command| {
+        // `ulimit -v` in KiB: 600 MB is plenty for Python and ggml, not for the ring.
+        let mut sh = Command::new("bash");
+        sh.args(["-c", "ulimit -v 600000 && exec \"$@\"", "--"])
+            .arg(cmd.get_program())
+            .args(cmd.get_args());
+        sh
+    };
+    let plain = run(limited(fixture_cmd(&[&bin], &args)));
+    assert!(plain.status.success(), "{}", text(&plain.stderr));
+    let traced = run(with_hook(
+        limited(fixture_cmd(&[&bin], &args)),
+        &[
+            ("GGML_VIZ_OUTPUT", trace.to_str().unwrap()),
+            ("GGML_VIZ_BUFFER_SIZE", "16777216"),
+        ],
+    ));
+    assert!(
+        traced.status.success(),
+        "{:?}: {}",
+        traced.status,
+        text(&traced.stderr)
+    );
+    assert_eq!(text(&traced.stdout), text(&plain.stdout));
+    let lines = hook_lines(&traced.stderr);
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert!(
+        lines[0].contains("cannot allocate a ring of 16777216 events"),
+        "{lines:?}"
+    );
+}

@@ -351,54 +351,40 @@ fn statically_linked_ggml_is_traced_through_inline_hooks() {
     );
 }
 
-/// The entry points the hook wraps that the executable at `path` defines, counted with `nm`
-/// (a reader of the symbol table independent of the hook's own).
+/// The entry points the hook wraps (the ggml names the built hook exports, by `nm -D`) that the
+/// executable at `path` defines (by `nm`): read from the two binaries, not from the hook's code.
 fn static_entry_points(path: &Path) -> usize {
-    let nm = run({
+    let symbols = |args: &[&str], file: &Path| -> Vec<String> {
         let mut c = Command::new("nm");
-        c.arg("--defined-only").arg(path);
-        c
-    });
-    assert!(nm.status.success(), "{}", text(&nm.stderr));
-    let entries = [
-        "ggml_backend_sched_graph_compute",
-        "ggml_backend_sched_graph_compute_async",
-        "ggml_backend_graph_compute",
-        "ggml_backend_graph_compute_async",
-        "ggml_graph_compute",
-        "ggml_graph_compute_with_ctx",
-        "ggml_backend_synchronize",
-        "ggml_backend_sched_synchronize",
-        "ggml_backend_sched_set_eval_callback",
-        "llama_decode",
-        "llama_encode",
-        "llama_process",
-        "llama_batch_ext_add",
-        "llama_batch_ext_add_token",
-        "llama_batch_ext_clear",
-        "ggml_backend_buffer_init",
-        "ggml_backend_buffer_free",
-    ];
-    let stdout = text(&nm.stdout);
-    let defined: std::collections::HashSet<&str> = stdout
-        .lines()
-        .filter_map(|l| {
-            let mut f = l.split_whitespace();
-            let (_, kind, name) = (f.next()?, f.next()?, f.next()?);
-            matches!(kind, "T" | "t").then_some(name)
-        })
-        .collect();
-    entries.iter().filter(|e| defined.contains(*e)).count()
+        c.args(args).arg(file);
+        let out = run(c);
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        text(&out.stdout)
+            .lines()
+            .filter_map(|l| {
+                let f: Vec<&str> = l.split_whitespace().collect();
+                (f.len() == 3 && matches!(f[1], "T" | "t")).then(|| f[2].to_string())
+            })
+            .collect()
+    };
+    let wrapped = symbols(&["-D", "--defined-only"], &hook());
+    assert!(wrapped.len() >= 10, "the hook exports {wrapped:?}");
+    let defined: std::collections::HashSet<String> =
+        symbols(&["--defined-only"], path).into_iter().collect();
+    wrapped.iter().filter(|w| defined.contains(*w)).count()
 }
 
 /// Tracing disabled through the configuration — any spelling it accepts, or its JSON file —
-/// leaves a static executable's functions unpatched (and the program's output as it was).
+/// leaves a static executable's functions unpatched: its calls never reach the hook, which
+/// therefore says nothing at all, even verbose (a patched executable's first call would start
+/// the session, and it would say "disabled by configuration"), and writes no trace.
 #[test]
 fn a_static_executable_is_not_patched_when_the_configuration_disables_tracing() {
     let bin = llama_static_bin();
     let dir = scratch("llama-static-disabled");
     let file = dir.join("config.json");
     std::fs::write(&file, r#"{"instrumentation": {"disable": true}}"#).unwrap();
+    let trace = dir.join("never-written.ggmlviz");
     let plain = run(llama_simple_in(&bin, 4));
     assert!(plain.status.success(), "{}", text(&plain.stderr));
     let file = file.to_str().unwrap();
@@ -410,20 +396,28 @@ fn a_static_executable_is_not_patched_when_the_configuration_disables_tracing() 
     ] {
         let mut settings = vec![
             ("GGML_VIZ_VERBOSE", "1"),
-            ("GGML_VIZ_OUTPUT", "/nonexistent/never-written.ggmlviz"),
+            ("GGML_VIZ_OUTPUT", trace.to_str().unwrap()),
         ];
         settings.extend_from_slice(disabled);
         let out = run(with_hook(llama_simple_in(&bin, 4), &settings));
-        let stderr = text(&out.stderr);
-        assert!(out.status.success(), "{disabled:?}: {stderr}");
+        assert!(out.status.success(), "{disabled:?}: {}", text(&out.stderr));
         assert_eq!(text(&out.stdout), text(&plain.stdout), "{disabled:?}");
-        assert!(
-            !stderr.contains("hooked inline"),
-            "{disabled:?}: patched although disabled: {stderr}"
+        assert_eq!(
+            hook_lines(&out.stderr),
+            Vec::<String>::new(),
+            "{disabled:?}"
         );
-        assert!(
-            stderr.contains("disabled by configuration"),
-            "{disabled:?}: {stderr}"
-        );
+        assert!(!trace.exists(), "{disabled:?}: a trace was written");
     }
+    // The same run, enabled: patched and traced (so the checks above can fail).
+    let out = run(with_hook(
+        llama_simple_in(&bin, 4),
+        &[
+            ("GGML_VIZ_VERBOSE", "1"),
+            ("GGML_VIZ_OUTPUT", trace.to_str().unwrap()),
+        ],
+    ));
+    assert!(out.status.success());
+    assert!(text(&out.stderr).contains("hooked inline"));
+    assert!(trace.exists());
 }

@@ -52,50 +52,78 @@ pub fn init() {
 }
 
 /// Converts ticks to nanoseconds since the epoch. Owned by the flusher.
+///
+/// Between calibrations the conversion is linear (increasing); a new calibration point can move
+/// the line down, below what was already extrapolated for events stamped after the previous
+/// point. So every conversion is at least the latest time written before the last calibration
+/// (`floor`): a thread's events, drained in order, never go backwards across flushes.
 #[derive(Debug)]
 pub struct TickConverter {
+    /// Ticks are TSC cycles (else monotonic nanoseconds, converted by an offset alone).
+    tsc: bool,
     /// The last two calibration points, (ticks, monotonic ns).
     previous: (u64, u64),
     latest: (u64, u64),
     /// Nanoseconds per tick between them (1 for nanosecond ticks, and until two points exist).
     slope: f64,
+    /// Monotonic nanoseconds: the largest conversion made before the latest calibration, and
+    /// the largest made so far.
+    floor: u64,
+    converted_max: u64,
 }
 
 impl TickConverter {
     pub fn new() -> TickConverter {
-        let point = calibration_point();
+        TickConverter::starting_at(calibration_point(), ticks_are_tsc())
+    }
+
+    fn starting_at(point: (u64, u64), tsc: bool) -> TickConverter {
         TickConverter {
+            tsc,
             previous: point,
             latest: point,
             slope: 1.0,
+            floor: 0,
+            converted_max: 0,
         }
     }
 
     /// Takes a new calibration point; call before draining events.
     pub fn recalibrate(&mut self) {
-        let point = calibration_point();
+        self.calibrate_at(calibration_point());
+    }
+
+    fn calibrate_at(&mut self, point: (u64, u64)) {
         if point.0 > self.latest.0 && point.1 > self.latest.1 {
             self.previous = self.latest;
             self.latest = point;
             let ((t0, m0), (t1, m1)) = (self.previous, self.latest);
-            if ticks_are_tsc() {
+            if self.tsc {
                 self.slope = (m1 - m0) as f64 / (t1 - t0) as f64;
             }
+            self.floor = self.converted_max;
         }
     }
 
     /// A tick reading as nanoseconds since the Unix epoch.
-    pub fn to_epoch_ns(&self, ticks: u64) -> u64 {
-        if !ticks_are_tsc() {
-            return ticks.wrapping_add(epoch_offset());
+    pub fn convert_epoch_ns(&mut self, ticks: u64) -> u64 {
+        self.convert_monotonic_ns(ticks)
+            .wrapping_add(epoch_offset())
+    }
+
+    fn convert_monotonic_ns(&mut self, ticks: u64) -> u64 {
+        if !self.tsc {
+            return ticks;
         }
         let (t1, m1) = self.latest;
-        let mono = if ticks >= t1 {
+        let line = if ticks >= t1 {
             m1 + ((ticks - t1) as f64 * self.slope) as u64
         } else {
             m1.saturating_sub(((t1 - ticks) as f64 * self.slope) as u64)
         };
-        mono.wrapping_add(epoch_offset())
+        let mono = line.max(self.floor);
+        self.converted_max = self.converted_max.max(mono);
+        mono
     }
 
     /// A tick interval as nanoseconds.
@@ -125,15 +153,42 @@ mod tests {
         let mut conv = TickConverter::new();
         std::thread::sleep(std::time::Duration::from_millis(30));
         conv.recalibrate();
-        let converted = conv.to_epoch_ns(now_ticks());
+        let converted = conv.convert_epoch_ns(now_ticks());
         let real = realtime_ns();
         let diff = converted.abs_diff(real);
         assert!(
             diff < 2_000_000,
             "converted clock is {diff} ns off realtime"
         );
-        let a = conv.to_epoch_ns(now_ticks());
-        let b = conv.to_epoch_ns(now_ticks());
+        let a = conv.convert_epoch_ns(now_ticks());
+        let b = conv.convert_epoch_ns(now_ticks());
         assert!(b >= a);
+    }
+
+    /// A later calibration point below the line extrapolated from the earlier ones: events after
+    /// it must not come out earlier than events converted before it.
+    #[test]
+    fn a_lower_calibration_point_never_moves_a_thread_backwards() {
+        let mut conv = TickConverter::starting_at((0, 0), true);
+        conv.calibrate_at((1_000, 1_000)); // 1 ns per tick
+        // Flush 1 drains a thread's events stamped after its calibration point: extrapolated.
+        let first: Vec<u64> = [1_200, 1_500]
+            .iter()
+            .map(|&t| conv.convert_monotonic_ns(t))
+            .collect();
+        assert_eq!(first, [1_200, 1_500]);
+        // Flush 2 calibrates: the clock ran slower than extrapolated (1,600 ticks = 1,400 ns).
+        conv.calibrate_at((1_600, 1_400));
+        let second: Vec<u64> = [1_550, 1_580, 1_700, 2_000]
+            .iter()
+            .map(|&t| conv.convert_monotonic_ns(t))
+            .collect();
+        let all: Vec<u64> = first.iter().chain(&second).copied().collect();
+        assert!(all.is_sorted(), "went backwards: {all:?}");
+        // Past the floor, the new line is followed again: (1,600, 1,400) and 2/3 ns per tick.
+        assert_eq!(second[3], 1_400 + 400 * 2 / 3);
+        // Without a TSC, ticks are nanoseconds already.
+        let mut plain = TickConverter::starting_at((5, 5), false);
+        assert_eq!(plain.convert_monotonic_ns(1_234), 1_234);
     }
 }

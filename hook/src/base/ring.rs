@@ -76,22 +76,23 @@ unsafe impl Sync for Ring {}
 unsafe impl Send for Ring {}
 
 impl Ring {
-    /// A ring of `capacity` events; `capacity` must be a power of two (the config checks it).
-    pub fn new(capacity: usize) -> Ring {
+    /// A ring of `capacity` events (a power of two: the config checks it), or `None` when its memory cannot be had (the host's own
+    /// allocations must not abort it for ours).
+    pub fn try_new(capacity: usize) -> Option<Ring> {
         assert!(
             capacity.is_power_of_two(),
             "ring capacity must be a power of two"
         );
-        let slots = (0..capacity)
-            .map(|_| UnsafeCell::new(MaybeUninit::uninit()))
-            .collect();
-        Ring {
-            slots,
+        let mut slots = Vec::new();
+        slots.try_reserve_exact(capacity).ok()?;
+        slots.extend((0..capacity).map(|_| UnsafeCell::new(MaybeUninit::uninit())));
+        Some(Ring {
+            slots: slots.into_boxed_slice(),
             mask: capacity - 1,
             tail: AtomicUsize::new(0),
             head: AtomicUsize::new(0),
             dropped: AtomicU64::new(0),
-        }
+        })
     }
 
     /// Producer: stores `event`, or counts it as dropped if the ring is full.
@@ -150,7 +151,7 @@ mod tests {
 
     #[test]
     fn full_ring_drops_and_counts() {
-        let ring = Ring::new(4);
+        let ring = Ring::try_new(4).unwrap();
         // SAFETY: single-threaded test: one producer, one consumer.
         unsafe {
             for i in 0..6 {
@@ -166,7 +167,7 @@ mod tests {
 
     #[test]
     fn concurrent_producer_and_consumer_lose_nothing_but_drops() {
-        let ring = std::sync::Arc::new(Ring::new(64));
+        let ring = std::sync::Arc::new(Ring::try_new(64).unwrap());
         let producer = {
             let ring = ring.clone();
             // SAFETY: this thread is the only producer.
@@ -203,7 +204,7 @@ mod loom_tests {
     #[test]
     fn loom_one_producer_one_consumer() {
         loom::model(|| {
-            let ring = loom::sync::Arc::new(Ring::new(2));
+            let ring = loom::sync::Arc::new(Ring::try_new(2).unwrap());
             let producer = {
                 let ring = ring.clone();
                 // SAFETY: the only producer.

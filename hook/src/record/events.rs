@@ -13,7 +13,7 @@ use ggml_viz_reader::EventType;
 use ggml_viz_reader::format::EXTENSION_TYPE_CODE;
 
 use super::recorder::Recorder;
-use super::session::{active, current};
+use super::session::{self, active, current};
 use crate::base::entry::Entry;
 use crate::base::names::Owner;
 use crate::base::ring::{RawEvent, Ring};
@@ -87,10 +87,18 @@ fn thread_id(l: &Local) -> u32 {
 }
 
 /// This thread's ring, made and registered on its first event (with a THREAD_BEGIN event when
-/// thread tracking is on).
-fn ring_of(l: &Local, r: &'static Recorder) -> &'static Ring {
+/// thread tracking is on). `None` when its memory cannot be had: then tracing stops.
+fn ring_of(l: &Local, r: &'static Recorder) -> Option<&'static Ring> {
     if l.ring.get().is_null() {
-        let ring: &'static Ring = Box::leak(Box::new(Ring::new(r.config.buffer_size as usize)));
+        let Some(ring) = Ring::try_new(r.config.buffer_size as usize) else {
+            session::stop(format_args!(
+                "cannot allocate a ring of {} events for a new thread; tracing stops, the program runs on \
+                 (lower GGML_VIZ_BUFFER_SIZE)",
+                r.config.buffer_size
+            ));
+            return None;
+        };
+        let ring: &'static Ring = Box::leak(Box::new(ring));
         r.add_ring(ring);
         l.ring.set(ring);
         if r.config.thread_tracking {
@@ -99,8 +107,8 @@ fn ring_of(l: &Local, r: &'static Recorder) -> &'static Ring {
             push(l, r, thread_event(r, l, EventType::ThreadBegin));
         }
     }
-    // SAFETY: rings are leaked, never freed.
-    unsafe { &*l.ring.get() }
+    // SAFETY: a non-null ring pointer is a leaked, never freed Ring.
+    Some(unsafe { &*l.ring.get() })
 }
 
 /// THREAD_BEGIN or THREAD_FREE for this thread, labelled with its name.
@@ -165,7 +173,7 @@ pub fn buffer_event(
 }
 
 fn push(l: &Local, r: &'static Recorder, mut event: RawEvent) {
-    let ring = ring_of(l, r);
+    let Some(ring) = ring_of(l, r) else { return };
     let mut budget = l.budget.get();
     if budget == 0 {
         budget = r.reserve();

@@ -170,11 +170,18 @@ fn flush(recorder: &Recorder, writer: &mut TraceWriter) {
 }
 
 fn stop_after_write_error(writer: &TraceWriter, err: io::Error) {
-    say(format_args!(
+    stop(format_args!(
         "writing the trace to {} failed: {err}; tracing stops, the program runs on",
         writer.path().display()
     ));
-    STATE.store(INERT, Ordering::Release);
+}
+
+/// Stops tracing for good, saying why (once: only the call that stops it speaks); calls go
+/// straight through from now on, and nothing more is written.
+pub(super) fn stop(why: std::fmt::Arguments<'_>) {
+    if STATE.swap(INERT, Ordering::AcqRel) == ACTIVE {
+        say(why);
+    }
 }
 
 /// `%p` becomes the pid, `%h` the host name, `%%` a percent sign.

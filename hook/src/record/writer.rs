@@ -195,7 +195,7 @@ impl TraceWriter {
     }
 
     fn encode(&mut self, e: &RawEvent, d: &Drain<'_>) {
-        let timestamp_ns = self.clock.to_epoch_ns(e.ticks);
+        let timestamp_ns = self.clock.convert_epoch_ns(e.ticks);
         let payload = match e.type_code {
             GRAPH_BEGIN | GRAPH_END => Payload::Graph {
                 graph_ptr: e.a,

@@ -168,7 +168,7 @@ fn jsonl_has_exactly_the_contract_keys_and_exact_u64_values() {
 #[test]
 fn the_cpp_sample_dumps_sixty_events_and_info_names_the_layout() {
     let sample = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../shared/samples/ggml-viz/test_trace.ggmlviz");
+        .join("../../../shared/samples/ggml-viz/test_trace.ggmlviz");
     let out = ggml_viz(&["dump", "--format", "jsonl", sample.to_str().unwrap()]);
     assert!(out.status.success());
     let lines = jsonl(&out);
@@ -259,7 +259,7 @@ fn stdin_reads_like_a_file() {
 
 #[test]
 fn summary_csv_diff_and_export_work_on_real_files() {
-    let samples = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/samples");
+    let samples = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/samples");
     let acl = samples.join("ada-pa/pytorch_acl.log");
     let ns = samples.join("ada-pa/pytorch_ns.log");
     let out = ggml_viz(&["summary", "--csv", acl.to_str().unwrap()]);
