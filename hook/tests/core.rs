@@ -67,6 +67,30 @@ fn what_threads_record_is_in_the_trace_in_order() {
             s.spawn(move || work(t));
         }
     });
+    // A compute that returns inside a node (an abort callback): the node is ended with its graph,
+    // and the thread records the next compute.
+    let stopped_early = std::thread::spawn(|| {
+        for _ in 0..2 {
+            let scope = ggml_viz_hook::graph_begin(Entry::SchedGraphCompute, |_| GraphInfo {
+                graph: 0x9000 as *mut _,
+                n_nodes: OPS as u32,
+                n_threads: 0,
+                backend: std::ptr::null_mut(),
+                name_id: 0,
+            })
+            .expect("the session is active");
+            let op = OpInfo {
+                tensor: 0x9100 as *mut _,
+                op_type: 1,
+                op_size: 8,
+                backend: std::ptr::null_mut(),
+                tensor_id: 0,
+            };
+            ggml_viz_hook::op_begin(scope.recorder(), &op);
+            ggml_viz_hook::graph_end(scope);
+        }
+    });
+    stopped_early.join().unwrap();
     ggml_viz_hook::finish();
 
     let trace = TraceFile::open(&path, None).unwrap();
@@ -97,7 +121,20 @@ fn what_threads_record_is_in_the_trace_in_order() {
     assert_eq!(metadata.pid, std::process::id());
     assert_eq!(counters.expect("a counters record").lost(), 0);
 
-    assert_eq!(per_thread.len(), THREADS, "one event stream per thread");
+    assert_eq!(per_thread.len(), THREADS + 1, "one event stream per thread");
+    let stopped_early = [
+        EventType::GraphComputeBegin,
+        EventType::OpComputeBegin,
+        EventType::OpComputeEnd,
+        EventType::GraphComputeEnd,
+    ];
+    let stopped_early: Vec<EventType> = stopped_early.iter().copied().cycle().take(8).collect();
+    let (tid, _) = per_thread
+        .iter()
+        .find(|(_, events)| **events == stopped_early)
+        .unwrap_or_else(|| panic!("no thread recorded {stopped_early:?}: {per_thread:?}"));
+    let tid = *tid;
+    per_thread.remove(&tid);
     // Every thread: graph begin, OPS op begin/end pairs, graph end, one wait; GRAPHS times.
     let mut one_graph = vec![EventType::GraphComputeBegin];
     for _ in 0..OPS {

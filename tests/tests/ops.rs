@@ -242,6 +242,45 @@ fn the_applications_eval_callback_sees_exactly_what_it_would_without_us() {
     }
 }
 
+/// A compute stopped by the CPU backend's abort callback never sends the `ask = false` call of
+/// the node it was in: the hook closes that node when the compute returns, so the thread goes
+/// on recording the computes that follow.
+#[test]
+fn a_compute_stopped_by_an_abort_callback_leaves_the_thread_recording() {
+    let dir = scratch("abort-callback");
+    let trace = dir.join("t.ggmlviz");
+    let args = ["--want", "", "--repeat", "6", "--abort-first"];
+    let plain = run(sched_app(&args));
+    let stdout = text(&plain.stdout);
+    assert!(stdout.contains("compute 0 status=1"), "{stdout}"); // GGML_STATUS_ABORTED
+    assert_eq!(stdout.matches("status=0").count(), 5, "{stdout}");
+    let traced = run(with_hook(
+        sched_app(&args),
+        &[("GGML_VIZ_OUTPUT", trace.to_str().unwrap())],
+    ));
+    assert!(traced.status.success(), "{}", text(&traced.stderr));
+    // The computes' own results are unchanged (each is printed with its status).
+    let computes = |s: &str| -> Vec<String> {
+        s.lines()
+            .filter(|l| l.starts_with("compute "))
+            .map(str::to_string)
+            .collect()
+    };
+    assert_eq!(computes(&text(&traced.stdout)), computes(&stdout));
+    let (events, damage, stats) = read_trace(&trace);
+    assert_eq!(damage, None);
+    check_nesting(&events);
+    assert_eq!(stats.graph_computes, 6, "one per compute the program made");
+    // The aborted compute timed the one node it reached; the others all six.
+    assert_eq!(
+        ops_per_graph(&events)
+            .iter()
+            .map(|g| g.1)
+            .collect::<Vec<_>>(),
+        [1, 6, 6, 6, 6, 6]
+    );
+}
+
 #[test]
 fn memory_and_thread_tracking_balance_and_leave_the_output_alone() {
     let dir = scratch("memory");

@@ -34,6 +34,8 @@ struct Local {
     /// Our eval callback is driving a node: the graph computes and waits ggml makes for it are
     /// part of the op, not recorded on their own.
     in_op: Cell<bool>,
+    /// That node, for its end event.
+    open_op: Cell<Option<OpInfo>>,
 }
 
 thread_local! {
@@ -46,6 +48,7 @@ thread_local! {
             recording: Cell::new(false),
             budget: Cell::new(0),
             in_op: Cell::new(false),
+            open_op: Cell::new(None),
         }
     };
 }
@@ -61,6 +64,7 @@ impl Local {
         self.recording.set(false);
         self.budget.set(0);
         self.in_op.set(false);
+        self.open_op.set(None);
     }
 }
 
@@ -315,15 +319,21 @@ pub fn op_begin(r: &'static Recorder, op: &OpInfo) {
     local(r, |l| {
         push(l, r, op_event(EventType::OpComputeBegin, op));
         l.in_op.set(true);
+        l.open_op.set(Some(*op));
     });
 }
 
 /// The node is computed and synchronized.
 pub fn op_end(r: &'static Recorder, op: &OpInfo) {
-    local(r, |l| {
-        l.in_op.set(false);
+    local(r, |l| close_op(l, r, op));
+}
+
+/// Ends the open node, once.
+fn close_op(l: &Local, r: &'static Recorder, op: &OpInfo) {
+    if l.in_op.replace(false) {
+        l.open_op.set(None);
         push(l, r, op_event(EventType::OpComputeEnd, op));
-    });
+    }
 }
 
 /// An application-level span (`llama_decode`, `llama_encode`): begin or end, with the batch's
@@ -340,10 +350,15 @@ pub fn span(entry: Entry, begin: bool, count: u32) {
     local(r, |l| push(l, r, event));
 }
 
-/// After the real call: the end event.
+/// After the real call: the end event. A node still open in a recorded graph compute (ggml
+/// returned early: an abort callback, a failed compute, so the node's end never came) is ended
+/// first, whatever the status.
 pub fn graph_end(scope: GraphScope) {
     local(scope.recorder, |l| {
         if scope.recording {
+            if let Some(op) = l.open_op.get() {
+                close_op(l, scope.recorder, &op);
+            }
             push(
                 l,
                 scope.recorder,
