@@ -5,7 +5,10 @@
 //! - count = spans of that name with no descendant of the same name (2 tilings);
 //! - total = wall time covered by spans of that name: a same-name span inside another adds nothing
 //!   (20 µs);
-//! - the duration statistics are over the counted spans; self time is summed over all spans.
+//! - the duration statistics — mean, min, p50, p99, max — are over the counted spans, so that the
+//!   mean lies between min and max even where an outer span is longer than its same-name children
+//!   (a 30 µs tiling holding two 10 µs tilings: 2 tilings, total 30 µs, mean 10 µs); self time is
+//!   summed over all spans.
 //!
 //! Spans arrive as they close, children before parents, so the rule is applied bottom-up with
 //! state kept only for spans still open: memory is bounded by nesting depth × distinct names,
@@ -100,8 +103,11 @@ impl Histogram {
 #[derive(Clone, Debug, Default)]
 pub struct Row {
     pub count: u64,
+    /// Wall time covered by spans of this name.
     pub total_ns: u64,
     pub self_ns: u64,
+    /// The counted spans' durations, summed (for the mean) and bucketed.
+    pub counted_ns: u64,
     pub durations: Histogram,
 }
 
@@ -110,7 +116,7 @@ impl Row {
         if self.count == 0 {
             0.0
         } else {
-            self.total_ns as f64 / self.count as f64
+            self.counted_ns as f64 / self.durations.count().max(1) as f64
         }
     }
     pub fn min_ns(&self) -> u64 {
@@ -157,6 +163,7 @@ impl Summary {
             Some(entry) => entry.1 = dur,
             None => {
                 row.durations.add(dur);
+                row.counted_ns = row.counted_ns.saturating_add(dur);
                 coverage.insert(s.name.clone(), (1, dur));
             }
         }
@@ -227,6 +234,26 @@ mod tests {
         assert_eq!(row.mean_ns(), 10_000.0);
         assert_eq!((row.min_ns(), row.max_ns()), (10 * us, 10 * us));
         assert_eq!(row.self_ns, 20 * us);
+    }
+
+    /// An outer span longer than its same-name children: the counted spans are the children,
+    /// and every statistic is over them; the total is the covered time.
+    #[test]
+    fn the_mean_lies_between_min_and_max_when_an_outer_span_is_longer() {
+        let mut stack = SpanStack::default();
+        let mut summary = Summary::default();
+        let us = 1000;
+        stack.open(1, "Tiling".into(), "ge".into(), 0, vec![]);
+        stack.open(2, "Tiling".into(), "ge".into(), 5 * us, vec![]);
+        summary.record(Record::Span(stack.close(0, 15 * us).unwrap()));
+        stack.open(3, "Tiling".into(), "ge".into(), 16 * us, vec![]);
+        summary.record(Record::Span(stack.close(0, 26 * us).unwrap()));
+        summary.record(Record::Span(stack.close(0, 30 * us).unwrap()));
+        let row = &summary.rows["Tiling"];
+        assert_eq!((row.count, row.total_ns), (2, 30 * us));
+        assert_eq!(row.mean_ns(), 10_000.0);
+        assert_eq!((row.min_ns(), row.max_ns()), (10 * us, 10 * us));
+        assert_eq!(row.durations.quantile(0.5), 10 * us);
     }
 
     #[test]
