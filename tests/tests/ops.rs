@@ -242,6 +242,74 @@ fn the_applications_eval_callback_sees_exactly_what_it_would_without_us() {
     }
 }
 
+/// A scheduler freed and a new one made at its address (glibc returns the freed mapping when
+/// every allocation is a mapping: `MALLOC_MMAP_THRESHOLD_=0`) without a callback: the new one
+/// must not get the old one's callback (and its freed user data) from the hook.
+#[test]
+fn a_new_scheduler_at_a_freed_ones_address_does_not_inherit_its_callback() {
+    let dir = scratch("sched-reuse");
+    let trace = dir.join("t.ggmlviz");
+    let app = || {
+        let mut cmd = sched_app(&["--fresh-after-free"]);
+        cmd.env("MALLOC_MMAP_THRESHOLD_", "0");
+        cmd
+    };
+    let plain = run(app());
+    let stdout = text(&plain.stdout);
+    assert!(
+        stdout.contains("fresh scheduler at the freed one's address"),
+        "the address was not reused, so this checks nothing: {stdout}"
+    );
+    let traced = run(with_hook(
+        app(),
+        &[("GGML_VIZ_OUTPUT", trace.to_str().unwrap())],
+    ));
+    assert!(traced.status.success(), "{}", text(&traced.stderr));
+    assert_eq!(text(&traced.stdout), stdout, "the callback calls differ");
+    let (events, _, _) = read_trace(&trace);
+    assert_eq!(
+        ops_per_graph(&events)
+            .iter()
+            .map(|g| g.1)
+            .collect::<Vec<_>>(),
+        [6, 6],
+        "both computes timed"
+    );
+}
+
+/// More schedulers with callbacks than the hook remembers at once: every application callback
+/// still sees exactly its calls (the schedulers past the table are left untimed).
+#[test]
+fn more_schedulers_than_the_hook_remembers_keep_their_callbacks() {
+    let dir = scratch("many-scheds");
+    let trace = dir.join("t.ggmlviz");
+    let args = ["--schedulers", "300", "--repeat", "2"];
+    let plain = run(sched_app(&args));
+    assert!(plain.status.success(), "{}", text(&plain.stderr));
+    assert_eq!(text(&plain.stdout).matches("compute ").count(), 600);
+    let traced = run(with_hook(
+        sched_app(&args),
+        &[("GGML_VIZ_OUTPUT", trace.to_str().unwrap())],
+    ));
+    assert!(traced.status.success(), "{}", text(&traced.stderr));
+    assert_eq!(
+        text(&traced.stdout),
+        text(&plain.stdout),
+        "callback calls differ"
+    );
+    let lines = hook_lines(&traced.stderr);
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert!(lines[0].contains("more than 256 schedulers"), "{lines:?}");
+    let (events, _, _) = read_trace(&trace);
+    let ops: Vec<usize> = ops_per_graph(&events).iter().map(|g| g.1).collect();
+    assert_eq!(ops.len(), 600, "every compute recorded");
+    assert_eq!(
+        ops.iter().filter(|&&n| n == 6).count(),
+        2 * 256,
+        "the first 256 timed"
+    );
+}
+
 /// A compute stopped by the CPU backend's abort callback never sends the `ask = false` call of
 /// the node it was in: the hook closes that node when the compute returns, so the thread goes
 /// on recording the computes that follow.

@@ -25,10 +25,11 @@ pub enum Entry {
     LlamaBatchExtClear = 15,
     BufferInit = 16,
     BufferFree = 17,
+    SchedFree = 18,
 }
 
 impl Entry {
-    pub const ALL: [Entry; 17] = [
+    pub const ALL: [Entry; 18] = [
         Entry::SchedGraphCompute,
         Entry::SchedGraphComputeAsync,
         Entry::BackendGraphCompute,
@@ -46,6 +47,7 @@ impl Entry {
         Entry::LlamaBatchExtClear,
         Entry::BufferInit,
         Entry::BufferFree,
+        Entry::SchedFree,
     ];
 
     pub fn from_code(code: u8) -> Option<Entry> {
@@ -71,6 +73,7 @@ impl Entry {
             Entry::LlamaBatchExtClear => c"llama_batch_ext_clear",
             Entry::BufferInit => c"ggml_backend_buffer_init",
             Entry::BufferFree => c"ggml_backend_buffer_free",
+            Entry::SchedFree => c"ggml_backend_sched_free",
         }
     }
 

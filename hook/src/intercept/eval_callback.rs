@@ -8,10 +8,11 @@
 //! and the `ask = false` call only for the nodes it asked for, whose answer (false = stop) is ours.
 
 use std::ffi::c_void;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use crate::base::ggml::{EvalCallback, Helpers};
 use crate::base::names::Owner;
+use crate::base::say;
 use crate::base::tensor::{self, read_tensor};
 use crate::record::{self, OpInfo, Recorder};
 
@@ -20,7 +21,9 @@ type Ptr = *mut c_void;
 // ---------------------------------------------------------------------------------------------
 // The application's callbacks, per scheduler.
 
-const SCHEDULERS: usize = 64;
+/// Schedulers whose application callback is remembered at once (slots are freed with the
+/// scheduler).
+const SCHEDULERS: usize = 256;
 
 struct AppCallback {
     sched: AtomicUsize,
@@ -35,34 +38,62 @@ const NO_CALLBACK: AppCallback = AppCallback {
     user_data: AtomicUsize::new(0),
 };
 static APP_CALLBACKS: [AppCallback; SCHEDULERS] = [NO_CALLBACK; SCHEDULERS];
+/// A callback could not be remembered (every slot taken): schedulers not in the table may have
+/// one we do not know, so their ops are not timed (ours would replace theirs).
+static FORGOT_ONE: AtomicBool = AtomicBool::new(false);
+
+fn slot_of(sched: Ptr) -> Option<&'static AppCallback> {
+    let key = sched as usize;
+    APP_CALLBACKS
+        .iter()
+        .find(|s| s.sched.load(Ordering::Acquire) == key)
+}
 
 /// Remembers the callback the application set on `sched` (called by our export of
 /// `ggml_backend_sched_set_eval_callback`, which also forwards it).
 pub fn remember_app_callback(sched: Ptr, callback: Option<EvalCallback>, user_data: Ptr) {
     let key = sched as usize;
-    let slot = APP_CALLBACKS
-        .iter()
-        .find(|s| s.sched.load(Ordering::Acquire) == key)
-        .or_else(|| {
-            APP_CALLBACKS.iter().find(|s| {
-                s.sched
-                    .compare_exchange(0, key, Ordering::AcqRel, Ordering::Acquire)
-                    .is_ok()
-            })
-        });
-    if let Some(slot) = slot {
-        slot.callback
-            .store(callback.map_or(0, |f| f as usize), Ordering::Release);
-        slot.user_data.store(user_data as usize, Ordering::Release);
+    let slot = slot_of(sched).or_else(|| {
+        APP_CALLBACKS.iter().find(|s| {
+            s.sched
+                .compare_exchange(0, key, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+        })
+    });
+    match slot {
+        Some(slot) => {
+            slot.callback
+                .store(callback.map_or(0, |f| f as usize), Ordering::Release);
+            slot.user_data.store(user_data as usize, Ordering::Release);
+        }
+        None => {
+            if !FORGOT_ONE.swap(true, Ordering::Relaxed) {
+                say(format_args!(
+                    "more than {SCHEDULERS} schedulers with eval callbacks: the ops of those past \
+                     the first are not timed (their callbacks are left alone)"
+                ));
+            }
+        }
     }
 }
 
+/// `sched` is being freed: its slot, if it had one, is free again.
+pub fn forget_app_callback(sched: Ptr) {
+    if let Some(slot) = slot_of(sched) {
+        slot.callback.store(0, Ordering::Release);
+        slot.user_data.store(0, Ordering::Release);
+        slot.sched.store(0, Ordering::Release);
+    }
+}
+
+/// Whether we know what callback the application has on `sched` (none, or the one remembered):
+/// only then may ours stand in for it during a compute.
+pub fn app_callback_known(sched: Ptr) -> bool {
+    !FORGOT_ONE.load(Ordering::Relaxed) || slot_of(sched).is_some()
+}
+
 fn app_callback(sched: Ptr) -> (Option<EvalCallback>, Ptr) {
-    let key = sched as usize;
-    match APP_CALLBACKS
-        .iter()
-        .find(|s| s.sched.load(Ordering::Acquire) == key)
-    {
+    match slot_of(sched) {
         Some(slot) => {
             let callback = slot.callback.load(Ordering::Acquire);
             // SAFETY: a non-zero value was stored from an `EvalCallback`.

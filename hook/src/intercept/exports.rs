@@ -89,6 +89,7 @@ trampoline!(llama_process(ctx: Ptr, kind: c_int, batch: Ptr) -> i32, llama_proce
 trampoline!(llama_batch_ext_add(batch: Ptr, seq_id: i32) -> i32, batch_ext_add, x86_64: "rdx", aarch64: "x2");
 trampoline!(llama_batch_ext_add_token(batch: Ptr, seq_id: i32, token: i32) -> i32, batch_ext_add_token, x86_64: "rcx", aarch64: "x3");
 trampoline!(llama_batch_ext_clear(batch: Ptr), batch_ext_clear, x86_64: "rsi", aarch64: "x1");
+trampoline!(ggml_backend_sched_free(sched: Ptr), sched_free, x86_64: "rsi", aarch64: "x1");
 
 /// Our exported wrapper of `entry` (where an inline hook sends the executable's own calls).
 #[cfg(any(target_os = "linux", windows))]
@@ -111,6 +112,7 @@ pub fn wrapper(entry: Entry) -> *const () {
         Entry::LlamaBatchExtClear => llama_batch_ext_clear as *const (),
         Entry::BufferInit => ggml_backend_buffer_init as *const (),
         Entry::BufferFree => ggml_backend_buffer_free as *const (),
+        Entry::SchedFree => ggml_backend_sched_free as *const (),
     }
 }
 
@@ -248,6 +250,7 @@ fn object_compute(entry: Entry, owner: Owner, object: Ptr, graph: Ptr, ret: usiz
         |real, scope| {
             let timed = owner == Owner::Scheduler
                 && real.helpers.can_time_ops()
+                && eval_callback::app_callback_known(object)
                 && scope.is_some_and(GraphScope::wants_op_timing);
             let Some(scope) = scope.filter(|_| timed) else {
                 return call2(real.real, object, graph);
@@ -383,6 +386,18 @@ unsafe extern "C" fn sched_set_eval_callback(
     type SetFn = unsafe extern "C" fn(Ptr, Option<EvalCallback>, Ptr);
     // SAFETY: the real ggml_backend_sched_set_eval_callback, with the caller's arguments.
     unsafe { std::mem::transmute::<usize, SetFn>(real.real)(sched, callback, user_data) }
+}
+
+/// A scheduler is freed: the application's callback remembered for it is forgotten, so that a
+/// new scheduler at the same address does not inherit it (and its freed user data).
+unsafe extern "C" fn sched_free(sched: Ptr, ret: usize) {
+    let Some(real) = real_function(Entry::SchedFree, ret) else {
+        return;
+    };
+    guarded(|| eval_callback::forget_app_callback(sched));
+    type FreeFn = unsafe extern "C" fn(Ptr);
+    // SAFETY: the real ggml_backend_sched_free, with the caller's argument.
+    unsafe { std::mem::transmute::<usize, FreeFn>(real.real)(sched) }
 }
 
 /// `struct llama_batch` (llama.h), passed by value to llama_decode and llama_encode.

@@ -54,6 +54,7 @@ interpose_table!(
     "llama_batch_ext_clear",
     "ggml_backend_buffer_init",
     "ggml_backend_buffer_free",
+    "ggml_backend_sched_free",
 );
 
 unsafe extern "C" {
