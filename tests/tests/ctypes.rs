@@ -465,3 +465,53 @@ fn a_ring_that_cannot_be_allocated_stops_tracing_not_the_program() {
         "{lines:?}"
     );
 }
+
+/// A program that forks a child which only sleeps, then exits: its trace is finished and must
+/// not look locked (being written) while the child lives. The lock is checked with util-linux's
+/// `flock`, not with our reader.
+#[test]
+fn a_sleeping_child_does_not_keep_its_parents_finished_trace_locked() {
+    let dir = scratch("fork-sleeper");
+    let trace = dir.join("t.ggmlviz");
+    let bin = llama_bin();
+    let out = run(with_hook(
+        fixture_cmd(
+            &[&bin],
+            &["--nodes", "2", "--repeat", "3", "--fork-sleeper", "30"],
+        ),
+        &[("GGML_VIZ_OUTPUT", trace.to_str().unwrap())],
+    ));
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let stdout = text(&out.stdout);
+    let child: u32 = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("sleeper "))
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_else(|| panic!("no child pid: {stdout}"));
+    let child_alive = || Path::new(&format!("/proc/{child}")).exists();
+    assert!(
+        child_alive(),
+        "the child must still be sleeping for this to check anything"
+    );
+    let lock = run({
+        let mut c = Command::new("flock");
+        c.args(["--nonblock", "--shared"]).arg(&trace).arg("true");
+        c
+    });
+    let still_alive = child_alive();
+    kill(child);
+    assert!(still_alive, "the child ended before the lock was checked");
+    assert!(
+        lock.status.success(),
+        "the finished trace is still locked while the child lives: {}",
+        text(&lock.stderr)
+    );
+    let (_, damage, stats) = read_trace(&trace);
+    assert_eq!(damage, None);
+    assert_eq!(stats.graph_computes, 3);
+}
+
+/// Ends the sleeping child (with `kill`: the tests link no libc bindings).
+fn kill(pid: u32) {
+    let _ = Command::new("kill").arg(pid.to_string()).status();
+}

@@ -126,6 +126,23 @@ mod unix {
         result
     }
 
+    /// The descriptor of `file`, for [`close_in_child`].
+    pub fn descriptor(file: &File) -> i64 {
+        use std::os::fd::AsRawFd;
+        i64::from(file.as_raw_fd())
+    }
+
+    /// In a child after `fork`: drops its copy of an inherited descriptor. The parent's copy
+    /// keeps the file open, and its lock held (a lock belongs to the open file, shared by both
+    /// copies, and goes when the last copy closes: so never unlock it here).
+    pub fn close_in_child(descriptor: i64) {
+        if let Ok(fd) = i32::try_from(descriptor) {
+            // SAFETY: closing a descriptor this process inherited and no longer uses; nothing
+            // in the child reads or writes through it (the parent's writer is never touched).
+            unsafe { libc::close(fd) };
+        }
+    }
+
     /// `at_exit` runs at process exit; `after_fork` in the child of every fork.
     pub fn install_process_handlers(at_exit: extern "C" fn(), after_fork: extern "C" fn()) {
         // SAFETY: both handlers are `extern "C"` functions that never unwind.
@@ -200,6 +217,13 @@ mod windows {
     pub fn without_sigxfsz<T>(write: impl FnOnce() -> T) -> T {
         write()
     }
+
+    /// Windows has no fork: nothing is ever inherited this way.
+    pub fn descriptor(_file: &File) -> i64 {
+        -1
+    }
+
+    pub fn close_in_child(_descriptor: i64) {}
 
     /// `at_exit` runs at process exit; Windows has no fork.
     pub fn install_process_handlers(at_exit: extern "C" fn(), _after_fork: extern "C" fn()) {

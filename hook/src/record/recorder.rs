@@ -44,10 +44,12 @@ pub struct Recorder {
     /// Outermost graph computes begun, recorded or not; counted only when a capture window is set.
     pub(super) graphs_begun: AtomicU64,
     pub(super) writer: Mutex<TraceWriter>,
+    /// The trace file's descriptor, which a child after `fork` closes (see `os::close_in_child`).
+    pub(super) trace_descriptor: i64,
 }
 
 impl Recorder {
-    pub(super) fn new(config: Config, writer: TraceWriter) -> Recorder {
+    pub(super) fn new(config: Config, writer: TraceWriter, trace_descriptor: i64) -> Recorder {
         Recorder {
             config,
             generation: GENERATION.fetch_add(1, Ordering::Relaxed),
@@ -59,6 +61,7 @@ impl Recorder {
             tensors: Tensors::new(),
             graphs_begun: AtomicU64::new(0),
             writer: Mutex::new(writer),
+            trace_descriptor,
         }
     }
 

@@ -118,6 +118,7 @@ fn start(setup: Setup) -> Option<Box<Recorder>> {
             return None;
         }
     };
+    let descriptor = os::descriptor(&file);
     let metadata = metadata::collect(&config, setup.ggml_version);
     let writer = match TraceWriter::create(file, path, layout, &config, &metadata) {
         Ok(writer) => writer,
@@ -132,7 +133,7 @@ fn start(setup: Setup) -> Option<Box<Recorder>> {
     if config.verbose {
         say(format_args!("tracing to {}", writer.path().display()));
     }
-    let recorder = Box::new(Recorder::new(config, writer));
+    let recorder = Box::new(Recorder::new(config, writer, descriptor));
     install_process_handlers();
     Some(recorder)
 }
@@ -266,12 +267,18 @@ extern "C" fn at_exit() {
     });
 }
 
-/// In a child after `fork`: forget the parent's recorder; the child starts its own on its next
-/// call (threads see that theirs is stale by its generation). Runs in the forking thread, the
-/// only thread of the child.
+/// In a child after `fork`: forget the parent's recorder and close the child's copy of its trace
+/// file (else the parent's finished trace looks locked, still being written, while the child
+/// lives); the child starts its own on its next call (threads see that theirs is stale by its
+/// generation). Runs in the forking thread, the only thread of the child.
 extern "C" fn after_fork_in_child() {
     let _ = catch_unwind(|| {
-        RECORDER.store(std::ptr::null_mut(), Ordering::Release);
+        let parent = RECORDER.swap(std::ptr::null_mut(), Ordering::AcqRel);
+        if !parent.is_null() {
+            // SAFETY: a non-null RECORDER is a leaked, never freed Recorder; only its
+            // immutable descriptor is read (its locks may be held by threads the child lacks).
+            os::close_in_child(unsafe { &*parent }.trace_descriptor);
+        }
         STATE.store(UNSTARTED, Ordering::Release);
         recorder::forget_missed_while_starting();
     });
