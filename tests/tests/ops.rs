@@ -417,3 +417,80 @@ fn memory_and_thread_tracking_balance_and_leave_the_output_alone() {
             .any(|e| e.label_str().as_deref() == Some("llama-simple"))
     );
 }
+
+/// `export --to telemetry-v2` of a real trace with memory tracking: every record passes
+/// gpu-memory-profiler's own `validate_telemetry_record`; there is one per buffer event of the
+/// trace; each allocation's change is its buffer's size and, with everything freed by the end,
+/// every device's allocated bytes come back to 0.
+#[test]
+fn the_telemetry_v2_export_passes_the_reference_validator() {
+    let dir = scratch("telemetry-v2");
+    let trace = dir.join("t.ggmlviz");
+    let json = dir.join("v2.json");
+    let traced = run(with_hook(
+        llama_simple(4),
+        &[
+            ("GGML_VIZ_OUTPUT", trace.to_str().unwrap()),
+            ("GGML_VIZ_MEMORY_TRACKING", "1"),
+        ],
+    ));
+    assert!(traced.status.success(), "{}", text(&traced.stderr));
+    let export = run({
+        let mut c = Command::new(ggml_viz());
+        c.args(["export", "--to", "telemetry-v2", "-o"])
+            .arg(&json)
+            .arg(&trace);
+        c
+    });
+    assert!(export.status.success(), "{}", text(&export.stderr));
+    let check = run({
+        let mut c = Command::new("python3");
+        c.arg("-c")
+            .arg(
+                "import json, sys\n\
+                 from gpumemprof.telemetry import validate_telemetry_record\n\
+                 records = json.load(open(sys.argv[1]))\n\
+                 for r in records:\n    validate_telemetry_record(r)\n\
+                 print(len(records))\n",
+            )
+            .arg(&json);
+        c
+    });
+    assert!(check.status.success(), "rejected: {}", text(&check.stderr));
+    let validated: usize = text(&check.stdout).trim().parse().unwrap();
+
+    let (events, _, _) = read_trace(&trace);
+    let sizes: Vec<u64> = events
+        .iter()
+        .filter_map(|e| match (e.event_type(), e.payload) {
+            (Some(EventType::TensorAlloc), Payload::Memory { size, .. }) => Some(size),
+            _ => None,
+        })
+        .collect();
+    let frees = events
+        .iter()
+        .filter(|e| e.event_type() == Some(EventType::TensorFree))
+        .count();
+    assert!(!sizes.is_empty());
+    assert_eq!(
+        validated,
+        sizes.len() + frees,
+        "one record per buffer event"
+    );
+    let records: Vec<serde_json::Value> =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let changes: Vec<u64> = records
+        .iter()
+        .filter(|r| r["event_type"] == "allocation")
+        .map(|r| r["allocator_change_bytes"].as_u64().unwrap())
+        .collect();
+    assert_eq!(changes, sizes);
+    let mut last: HashMap<i64, i64> = HashMap::new();
+    for r in &records {
+        last.insert(
+            r["device_id"].as_i64().unwrap(),
+            r["allocator_allocated_bytes"].as_i64().unwrap(),
+        );
+    }
+    assert!(last.values().all(|&b| b == 0), "{last:?}");
+}

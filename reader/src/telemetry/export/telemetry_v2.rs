@@ -9,9 +9,16 @@ use crate::telemetry::import::event_v2::{EventV2, device_of};
 pub const COLLECTOR: &str = "ggml_viz.hook";
 
 /// The backend buffers of a GGMLVIZ trace (TENSOR_ALLOC / TENSOR_FREE, recorded with memory
-/// tracking on) as v2 records: one per event, `allocator_allocated_bytes` = live bytes on that
-/// device after it, `allocator_change_bytes` = ± the buffer's size, collector [`COLLECTOR`],
-/// `context` = the buffer type, `metadata` = buffer type, handle and base address.
+/// tracking on) as v2 records: one per event, collector [`COLLECTOR`], `context` = the buffer
+/// type, `metadata` = buffer type, handle and base address.
+///
+/// What is measured: the bytes of ggml's live backend buffers on the event's device after it
+/// (`allocator_allocated_bytes`) and the buffer's size (`allocator_change_bytes`, negative for a
+/// free). ggml allocates tensors inside buffers it reserves whole, so its reserved bytes are
+/// those same live bytes (`allocator_reserved_bytes`), and the schema's required
+/// `device_used_bytes` carries them too: what the device uses besides ggml's buffers (other
+/// allocators, other processes) is not measured. Not measured at all, so `null`: active and
+/// inactive bytes, the device's free and total bytes.
 pub fn from_ggmlviz(
     file: &[u8],
     layout: crate::format::Layout,
