@@ -239,15 +239,22 @@ pub fn fixture_cmd(libdirs: &[&Path], args: &[&str]) -> Command {
 }
 
 /// The fixture computing graphs until killed, traced into `trace` with `flush_ms` between flushes.
+/// Returns once it has computed its first graph (so the hook has started and the trace exists).
 pub fn spawn_forever(bin: &Path, trace: &Path, flush_ms: &str) -> std::process::Child {
-    with_hook(
+    let mut child = with_hook(
         fixture_cmd(&[bin], &["--nodes", "2", "--forever"]),
         &[
             ("GGML_VIZ_OUTPUT", trace.to_str().unwrap()),
             ("GGML_VIZ_FLUSH_INTERVAL", flush_ms),
         ],
     )
-    .stdout(Stdio::null())
+    .stdout(Stdio::piped())
     .spawn()
-    .unwrap()
+    .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let computed = std::io::BufRead::lines(std::io::BufReader::new(stdout))
+        .map_while(Result::ok)
+        .any(|line| line == "computed");
+    assert!(computed, "the fixture ended before computing a graph");
+    child
 }
