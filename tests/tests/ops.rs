@@ -298,15 +298,65 @@ fn more_schedulers_than_the_hook_remembers_keep_their_callbacks() {
         "callback calls differ"
     );
     let lines = hook_lines(&traced.stderr);
-    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert_eq!(lines.len(), 2, "{lines:?}");
     assert!(lines[0].contains("more than 256 schedulers"), "{lines:?}");
-    let (events, _, _) = read_trace(&trace);
+    let (events, _, stats) = read_trace(&trace);
     let ops: Vec<usize> = ops_per_graph(&events).iter().map(|g| g.1).collect();
     assert_eq!(ops.len(), 600, "every compute recorded");
     assert_eq!(
         ops.iter().filter(|&&n| n == 6).count(),
         2 * 256,
         "the first 256 timed"
+    );
+    // 300 schedulers and a backend overflow the 256 names: the events of the schedulers left
+    // unnamed carry the bare entry point as label, and the trace counts exactly those.
+    let unnamed = events
+        .iter()
+        .filter(|e| {
+            matches!(
+                e.event_type(),
+                Some(EventType::GraphComputeBegin | EventType::BarrierWait)
+            ) && !e.label_str().unwrap_or_default().contains(' ')
+        })
+        .count() as u64;
+    assert!(unnamed > 0);
+    assert_eq!(stats.counters.unwrap().unnamed, unnamed);
+    assert!(
+        lines[1].contains(&format!("{unnamed} without their object's name")),
+        "{lines:?}"
+    );
+}
+
+/// More distinct tensors than the tensor table holds (8191): the op events past it are
+/// recorded without tensor info, counted in the trace and said at exit.
+#[test]
+fn a_full_tensor_table_is_counted_and_said() {
+    let dir = scratch("tensor-table");
+    let trace = dir.join("t.ggmlviz");
+    let nodes = 9000;
+    let args = ["--want", "", "--repeat", "1", "--chain", "9000"];
+    let plain = run(sched_app(&args));
+    assert!(plain.status.success(), "{}", text(&plain.stderr));
+    let traced = run(with_hook(
+        sched_app(&args),
+        &[("GGML_VIZ_OUTPUT", trace.to_str().unwrap())],
+    ));
+    assert!(traced.status.success(), "{}", text(&traced.stderr));
+    assert_eq!(text(&traced.stdout), text(&plain.stdout));
+    let (_, damage, stats) = read_trace(&trace);
+    assert_eq!(damage, None);
+    assert_eq!(stats.ops, nodes, "every node timed");
+    let missing = nodes - 8191;
+    let counters = stats.counters.unwrap();
+    assert_eq!(
+        (counters.without_tensor_info, counters.unnamed),
+        (missing, 0)
+    );
+    let lines = hook_lines(&traced.stderr);
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert!(
+        lines[0].contains(&format!("{missing} op event(s) without tensor info")),
+        "{lines:?}"
     );
 }
 

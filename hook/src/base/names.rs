@@ -3,7 +3,7 @@
 //!
 //! Lookups are a scan of atomics (no lock); adding a name takes a lock, once per pointer.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, OnceLock};
 
 /// Names the table holds; ids run from 1 to this.
@@ -40,6 +40,8 @@ struct Slot {
 pub struct Names {
     slots: [Slot; SLOTS],
     used: AtomicUsize,
+    /// Lookups refused because the table was full (events without their object's name).
+    refused: AtomicU64,
     adding: Mutex<()>,
 }
 
@@ -53,6 +55,7 @@ impl Names {
         Names {
             slots: [FREE; SLOTS],
             used: AtomicUsize::new(0),
+            refused: AtomicU64::new(0),
             adding: Mutex::new(()),
         }
     }
@@ -63,7 +66,7 @@ impl Names {
     }
 
     /// The id (1-based) of `ptr`'s name, interning it with `name()` on first sight. 0 when the
-    /// pointer is null or the table is full.
+    /// pointer is null, or when the table is full (counted; it then costs a scan and no lock).
     pub fn intern(&self, ptr: usize, owner: Owner, name: impl FnOnce() -> String) -> u16 {
         if ptr == 0 {
             return 0;
@@ -71,12 +74,17 @@ impl Names {
         if let Some(i) = self.find(ptr) {
             return i as u16 + 1;
         }
+        if self.used.load(Ordering::Acquire) == SLOTS {
+            self.refused.fetch_add(1, Ordering::Relaxed);
+            return 0;
+        }
         let _guard = self.adding.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(i) = self.find(ptr) {
             return i as u16 + 1;
         }
         let i = self.used.load(Ordering::Relaxed);
         if i == SLOTS {
+            self.refused.fetch_add(1, Ordering::Relaxed);
             return 0;
         }
         let slot = &self.slots[i];
@@ -96,6 +104,11 @@ impl Names {
         slot.name
             .get()
             .map(|(owner, name)| (slot.ptr.load(Ordering::Acquire), *owner, name.as_str()))
+    }
+
+    /// Lookups refused so far because the table was full.
+    pub fn refused(&self) -> u64 {
+        self.refused.load(Ordering::Relaxed)
     }
 
     /// Names interned so far.

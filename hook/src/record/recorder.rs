@@ -99,6 +99,8 @@ impl Recorder {
             dropped_ring_full: rings.iter().map(|r| r.dropped()).sum(),
             over_max_events: self.over_max_events.load(Ordering::Relaxed),
             missed_while_starting: MISSED_WHILE_STARTING.load(Ordering::Relaxed),
+            unnamed: self.names.refused(),
+            without_tensor_info: self.tensors.refused(),
         };
         Drain {
             rings,

@@ -17,6 +17,8 @@ pub struct Tensors {
     ids: Box<[AtomicU16]>,
     infos: Box<[OnceLock<TensorInfo>]>,
     used: AtomicUsize,
+    /// Lookups refused because the table was full (op events without tensor info).
+    refused: AtomicU64,
     /// Held while adding; maps each distinct name to its group.
     adding: Mutex<HashMap<String, u32>>,
 }
@@ -28,6 +30,7 @@ impl Tensors {
             ids: (0..TENSOR_SLOTS).map(|_| AtomicU16::new(0)).collect(),
             infos: (0..MAX_TENSORS).map(|_| OnceLock::new()).collect(),
             used: AtomicUsize::new(0),
+            refused: AtomicU64::new(0),
             adding: Mutex::new(HashMap::new()),
         }
     }
@@ -49,10 +52,20 @@ impl Tensors {
         None
     }
 
-    /// The id of `info` (key `key`), adding it on first sight; 0 when the table is full.
+    /// Lookups refused so far because the table was full.
+    pub fn refused(&self) -> u64 {
+        self.refused.load(Ordering::Relaxed)
+    }
+
+    /// The id of `info` (key `key`), adding it on first sight; 0 (counted) when the table is
+    /// full, which then costs a lookup and no lock.
     pub fn intern(&self, key: u64, info: impl FnOnce() -> TensorInfo) -> u16 {
         if let Some(id) = self.find(key) {
             return id;
+        }
+        if self.used.load(Ordering::Acquire) >= MAX_TENSORS {
+            self.refused.fetch_add(1, Ordering::Relaxed);
+            return 0;
         }
         let mut groups = self.adding.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some(id) = self.find(key) {

@@ -15,7 +15,7 @@ use ggml_viz_config::Config;
 use ggml_viz_reader::format::ext::{self, Counters, Metadata};
 use ggml_viz_reader::format::{self, EventType, ExtensionKind, Layout, Payload};
 
-use super::tensors::Tensors;
+use super::tensors::{MAX_TENSORS, Tensors};
 use crate::base::clock::{self, TickConverter};
 use crate::base::entry::Entry;
 use crate::base::names::{self, Names, Owner};
@@ -189,6 +189,19 @@ impl TraceWriter {
                 counters.dropped_ring_full,
                 counters.over_max_events,
                 counters.missed_while_starting
+            ));
+        }
+        if counters.incomplete() > 0 {
+            say(format_args!(
+                "{} event(s) in {} lack what they should carry: {} without their object's name \
+                 (the name table holds {} names), {} op event(s) without tensor info (the tensor \
+                 table holds {} tensors)",
+                counters.incomplete(),
+                self.path.display(),
+                counters.unnamed,
+                names::SLOTS,
+                counters.without_tensor_info,
+                MAX_TENSORS
             ));
         }
         Ok(())

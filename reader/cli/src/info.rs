@@ -217,6 +217,15 @@ fn write_extensions(out: &mut impl Write, stats: &TraceStats) -> io::Result<()> 
             c.over_max_events,
             c.missed_while_starting
         )?;
+        if c.incomplete() > 0 {
+            writeln!(
+                out,
+                "incomplete:      {} event(s): {} without their object's name (name table full), {} op event(s) without tensor info (tensor table full)",
+                c.incomplete(),
+                c.unnamed,
+                c.without_tensor_info
+            )?;
+        }
     }
     if stats.unreadable_extensions > 0 {
         writeln!(

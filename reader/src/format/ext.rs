@@ -59,11 +59,22 @@ pub struct Counters {
     pub over_max_events: u64,
     /// Not recorded because the call came while the writer was starting on another thread.
     pub missed_while_starting: u64,
+    /// Recorded without their backend's, scheduler's, buffer type's or thread's name: the name
+    /// table was full.
+    pub unnamed: u64,
+    /// Op events recorded without tensor info (name, type, shape, FLOPs): the tensor table was
+    /// full.
+    pub without_tensor_info: u64,
 }
 
 impl Counters {
     pub fn lost(&self) -> u64 {
         self.dropped_ring_full + self.over_max_events + self.missed_while_starting
+    }
+
+    /// Events recorded with less than they should carry (a full name or tensor table).
+    pub fn incomplete(&self) -> u64 {
+        self.unnamed + self.without_tensor_info
     }
 }
 
