@@ -517,3 +517,40 @@ fn a_sleeping_child_does_not_keep_its_parents_finished_trace_locked() {
 fn kill(pid: u32) {
     let _ = Command::new("kill").arg(pid.to_string()).status();
 }
+
+/// Sixteen threads make their first ggml call at the same moment, into the hook's start-up: the
+/// calls that arrive while another thread starts the recorder wait for it instead of being lost
+/// (before: hundreds of events lost "while tracing started", and threads missing).
+#[test]
+fn calls_that_arrive_during_start_up_are_recorded() {
+    let dir = scratch("start-up");
+    let trace = dir.join("t.ggmlviz");
+    let bin = llama_bin();
+    let (threads, repeat) = (16, 500);
+    let out = run(with_hook(
+        fixture_cmd(
+            &[&bin],
+            &[
+                "--nodes",
+                "1",
+                "--repeat",
+                &repeat.to_string(),
+                "--parallel",
+                &threads.to_string(),
+            ],
+        ),
+        &[
+            ("GGML_VIZ_OUTPUT", trace.to_str().unwrap()),
+            ("GGML_VIZ_OP_TIMING", "0"),
+        ],
+    ));
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(hook_lines(&out.stderr), Vec::<String>::new());
+    let computed = text(&out.stdout).lines().count();
+    assert_eq!(computed, threads * repeat);
+    let (_, damage, stats) = read_trace(&trace);
+    assert_eq!(damage, None);
+    assert_eq!(stats.counters.unwrap().lost(), 0);
+    assert_eq!(stats.threads.len(), threads);
+    assert_eq!(stats.graph_computes, computed as u64);
+}

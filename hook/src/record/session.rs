@@ -62,15 +62,27 @@ pub fn start_once(setup: impl FnOnce() -> Setup) {
     STATE.store(state, Ordering::Release);
 }
 
+/// How long a call that arrives while another thread starts the recorder waits for it (start-up
+/// takes about a millisecond: configuration, opening the file, the metadata record).
+const START_WAIT: Duration = Duration::from_millis(200);
+
 /// The recorder, for a call that would record `events` events. `None`: do not trace this call.
-/// A call that arrives while another thread is starting the recorder is not traced (it does not
-/// wait): its events are counted as missed.
+/// A call that arrives while another thread is starting the recorder waits for it, once per
+/// thread at most; past [`START_WAIT`] (a start-up stuck on a slow file system) it is not traced
+/// and its events are counted as missed.
 pub(super) fn current(events: u64) -> Option<&'static Recorder> {
     match STATE.load(Ordering::Acquire) {
         ACTIVE => active(),
         STARTING => {
-            recorder::count_missed_while_starting(events);
-            None
+            let deadline = std::time::Instant::now() + START_WAIT;
+            while STATE.load(Ordering::Acquire) == STARTING {
+                if std::time::Instant::now() > deadline {
+                    recorder::count_missed_while_starting(events);
+                    return None;
+                }
+                std::thread::yield_now();
+            }
+            active()
         }
         _ => None,
     }
