@@ -1,9 +1,10 @@
 //! The producer side: the events a wrapped call records around the real function, and each
 //! thread's state and ring.
 //!
-//! Steady state (a thread that already has its ring): read the clock, bump one shared counter
-//! (the event cap), copy the event into the thread's ring. No lock, no allocation, no system
-//! call. A thread's first event allocates and registers its ring, once.
+//! Steady state (a thread that already has its ring, objects already named): read the clock,
+//! take from the thread's share of the event cap, copy the event into the thread's ring. No
+//! lock, no allocation, no system call. A thread's first event allocates and registers its ring,
+//! once; first sights of names and tensors take their table's lock once each (see `super`).
 
 use std::cell::Cell;
 use std::ffi::c_void;

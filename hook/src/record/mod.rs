@@ -2,9 +2,12 @@
 //! interception mechanism: front ends call it (heaptrack's `libheaptrack` API, in its way), and
 //! its tests call it directly, without preloading anything (`tests/hook.rs`).
 //!
-//! - [`events`]: the producer side. Steady state, for a thread that has its ring: read the
-//!   clock, take from the thread's share of the event cap, copy the event into the ring. No lock,
-//!   no allocation, no system call.
+//! - [`events`]: the producer side. Steady state, for a thread that has its ring and for objects
+//!   already named: read the clock, take from the thread's share of the event cap, copy the
+//!   event into the ring: no lock, no allocation, no system call. A thread's first event
+//!   allocates its ring; the first sight of a backend, scheduler, buffer type, thread name or
+//!   tensor takes that table's lock and allocates the name or info, once each; every 256 events
+//!   a thread takes more of the cap from one shared counter.
 //! - [`recorder`]: one trace's shared state (rings, names, tensors, cap, counters, writer).
 //! - [`tensors`]: the tensor infos op events refer to.
 //! - [`writer`]: the consumer side: encodes what the rings hold and writes it.
