@@ -554,3 +554,79 @@ fn calls_that_arrive_during_start_up_are_recorded() {
     assert_eq!(stats.threads.len(), threads);
     assert_eq!(stats.graph_computes, computed as u64);
 }
+
+/// A C program with `sites` distinct call sites of `ggml_backend_synchronize`, each run
+/// `rounds` times, built against the llama.cpp build's ggml.
+fn many_call_sites(dir: &Path, sites: usize, rounds: usize) -> PathBuf {
+    let mut c = String::from(
+        "#include <stdio.h>\n\
+         typedef struct ggml_backend * ggml_backend_t;\n\
+         ggml_backend_t ggml_backend_cpu_init(void);\n\
+         void ggml_backend_synchronize(ggml_backend_t);\n\
+         void ggml_backend_free(ggml_backend_t);\n\
+         int main(void) {\n  ggml_backend_t b = ggml_backend_cpu_init();\n  long calls = 0;\n",
+    );
+    c += &format!("  for (int r = 0; r < {rounds}; r++) {{\n");
+    for _ in 0..sites {
+        c += "    ggml_backend_synchronize(b); calls++;\n";
+    }
+    c += "  }\n  printf(\"calls=%ld\\n\", calls);\n  ggml_backend_free(b);\n  return 0;\n}\n";
+    let source = dir.join(format!("sites{sites}.c"));
+    std::fs::write(&source, c).unwrap();
+    let bin = llama_bin();
+    let exe = dir.join(format!("sites{sites}"));
+    let built = run({
+        let mut cc = Command::new("cc");
+        cc.arg("-O0")
+            .arg(&source)
+            .arg("-o")
+            .arg(&exe)
+            .arg(format!("-L{}", bin.display()))
+            .args(["-lggml-cpu", "-lggml-base"])
+            .arg(format!("-Wl,-rpath,{}", bin.display()));
+        cc
+    });
+    assert!(built.status.success(), "{}", text(&built.stderr));
+    exe
+}
+
+/// Every call site is resolved once, however many times it calls: with `verbose`, each fresh
+/// resolution says where the site goes. Past the hook's cache (12288 sites), new sites reuse
+/// their entry's first uncached resolution, said once (before: a cache of 1024, and each call of
+/// a site past it took the slow path again, leaking memory each time).
+#[test]
+fn each_call_site_is_resolved_once_even_past_the_cache() {
+    let dir = scratch("call-sites");
+    let rounds = 3;
+    for sites in [1500, 13000] {
+        let exe = many_call_sites(&dir, sites, rounds);
+        let trace = dir.join(format!("{sites}.ggmlviz"));
+        let out = run(with_hook(
+            Command::new(&exe),
+            &[
+                ("GGML_VIZ_OUTPUT", trace.to_str().unwrap()),
+                ("GGML_VIZ_VERBOSE", "1"),
+            ],
+        ));
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        assert_eq!(
+            text(&out.stdout).trim(),
+            format!("calls={}", sites * rounds)
+        );
+        let lines = hook_lines(&out.stderr);
+        let resolved = lines.iter().filter(|l| l.contains(" called from ")).count();
+        let past = lines
+            .iter()
+            .filter(|l| l.contains("call sites of ggml"))
+            .count();
+        if sites < 12288 {
+            assert_eq!((resolved, past), (sites, 0), "{sites} sites");
+        } else {
+            assert!(
+                resolved <= sites,
+                "{resolved} resolutions for {sites} sites"
+            );
+            assert_eq!(past, 1, "{sites} sites");
+        }
+    }
+}

@@ -18,8 +18,8 @@
 
 use std::ffi::{CStr, CString, c_int, c_void};
 use std::ptr;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
+use std::sync::{Mutex, OnceLock};
 
 use super::{Resolved, note_helpers};
 use crate::base::entry::Entry;
@@ -27,7 +27,10 @@ use crate::base::ggml::Helpers;
 use crate::base::say;
 use crate::intercept::inline;
 
-const CACHE_SLOTS: usize = 1024;
+/// Call sites remembered (a power of two); filled to [`CACHE_LIMIT`] at most, so that probing
+/// stays short.
+const CACHE_SLOTS: usize = 1 << 14;
+const CACHE_LIMIT: usize = CACHE_SLOTS / 4 * 3;
 
 struct CacheSlot {
     key: AtomicUsize,
@@ -40,6 +43,12 @@ const EMPTY: CacheSlot = CacheSlot {
     value: AtomicPtr::new(ptr::null_mut()),
 };
 static CACHE: [CacheSlot; CACHE_SLOTS] = [EMPTY; CACHE_SLOTS];
+/// Slots taken.
+static CACHE_USED: AtomicUsize = AtomicUsize::new(0);
+/// Past the limit, new call sites of an entry go where its first uncached call site went: one
+/// lookup, no lock, nothing leaked per call (a second copy of ggml is then not told apart).
+static PAST_LIMIT: [OnceLock<&'static Resolved>; Entry::ALL.len()] =
+    [const { OnceLock::new() }; Entry::ALL.len()];
 
 /// What the slow path has learnt; its lock serializes the slow path.
 struct Slow {
@@ -64,7 +73,8 @@ fn cache_key(entry: Entry, return_address: usize) -> usize {
 }
 
 fn probe(key: usize) -> impl Iterator<Item = &'static CacheSlot> {
-    let start = key.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (usize::BITS - 10);
+    let start =
+        key.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (usize::BITS - CACHE_SLOTS.trailing_zeros());
     (0..CACHE_SLOTS).map(move |i| &CACHE[(start + i) % CACHE_SLOTS])
 }
 
@@ -90,6 +100,9 @@ pub fn resolve(entry: Entry, return_address: usize) -> Option<(&'static Resolved
     if let Some(found) = cached(key) {
         return Some((found, false));
     }
+    if let Some(&found) = PAST_LIMIT[entry as usize - 1].get() {
+        return Some((found, false));
+    }
     let mut slow = SLOW.lock().unwrap_or_else(|p| p.into_inner());
     if let Some(found) = cached(key) {
         return Some((found, false));
@@ -109,12 +122,21 @@ pub fn resolve(entry: Entry, return_address: usize) -> Option<(&'static Resolved
             entry.name()
         ));
     }
-    if let Some(slot) = probe(key).find(|s| s.key.load(Ordering::Relaxed) == 0) {
+    if CACHE_USED.load(Ordering::Relaxed) < CACHE_LIMIT
+        && let Some(slot) = probe(key).find(|s| s.key.load(Ordering::Relaxed) == 0)
+    {
         slot.value.store(
             resolved as *const Resolved as *mut Resolved,
             Ordering::Release,
         );
         slot.key.store(key, Ordering::Release);
+        CACHE_USED.fetch_add(1, Ordering::Relaxed);
+    } else if PAST_LIMIT[entry as usize - 1].set(resolved).is_ok() {
+        say(format_args!(
+            "more than {CACHE_LIMIT} call sites of ggml: new call sites of {} go where the first \
+             of them went",
+            entry.name()
+        ));
     }
     Some((resolved, true))
 }
