@@ -1,7 +1,8 @@
 //! The end-to-end tests, one binary: the built hook preloaded into real programs (llama.cpp
-//! shared and static, Python ctypes hosts, Windows under Wine), the built CLI on their traces,
+//! shared and static, Python ctypes hosts, C programs built here, Windows under Wine), the built CLI on their traces,
 //! the report in headless Chromium, the live view in tmux.
 
+mod c_hosts;
 mod ctypes;
 mod live;
 mod llama;

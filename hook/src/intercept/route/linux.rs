@@ -16,10 +16,11 @@
 //! The helpers we call ourselves ([`Helpers`]: `ggml_graph_n_nodes`, `ggml_backend_name`, …) come
 //! from the scope of the object that defines the real function, so they belong to the same copy.
 
+use std::cell::UnsafeCell;
 use std::ffi::{CStr, CString, c_int, c_void};
 use std::ptr;
 use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
-use std::sync::{Mutex, OnceLock};
+use std::sync::{Once, OnceLock};
 
 use super::{Resolved, note_helpers};
 use crate::base::entry::Entry;
@@ -59,10 +60,71 @@ struct Slow {
     handles: Vec<(CString, usize)>,
 }
 
-static SLOW: Mutex<Slow> = Mutex::new(Slow {
-    helpers: Vec::new(),
-    handles: Vec::new(),
-});
+/// The slow path's state behind a pthread mutex that `fork` takes first (an atfork handler) and
+/// releases in the parent and the child: a child forked while another thread was resolving gets
+/// it unlocked and consistent (a std `Mutex` held at fork stays locked in the child forever).
+struct SlowLock {
+    mutex: UnsafeCell<libc::pthread_mutex_t>,
+    slow: UnsafeCell<Slow>,
+}
+
+// SAFETY: `slow` is only reached through `SlowGuard`, which holds `mutex`.
+unsafe impl Sync for SlowLock {}
+
+static SLOW: SlowLock = SlowLock {
+    mutex: UnsafeCell::new(libc::PTHREAD_MUTEX_INITIALIZER),
+    slow: UnsafeCell::new(Slow {
+        helpers: Vec::new(),
+        handles: Vec::new(),
+    }),
+};
+
+/// The slow path, locked (unlocked when dropped, also on a panic).
+struct SlowGuard;
+
+impl SlowGuard {
+    fn lock() -> SlowGuard {
+        static AT_FORK: Once = Once::new();
+        AT_FORK.call_once(|| {
+            extern "C" fn prepare() {
+                // SAFETY: a valid, initialized mutex; released by `released` after the fork.
+                unsafe { libc::pthread_mutex_lock(SLOW.mutex.get()) };
+            }
+            extern "C" fn released() {
+                // SAFETY: `prepare` locked it in this thread (the child's only thread is the
+                // forking one), so this thread may unlock it.
+                unsafe { libc::pthread_mutex_unlock(SLOW.mutex.get()) };
+            }
+            // SAFETY: three `extern "C"` handlers that never unwind.
+            unsafe { libc::pthread_atfork(Some(prepare), Some(released), Some(released)) };
+        });
+        // SAFETY: a valid, initialized mutex, unlocked by `drop`.
+        unsafe { libc::pthread_mutex_lock(SLOW.mutex.get()) };
+        SlowGuard
+    }
+}
+
+impl std::ops::Deref for SlowGuard {
+    type Target = Slow;
+    fn deref(&self) -> &Slow {
+        // SAFETY: the mutex is held while the guard lives.
+        unsafe { &*SLOW.slow.get() }
+    }
+}
+
+impl std::ops::DerefMut for SlowGuard {
+    fn deref_mut(&mut self) -> &mut Slow {
+        // SAFETY: the mutex is held while the guard lives, and this is the only guard.
+        unsafe { &mut *SLOW.slow.get() }
+    }
+}
+
+impl Drop for SlowGuard {
+    fn drop(&mut self) {
+        // SAFETY: locked by `lock` in this thread.
+        unsafe { libc::pthread_mutex_unlock(SLOW.mutex.get()) };
+    }
+}
 
 /// The entry point and the return address together: one call site can call several entry
 /// points (libffi's, or any call through a function pointer), and one entry point is called from
@@ -103,7 +165,7 @@ pub fn resolve(entry: Entry, return_address: usize) -> Option<(&'static Resolved
     if let Some(&found) = PAST_LIMIT[entry as usize - 1].get() {
         return Some((found, false));
     }
-    let mut slow = SLOW.lock().unwrap_or_else(|p| p.into_inner());
+    let mut slow = SlowGuard::lock();
     if let Some(found) = cached(key) {
         return Some((found, false));
     }

@@ -1,0 +1,144 @@
+//! C programs the tests generate and build against the llama.cpp build's ggml, for what a
+//! Python host cannot do: thousands of distinct call sites, threads that fork mid-call.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use ggml_viz_e2e::*;
+
+/// `source`, a C program, built against the llama.cpp build's ggml.
+fn build_c(dir: &Path, name: &str, source: &str) -> PathBuf {
+    let file = dir.join(format!("{name}.c"));
+    std::fs::write(&file, source).unwrap();
+    let bin = llama_bin();
+    let exe = dir.join(name);
+    let built = run({
+        let mut cc = Command::new("cc");
+        cc.arg("-O0")
+            .arg(&file)
+            .arg("-o")
+            .arg(&exe)
+            .arg(format!("-L{}", bin.display()))
+            .args(["-lggml-cpu", "-lggml-base", "-lpthread"])
+            .arg(format!("-Wl,-rpath,{}", bin.display()));
+        cc
+    });
+    assert!(built.status.success(), "{}", text(&built.stderr));
+    exe
+}
+
+const PROLOGUE: &str = "#include <stdio.h>\n\
+    #include <pthread.h>\n\
+    #include <signal.h>\n\
+    #include <sys/wait.h>\n\
+    #include <unistd.h>\n\
+    typedef struct ggml_backend * ggml_backend_t;\n\
+    ggml_backend_t ggml_backend_cpu_init(void);\n\
+    void ggml_backend_synchronize(ggml_backend_t);\n\
+    void ggml_backend_free(ggml_backend_t);\n";
+
+/// `n` distinct call sites of `ggml_backend_synchronize(b)`.
+fn call_sites(n: usize) -> String {
+    "    ggml_backend_synchronize(b);\n".repeat(n)
+}
+
+/// A C program with `sites` distinct call sites of `ggml_backend_synchronize`, each run
+/// `rounds` times.
+fn many_call_sites(dir: &Path, sites: usize, rounds: usize) -> PathBuf {
+    let source = format!(
+        "{PROLOGUE}int main(void) {{\n  ggml_backend_t b = ggml_backend_cpu_init();\n  \
+         for (int r = 0; r < {rounds}; r++) {{\n{}  }}\n  \
+         printf(\"calls=%d\\n\", {rounds} * {sites});\n  ggml_backend_free(b);\n  return 0;\n}}\n",
+        call_sites(sites)
+    );
+    build_c(dir, &format!("sites{sites}"), &source)
+}
+
+/// Every call site is resolved once, however many times it calls: with `verbose`, each fresh
+/// resolution says where the site goes. Past the hook's cache (12288 sites), new sites reuse
+/// their entry's first uncached resolution, said once (before: a cache of 1024, and each call of
+/// a site past it took the slow path again, leaking memory each time).
+#[test]
+fn each_call_site_is_resolved_once_even_past_the_cache() {
+    let dir = scratch("call-sites");
+    let rounds = 3;
+    for sites in [1500, 13000] {
+        let exe = many_call_sites(&dir, sites, rounds);
+        let trace = dir.join(format!("{sites}.ggmlviz"));
+        let out = run(with_hook(
+            Command::new(&exe),
+            &[
+                ("GGML_VIZ_OUTPUT", trace.to_str().unwrap()),
+                ("GGML_VIZ_VERBOSE", "1"),
+            ],
+        ));
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        assert_eq!(
+            text(&out.stdout).trim(),
+            format!("calls={}", sites * rounds)
+        );
+        let lines = hook_lines(&out.stderr);
+        let resolved = lines.iter().filter(|l| l.contains(" called from ")).count();
+        let past = lines
+            .iter()
+            .filter(|l| l.contains("call sites of ggml"))
+            .count();
+        if sites < 12288 {
+            assert_eq!((resolved, past), (sites, 0), "{sites} sites");
+        } else {
+            assert!(
+                resolved <= sites,
+                "{resolved} resolutions for {sites} sites"
+            );
+            assert_eq!(past, 1, "{sites} sites");
+        }
+    }
+}
+
+/// A thread resolves thousands of new call sites (the resolver's slow path, under its lock)
+/// while the main thread forks 40 children, each making a call of its own and exiting. No child
+/// may hang: the lock is taken around `fork` and released in both processes (before: most
+/// children deadlocked on a lock held by a thread that does not exist in them).
+#[test]
+fn children_forked_while_another_thread_resolves_never_hang() {
+    let dir = scratch("fork-resolving");
+    let source = format!(
+        "{PROLOGUE}static ggml_backend_t b;\n\
+         static volatile int started = 0, done = 0;\n\
+         static void *resolver(void *arg) {{\n{}    started = 1;\n{}    done = 1;\n    return arg;\n}}\n\
+         int main(void) {{\n  b = ggml_backend_cpu_init();\n  ggml_backend_synchronize(b);\n  \
+         pthread_t t;\n  pthread_create(&t, NULL, resolver, NULL);\n  while (!started) {{}}\n  \
+         int forks = 0, during = 0, hung = 0;\n  pid_t pids[40];\n  \
+         while (forks < 40) {{\n    if (!done) during++;\n    pid_t pid = fork();\n    \
+         if (pid == 0) {{\n      alarm(5);\n      ggml_backend_synchronize(b);\n      _exit(0);\n    }}\n    \
+         pids[forks++] = pid;\n  }}\n  \
+         for (int i = 0; i < forks; i++) {{\n    int status;\n    waitpid(pids[i], &status, 0);\n    \
+         if (WIFSIGNALED(status)) hung++;\n  }}\n  pthread_join(t, NULL);\n  \
+         printf(\"forks=%d during=%d hung=%d\\n\", forks, during, hung);\n  return 0;\n}}\n",
+        call_sites(50),
+        call_sites(10000)
+    );
+    let exe = build_c(&dir, "fork_resolving", &source);
+    let out = run(with_hook(
+        Command::new(&exe),
+        &[(
+            "GGML_VIZ_OUTPUT",
+            dir.join("t-%p.ggmlviz").to_str().unwrap(),
+        )],
+    ));
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let stdout = text(&out.stdout);
+    let field = |name: &str| -> usize {
+        stdout
+            .split_whitespace()
+            .find_map(|f| f.strip_prefix(&format!("{name}=")))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("no {name} in {stdout}"))
+    };
+    assert_eq!(field("forks"), 40);
+    assert!(
+        field("during") >= 5,
+        "too few forks while resolving to check anything: {stdout}"
+    );
+    assert_eq!(field("hung"), 0, "{stdout}");
+}
