@@ -94,18 +94,23 @@ def peak_rss(cmd):
 
 def readers(quick, tmp):
     events = 2_000_000 if quick else 10_000_000
-    progress(f"summary and Perfetto export of a {events}-event trace")
+    progress(f"summary and the Perfetto and Chrome JSON exports of a {events}-event trace")
     run(["cargo", "build", "-q", "--release", "-p", "ggml-viz-examples", "--example", "synthesize"])
     trace = os.path.join(tmp, "synthetic.ggmlviz")
     run([os.path.join(ROOT, "target/release/examples/synthesize"), trace, str(events)])
     size_mb = os.path.getsize(trace) / 1e6
     viz = os.path.join(ROOT, "target/release/ggml-viz")
-    for name, cmd in (("summary", [viz, "summary", trace]), ("export --to perfetto", [viz, "export", "--to", "perfetto", trace, "-o", os.path.join(tmp, "t.json")])):
+    proto, json_out = os.path.join(tmp, "t.pftrace"), os.path.join(tmp, "t.json")
+    for name, cmd in (("summary", [viz, "summary", trace]),
+                      ("export --to perfetto", [viz, "export", "--to", "perfetto", trace, "-o", proto]),
+                      ("export --to chrome-json", [viz, "export", "--to", "chrome-json", trace, "-o", json_out])):
         start = time.perf_counter()
         rss = peak_rss(cmd)
         secs = time.perf_counter() - start
         metric(f"{name}: throughput", events / secs, "events/s", "input size (MB)", size_mb, "MB")
         metric(f"  {name}: peak RSS", rss / 1024, "MB", "input size", size_mb)
+    proto_mb, json_mb = os.path.getsize(proto) / 1e6, os.path.getsize(json_out) / 1e6
+    metric("export --to perfetto: output size", proto_mb, "MB", "chrome-json output", json_mb, "MB")
 
 
 def llama(quick, tmp):

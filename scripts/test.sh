@@ -27,6 +27,11 @@ if ! python3 -c "import gpumemprof.telemetry" 2>/dev/null; then
   echo "test.sh: installing gpu-memory-profiler (the TelemetryEvent v2 reference validator)" >&2
   python3 -m pip install -q --no-deps gpu-memory-profiler==0.2.3.post1
 fi
+# Perfetto's generated protobuf classes, which decode our `export --to perfetto` in the tests.
+if ! python3 -c "import perfetto.protos.perfetto.trace.perfetto_trace_pb2" 2>/dev/null; then
+  echo "test.sh: installing perfetto and protobuf (Perfetto's trace definitions)" >&2
+  python3 -m pip install -q "perfetto==0.59.1" "protobuf==7.36.2"
+fi
 # The WebDriver client the report's browser tests drive Chromium with.
 if ! python3 -c "import selenium" 2>/dev/null; then
   echo "test.sh: installing selenium" >&2

@@ -3,7 +3,7 @@
 #![no_main]
 
 use ggml_viz_reader::telemetry::Ids;
-use ggml_viz_reader::telemetry::PerfettoWriter;
+use ggml_viz_reader::telemetry::ChromeJsonWriter;
 use ggml_viz_reader::telemetry::Summary;
 use ggml_viz_reader::telemetry::import::{comma, event_v2, ge_log};
 use libfuzzer_sys::fuzz_target;
@@ -15,7 +15,7 @@ fuzz_target!(|data: &[u8]| {
     let _ = event_v2::import(text, "fuzz", &mut Ids::default(), &mut summary);
     let _ = ge_log::import(text.as_bytes(), "fuzz", &mut Ids::default(), &mut summary);
     let mut out = Vec::new();
-    let mut writer = PerfettoWriter::new(&mut out);
+    let mut writer = ChromeJsonWriter::new(&mut out);
     let _ = comma::import(text, "fuzz", &mut Ids::default(), &mut writer);
     let _ = ge_log::import(text.as_bytes(), "fuzz", &mut Ids::default(), &mut writer);
     let _ = writer.finish();

@@ -7,8 +7,8 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 
 use ggml_viz_reader::format::Layout;
+use ggml_viz_reader::telemetry::ChromeJsonWriter;
 use ggml_viz_reader::telemetry::Ids;
-use ggml_viz_reader::telemetry::PerfettoWriter;
 use ggml_viz_reader::telemetry::Summary;
 use ggml_viz_reader::telemetry::import::ge_log;
 use ggml_viz_reader::telemetry::import::ggmlviz;
@@ -181,7 +181,7 @@ fn assert_properly_nested(events: &[Value]) {
 fn the_perfetto_export_has_integer_ids_names_and_nested_spans() {
     let (bytes, _) = common::encode(&common::sample_trace(Layout::Packed), Layout::Packed);
     let mut out = Vec::new();
-    let mut writer = PerfettoWriter::new(&mut out);
+    let mut writer = ChromeJsonWriter::new(&mut out);
     let mut ids = Ids::default();
     ggmlviz::import(&bytes, Layout::Packed, "synthetic", &mut ids, &mut writer);
     let ge = std::fs::File::open(sample("ada-pa/pytorch_ns.log")).unwrap();
@@ -272,7 +272,7 @@ fn comma_records_become_enqueue_execution_and_proxy_lanes() {
         span(name);
     }
     let mut out = Vec::new();
-    let mut writer = PerfettoWriter::new(&mut out);
+    let mut writer = ChromeJsonWriter::new(&mut out);
     import_path(&path, None, None, &mut Ids::default(), &mut writer).unwrap();
     writer.finish().unwrap();
     let json: Value = serde_json::from_slice(&out).unwrap();

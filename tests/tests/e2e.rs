@@ -4,6 +4,7 @@
 
 mod c_hosts;
 mod ctypes;
+mod export;
 mod live;
 mod llama;
 mod ops;

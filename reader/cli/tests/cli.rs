@@ -294,7 +294,7 @@ fn summary_csv_diff_and_export_work_on_real_files() {
     let out = ggml_viz(&[
         "export",
         "--to",
-        "perfetto",
+        "chrome-json",
         acl.to_str().unwrap(),
         ns.to_str().unwrap(),
         "-o",

@@ -6,12 +6,13 @@
 //! and summaries are sinks, so nothing needs the whole input in memory.
 //!
 //! - importers ([`import`]): GGMLVIZ, GE logs, TelemetryEvent v2, CoMMA NCCL;
-//! - sinks ([`export`]): [`PerfettoWriter`], [`Summary`], and [`Collected`] (everything, for
+//! - sinks ([`export`]): [`PerfettoWriter`], [`ChromeJsonWriter`], [`Summary`], and [`Collected`] (everything, for
 //!   tests and small inputs).
 
 pub mod export;
 pub mod import;
 
+pub use export::chrome_json::ChromeJsonWriter;
 pub use export::perfetto::PerfettoWriter;
 pub use export::summary::Summary;
 pub use import::{Format, ImportError, detect, import_path};
@@ -50,6 +51,27 @@ pub struct Process {
     pub rank: Option<u32>,
     pub local_rank: Option<u32>,
     pub world_size: Option<u32>,
+}
+
+impl Process {
+    /// What a viewer calls it: `llama-simple (pid 42) on host-a rank 1`.
+    pub fn label(&self) -> String {
+        let mut name = if self.name.is_empty() {
+            format!("process {}", self.id)
+        } else {
+            self.name.clone()
+        };
+        if self.pid != 0 {
+            name.push_str(&format!(" (pid {})", self.pid));
+        }
+        if !self.host.is_empty() {
+            name.push_str(&format!(" on {}", self.host));
+        }
+        if let Some(rank) = self.rank.filter(|_| self.world_size.is_some_and(|w| w > 1)) {
+            name.push_str(&format!(" rank {rank}"));
+        }
+        name
+    }
 }
 
 /// Where spans line up: a thread, a device queue, a proxy lane.

@@ -1,161 +1,304 @@
-//! Chrome trace / Perfetto JSON, written as the records arrive.
+//! Perfetto's native format: a `Trace` of protobuf `TracePacket`s carrying `TrackEvent`s, written
+//! as the records arrive (the file is the packets one after another, which is a `Trace`).
 //!
-//! - `pid` and `tid` are integers (Perfetto turns string pids into 0): our process and lane ids;
-//!   `M` metadata events name them (program, pid, host and rank; thread names).
-//! - Spans are `X` events, counters `C` events, instants (threads starting and ending) `i`.
-//! - `ts` and `dur` are microseconds as doubles. Epoch-based values would lose the nanoseconds
-//!   (and make nested spans seem to overlap), so timestamps are relative to an origin: the first
-//!   timestamp seen, rounded down to a whole second, written in `metadata.ggml_viz.origin_ns`.
-//!   Inputs with a relative clock keep their own zero and are flagged in the metadata.
+//! - Each process is a process track (`ProcessDescriptor`) named with its program, pid, host and
+//!   rank; its `pid` is our process id, unique per export, because Perfetto merges processes by
+//!   pid and two hosts can share one. Each lane is a thread track under it (`ThreadDescriptor`,
+//!   `tid` = our lane id), each counter a counter track (bytes) under its process.
+//! - Spans are `TYPE_SLICE_BEGIN` / `TYPE_SLICE_END` pairs on their lane's track, with their
+//!   arguments as debug annotations; instants are `TYPE_INSTANT`, counter samples
+//!   `TYPE_COUNTER`. Spans arrive when they close, children first: a lane's spans are held until
+//!   its outermost open span closes, then written in begin order, each end before anything that
+//!   begins after it, so that every track is nested in file order even where a child begins or
+//!   ends at its parent's very nanosecond (a stable sort by time alone would invert them).
+//! - Event names, categories, argument names and string argument values are interned
+//!   (incremental state on one packet sequence): a repeated op or tensor name costs a varint.
+//! - Timestamps are the model's nanoseconds, whole: no origin, no rounding.
 
-use std::collections::BTreeMap;
+use std::collections::HashMap;
 use std::io::{self, Write};
 
-use serde_json::{Map, Value, json};
+use super::protobuf::Message;
+use crate::telemetry::{Arg, Lane, Process, Record, RecordSink, Span};
 
-use crate::telemetry::{Arg, Clock, Lane, Process, Record, RecordSink, Span};
+/// The one packet sequence the writer uses.
+const SEQUENCE: u64 = 1;
+const SEQ_INCREMENTAL_STATE_CLEARED: u64 = 1;
+const SEQ_NEEDS_INCREMENTAL_STATE: u64 = 2;
+
+const SLICE_BEGIN: u64 = 1;
+const SLICE_END: u64 = 2;
+const INSTANT: u64 = 3;
+const COUNTER: u64 = 4;
+const UNIT_SIZE_BYTES: u64 = 3;
+
+/// Track uuids: our id times 4 plus the kind, so that they stay small varints.
+fn process_track(process: u32) -> u64 {
+    u64::from(process) * 4 + 1
+}
+fn lane_track(lane: u32) -> u64 {
+    u64::from(lane) * 4 + 2
+}
+fn counter_track(n: u64) -> u64 {
+    n * 4 + 3
+}
+
+/// Interned strings of one kind: iid by string, and the new ones to send with the next packet.
+#[derive(Default)]
+struct Interned {
+    iids: HashMap<String, u64>,
+    fresh: Vec<(u64, String)>,
+}
+
+impl Interned {
+    fn iid(&mut self, s: &str) -> u64 {
+        if let Some(&iid) = self.iids.get(s) {
+            return iid;
+        }
+        let iid = self.iids.len() as u64 + 1;
+        self.iids.insert(s.to_string(), iid);
+        self.fresh.push((iid, s.to_string()));
+        iid
+    }
+}
 
 pub struct PerfettoWriter<W: Write> {
     out: W,
-    origin_ns: Option<u64>,
-    first: bool,
-    processes: BTreeMap<u32, Process>,
-    lanes: BTreeMap<u32, Lane>,
-    clocks: Vec<Clock>,
-    warnings: Vec<String>,
-    /// The first write error; later writes are skipped.
+    counters: HashMap<(u32, String), u64>,
+    /// Per lane, the closed spans of its outermost open span.
+    pending: HashMap<u32, Vec<Span>>,
+    names: Interned,
+    categories: Interned,
+    arg_names: Interned,
+    arg_values: Interned,
+    started: bool,
     error: Option<io::Error>,
-    events: u64,
+    /// Packets written.
+    packets: u64,
 }
 
 impl<W: Write> PerfettoWriter<W> {
-    pub fn new(mut out: W) -> PerfettoWriter<W> {
-        let error = out.write_all(b"{\"traceEvents\":[\n").err();
+    pub fn new(out: W) -> PerfettoWriter<W> {
         PerfettoWriter {
             out,
-            origin_ns: None,
-            first: true,
-            processes: BTreeMap::new(),
-            lanes: BTreeMap::new(),
-            clocks: Vec::new(),
-            warnings: Vec::new(),
-            error,
-            events: 0,
+            counters: HashMap::new(),
+            pending: HashMap::new(),
+            names: Interned::default(),
+            categories: Interned::default(),
+            arg_names: Interned::default(),
+            arg_values: Interned::default(),
+            started: false,
+            error: None,
+            packets: 0,
         }
     }
 
-    fn us(&mut self, ns: u64) -> f64 {
-        let origin = *self.origin_ns.get_or_insert(ns - ns % 1_000_000_000);
-        (ns as i128 - origin as i128) as f64 / 1000.0
-    }
-
-    fn emit(&mut self, event: Value) {
+    /// Writes `packet` as one `Trace.packet`, on the writer's sequence, with the strings
+    /// interned since the last packet; `interned_refs`: it refers to interned strings.
+    fn emit(&mut self, mut packet: Message, interned_refs: bool) {
         if self.error.is_some() {
             return;
         }
-        let sep: &[u8] = if self.first { b"" } else { b",\n" };
-        self.first = false;
-        self.events += 1;
-        let result = self
-            .out
-            .write_all(sep)
-            .and_then(|()| serde_json::to_writer(&mut self.out, &event).map_err(io::Error::from));
-        self.error = result.err();
-    }
-
-    fn span(&mut self, s: &Span) {
-        let ts = self.us(s.start_ns);
-        let dur = s.duration_ns() as f64 / 1000.0;
-        let pid = self.lanes.get(&s.lane).map_or(0, |l| l.process);
-        let mut args = Map::new();
-        for (k, v) in &s.args {
-            args.insert(k.clone(), arg_json(v));
+        packet.uint(10, SEQUENCE);
+        if !self.started {
+            packet.uint(
+                13,
+                SEQ_INCREMENTAL_STATE_CLEARED | SEQ_NEEDS_INCREMENTAL_STATE,
+            );
+        } else if interned_refs {
+            packet.uint(13, SEQ_NEEDS_INCREMENTAL_STATE);
         }
-        self.emit(json!({
-            "ph": "X", "name": s.name, "cat": s.category, "pid": pid, "tid": s.lane,
-            "ts": ts, "dur": dur, "args": args,
-        }));
+        self.started = true;
+        let fresh = [
+            (1, std::mem::take(&mut self.categories.fresh)),
+            (2, std::mem::take(&mut self.names.fresh)),
+            (3, std::mem::take(&mut self.arg_names.fresh)),
+            (29, std::mem::take(&mut self.arg_values.fresh)),
+        ];
+        if fresh.iter().any(|(_, f)| !f.is_empty()) {
+            packet.nested(12, |interned| {
+                for (field, strings) in &fresh {
+                    for (iid, s) in strings {
+                        interned.nested(*field, |entry| {
+                            entry.uint(1, *iid).string(2, s);
+                        });
+                    }
+                }
+            });
+        }
+        let mut trace = Message::default();
+        trace.message(1, &packet);
+        self.packets += 1;
+        if let Err(err) = self.out.write_all(&trace.bytes) {
+            self.error = Some(err);
+        }
     }
 
-    /// Writes the metadata events and closes the JSON; returns the writer and events written.
+    fn describe(&mut self, build: impl FnOnce(&mut Message)) {
+        let mut packet = Message::default();
+        packet.nested(60, build);
+        self.emit(packet, false);
+    }
+
+    fn process(&mut self, p: &Process) {
+        let label = p.label();
+        self.describe(|track| {
+            track.uint(1, process_track(p.id)).nested(3, |process| {
+                process.int(1, i64::from(p.id)).string(6, &label);
+                if let Some(rank) = p.rank {
+                    process.string(8, &format!("rank {rank}"));
+                }
+                if !p.host.is_empty() {
+                    process.string(8, &format!("host {}", p.host));
+                }
+            });
+        });
+    }
+
+    fn lane(&mut self, l: &Lane) {
+        self.describe(|track| {
+            track
+                .uint(1, lane_track(l.id))
+                .uint(5, process_track(l.process))
+                .nested(4, |thread| {
+                    thread
+                        .int(1, i64::from(l.process))
+                        .int(2, i64::from(l.id))
+                        .string(5, &l.name);
+                });
+        });
+    }
+
+    /// A track event at `time_ns`, built by `build` after its type and track.
+    fn event(&mut self, time_ns: u64, ty: u64, track: u64, build: impl FnOnce(&mut Message)) {
+        let mut packet = Message::default();
+        packet.uint(8, time_ns).nested(11, |event| {
+            event.uint(9, ty).uint(11, track);
+            build(event);
+        });
+        self.emit(packet, ty != SLICE_END && ty != COUNTER);
+    }
+
+    /// Holds `s` until its lane's outermost span closes; then writes that span's tree.
+    fn span(&mut self, s: Span) {
+        let lane = s.lane;
+        let outermost = s.depth == 0;
+        self.pending.entry(lane).or_default().push(s);
+        if outermost {
+            let tree = self.pending.remove(&lane).unwrap_or_default();
+            self.tree(tree);
+        }
+    }
+
+    /// One outermost span and its descendants: begins in order of start (parents first), each
+    /// span's end written before the next span that starts at or after it.
+    fn tree(&mut self, mut spans: Vec<Span>) {
+        spans.sort_by_key(|s| (s.start_ns, s.depth));
+        let mut open: Vec<Span> = Vec::new();
+        for s in spans {
+            while let Some(top) = open.last()
+                && (top.end_ns <= s.start_ns || top.depth >= s.depth)
+            {
+                let top = open.pop().expect("checked");
+                self.end(&top);
+            }
+            self.begin(&s);
+            open.push(s);
+        }
+        while let Some(top) = open.pop() {
+            self.end(&top);
+        }
+    }
+
+    fn begin(&mut self, s: &Span) {
+        let name = self.names.iid(&s.name);
+        let category = self.categories.iid(&s.category);
+        let args: Vec<(u64, &Arg, Option<u64>)> = s
+            .args
+            .iter()
+            .map(|(k, v)| {
+                let value = match v {
+                    Arg::Str(text) => Some(self.arg_values.iid(text)),
+                    _ => None,
+                };
+                (self.arg_names.iid(k), v, value)
+            })
+            .collect();
+        self.event(s.start_ns, SLICE_BEGIN, lane_track(s.lane), |event| {
+            event.uint(3, category).uint(10, name);
+            for (iid, value, string_iid) in args {
+                event.nested(4, |annotation| {
+                    annotation.uint(1, iid);
+                    match (value, string_iid) {
+                        (_, Some(string_iid)) => annotation.uint(17, string_iid),
+                        (Arg::Int(v), _) => annotation.int(4, *v),
+                        (Arg::UInt(v), _) => annotation.uint(3, *v),
+                        (Arg::Float(v), _) => annotation.double(5, *v),
+                        (Arg::Str(v), None) => annotation.string(6, v),
+                    };
+                });
+            }
+        });
+    }
+
+    fn end(&mut self, s: &Span) {
+        self.event(s.end_ns, SLICE_END, lane_track(s.lane), |_| {});
+    }
+
+    fn counter_track(&mut self, process: u32, name: &str) -> u64 {
+        if let Some(&uuid) = self.counters.get(&(process, name.to_string())) {
+            return uuid;
+        }
+        let uuid = counter_track(self.counters.len() as u64 + 1);
+        self.counters.insert((process, name.to_string()), uuid);
+        self.describe(|track| {
+            track
+                .uint(1, uuid)
+                .uint(5, process_track(process))
+                .string(2, name)
+                .nested(8, |counter| {
+                    counter.uint(3, UNIT_SIZE_BYTES);
+                });
+        });
+        uuid
+    }
+
+    /// Writes the spans still held (of outermost spans never closed: a truncated input) and
+    /// flushes the output; returns it and the packets written.
     pub fn finish(mut self) -> io::Result<(W, u64)> {
-        let processes: Vec<Process> = self.processes.values().cloned().collect();
-        for p in processes {
-            let mut name = if p.name.is_empty() {
-                format!("process {}", p.id)
-            } else {
-                p.name.clone()
-            };
-            if p.pid != 0 {
-                name.push_str(&format!(" (pid {})", p.pid));
-            }
-            if !p.host.is_empty() {
-                name.push_str(&format!(" on {}", p.host));
-            }
-            if let Some(rank) = p.rank.filter(|_| p.world_size.is_some_and(|w| w > 1)) {
-                name.push_str(&format!(" rank {rank}"));
-            }
-            self.emit(json!({"ph": "M", "name": "process_name", "pid": p.id, "tid": 0, "args": {"name": name}}));
-            if let Some(rank) = p.rank {
-                self.emit(json!({"ph": "M", "name": "process_sort_index", "pid": p.id, "tid": 0, "args": {"sort_index": rank}}));
-            }
-        }
-        let lanes: Vec<Lane> = self.lanes.values().cloned().collect();
-        for l in lanes {
-            self.emit(json!({"ph": "M", "name": "thread_name", "pid": l.process, "tid": l.id, "args": {"name": l.name}}));
+        let mut lanes: Vec<u32> = self.pending.keys().copied().collect();
+        lanes.sort_unstable();
+        for lane in lanes {
+            let tree = self.pending.remove(&lane).unwrap_or_default();
+            self.tree(tree);
         }
         if let Some(err) = self.error.take() {
             return Err(err);
         }
-        let clock = if self.clocks.contains(&Clock::Relative) {
-            "relative"
-        } else {
-            "epoch"
-        };
-        let metadata = json!({"ggml_viz": {
-            "origin_ns": self.origin_ns.unwrap_or(0),
-            "clock": clock,
-            "warnings": self.warnings,
-        }});
-        write!(
-            self.out,
-            "\n],\"displayTimeUnit\":\"ns\",\"metadata\":{metadata}}}\n"
-        )?;
         self.out.flush()?;
-        Ok((self.out, self.events))
-    }
-}
-
-fn arg_json(a: &Arg) -> Value {
-    match a {
-        Arg::Int(v) => json!(v),
-        Arg::UInt(v) => json!(v),
-        Arg::Float(v) => json!(v),
-        Arg::Str(v) => json!(v),
+        Ok((self.out, self.packets))
     }
 }
 
 impl<W: Write> RecordSink for PerfettoWriter<W> {
     fn record(&mut self, record: Record) {
         match record {
-            Record::Process(p) => {
-                self.processes.insert(p.id, p);
-            }
-            Record::Lane(l) => {
-                self.lanes.insert(l.id, l);
-            }
-            Record::Span(s) => self.span(&s),
+            Record::Process(p) => self.process(&p),
+            Record::Lane(l) => self.lane(&l),
+            Record::Span(s) => self.span(s),
             Record::Counter(c) => {
-                let ts = self.us(c.time_ns);
-                self.emit(json!({"ph": "C", "name": c.name, "pid": c.process, "tid": 0, "ts": ts, "args": {"bytes": c.value}}));
+                let track = self.counter_track(c.process, &c.name);
+                self.event(c.time_ns, COUNTER, track, |event| {
+                    event.double(44, c.value);
+                });
             }
             Record::Instant(i) => {
-                let ts = self.us(i.time_ns);
-                let pid = self.lanes.get(&i.lane).map_or(0, |l| l.process);
-                self.emit(json!({"ph": "i", "s": "t", "name": i.name, "pid": pid, "tid": i.lane, "ts": ts}));
+                let name = self.names.iid(&i.name);
+                self.event(i.time_ns, INSTANT, lane_track(i.lane), |event| {
+                    event.uint(10, name);
+                });
             }
-            Record::Warning(w) => self.warnings.push(w),
-            Record::Clock(c) => self.clocks.push(c),
+            Record::Warning(_) | Record::Clock(_) => {}
         }
     }
 }

@@ -1,0 +1,181 @@
+//! `ggml-viz export --to perfetto` (Perfetto's protobuf format) checked by Perfetto's own
+//! generated classes (`tests/fixtures/check_perfetto.py`), against the trace's raw events.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::process::Command;
+
+use ggml_viz_e2e::*;
+use ggml_viz_reader::format::ext::{self, TensorInfo};
+use ggml_viz_reader::format::{EventType, ExtensionKind, Payload};
+use serde_json::Value;
+
+fn llama_simple(n_predict: u32) -> Command {
+    let mut cmd = Command::new(llama_bin().join("llama-simple"));
+    cmd.arg("-m")
+        .arg(tiny_model())
+        .args(["-n", &n_predict.to_string(), "hello world"]);
+    cmd
+}
+
+fn export(to: &str, trace: &std::path::Path, out: &std::path::Path) {
+    let done = run({
+        let mut c = Command::new(ggml_viz());
+        c.args(["export", "--to", to, "-o"]).arg(out).arg(trace);
+        c
+    });
+    assert!(done.status.success(), "{to}: {}", text(&done.stderr));
+}
+
+/// Every graph, op, wait and decode span of a real llama-simple trace is a slice with the same
+/// nanoseconds, nested on its thread's track; every buffer event a counter sample.
+#[test]
+fn the_perfetto_export_holds_every_span_and_counter_of_a_real_trace() {
+    let dir = scratch("perfetto");
+    let trace = dir.join("t.ggmlviz");
+    let traced = run(with_hook(
+        llama_simple(6),
+        &[
+            ("GGML_VIZ_OUTPUT", trace.to_str().unwrap()),
+            ("GGML_VIZ_MEMORY_TRACKING", "1"),
+        ],
+    ));
+    assert!(traced.status.success(), "{}", text(&traced.stderr));
+    let (proto, json) = (dir.join("t.pftrace"), dir.join("t.json"));
+    export("perfetto", &trace, &proto);
+    export("chrome-json", &trace, &json);
+    let decoded = run({
+        let mut c = Command::new("python3");
+        c.arg(fixture("check_perfetto.py")).arg(&proto);
+        c
+    });
+    assert!(decoded.status.success(), "{}", text(&decoded.stderr));
+    let decoded: Value = serde_json::from_slice(&decoded.stdout).unwrap();
+
+    // What the raw events say: (category, start, end) of every pair, per thread.
+    let (events, damage, stats) = read_trace(&trace);
+    assert_eq!(damage, None);
+    let mut expected: Vec<(String, u64, u64)> = Vec::new();
+    let mut open: HashMap<(u32, &str), Vec<u64>> = HashMap::new();
+    let mut op_kinds = BTreeSet::new();
+    let mut buffer_events = 0;
+    for e in &events {
+        let ts = e.timestamp_ns;
+        let mut pair = |category: &'static str, begin: bool| {
+            let stack = open.entry((e.thread_id, category)).or_default();
+            if begin {
+                stack.push(ts);
+            } else {
+                let start = stack.pop().expect("an end after its begin");
+                expected.push((category.to_string(), start, ts));
+            }
+        };
+        match (e.event_type(), e.payload) {
+            (Some(EventType::GraphComputeBegin), _) => pair("graph", true),
+            (Some(EventType::GraphComputeEnd), _) => pair("graph", false),
+            (Some(EventType::OpComputeBegin), _) => pair("op", true),
+            (Some(EventType::OpComputeEnd), _) => pair("op", false),
+            (Some(EventType::BarrierWait), Payload::Thread { value, .. }) => {
+                expected.push(("wait".into(), ts - value, ts));
+            }
+            (Some(EventType::TensorAlloc | EventType::TensorFree), _) => buffer_events += 1,
+            (None, Payload::Extension(x)) => {
+                let label = e.label.as_deref().unwrap_or_default();
+                match x.kind {
+                    ExtensionKind::SpanBegin => pair("llama", true),
+                    ExtensionKind::SpanEnd => pair("llama", false),
+                    ExtensionKind::TensorInfo => {
+                        let info: TensorInfo = ext::parse_payload(label).unwrap();
+                        op_kinds.insert(info.op);
+                    }
+                    _ => {}
+                }
+            }
+            _ => {}
+        }
+    }
+    expected.sort();
+    assert!(expected.iter().any(|e| e.0 == "op") && expected.iter().any(|e| e.0 == "llama"));
+
+    let slices = decoded["slices"].as_array().unwrap();
+    let mut got: Vec<(String, u64, u64)> = slices
+        .iter()
+        .map(|s| {
+            (
+                s["category"].as_str().unwrap().to_string(),
+                s["start"].as_u64().unwrap(),
+                s["end"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    got.sort();
+    assert_eq!(
+        got, expected,
+        "the slices are the raw pairs, to the nanosecond"
+    );
+
+    // Tracks: one process, named for the program and its pid, its threads under it; op slices
+    // nest inside a graph slice on their own thread's track, named for their op.
+    let tracks = decoded["tracks"].as_object().unwrap();
+    let of_kind = |kind: &str| -> Vec<(&String, &Value)> {
+        tracks.iter().filter(|(_, t)| t["kind"] == kind).collect()
+    };
+    let processes = of_kind("process");
+    assert_eq!(processes.len(), 1);
+    let pid = stats.metadata.as_ref().unwrap().pid;
+    let label = processes[0].1["label"].as_str().unwrap();
+    assert!(
+        label.contains("llama-simple") && label.contains(&format!("(pid {pid})")),
+        "{label}"
+    );
+    let threads = of_kind("thread");
+    assert_eq!(threads.len(), stats.threads.len());
+    assert!(
+        threads
+            .iter()
+            .all(|(_, t)| t["parent"].as_u64().unwrap().to_string() == *processes[0].0)
+    );
+    let mut by_track: BTreeMap<u64, Vec<&Value>> = BTreeMap::new();
+    for s in slices {
+        by_track
+            .entry(s["track"].as_u64().unwrap())
+            .or_default()
+            .push(s);
+    }
+    for s in slices.iter().filter(|s| s["category"] == "op") {
+        let (start, end) = (s["start"].as_u64().unwrap(), s["end"].as_u64().unwrap());
+        assert!(s["depth"].as_u64().unwrap() > 0);
+        assert!(
+            by_track[&s["track"].as_u64().unwrap()]
+                .iter()
+                .any(|g| g["category"] == "graph"
+                    && g["start"].as_u64().unwrap() <= start
+                    && end <= g["end"].as_u64().unwrap()),
+            "an op outside every graph of its thread: {s}"
+        );
+        let name = s["name"].as_str().unwrap();
+        assert!(op_kinds.contains(name), "{name} is not an op of the trace");
+    }
+
+    // Counters: a sample per buffer event, in bytes, back to 0 at the end.
+    let counters = decoded["counters"].as_array().unwrap();
+    assert_eq!(counters.len(), buffer_events);
+    let mut last: HashMap<u64, f64> = HashMap::new();
+    for c in counters {
+        last.insert(c["track"].as_u64().unwrap(), c["value"].as_f64().unwrap());
+    }
+    assert!(
+        !last.is_empty() && last.values().all(|&v| v == 0.0),
+        "{last:?}"
+    );
+    assert!(
+        of_kind("counter").iter().all(|(_, t)| t["unit"] == 3),
+        "bytes"
+    );
+
+    let (proto_len, json_len) = (
+        std::fs::metadata(&proto).unwrap().len(),
+        std::fs::metadata(&json).unwrap().len(),
+    );
+    println!("perfetto: {proto_len} bytes, chrome-json: {json_len} bytes");
+    assert!(proto_len * 2 < json_len, "{proto_len} vs {json_len} bytes");
+}
