@@ -93,6 +93,29 @@ pub fn tiny_model() -> PathBuf {
         .clone()
 }
 
+/// `llama-simple -n N "hello world"` on the tiny model, from the llama.cpp build in `bin`.
+pub fn llama_simple_in(bin: &Path, n_predict: u32) -> Command {
+    let mut cmd = Command::new(bin.join("llama-simple"));
+    cmd.arg("-m")
+        .arg(tiny_model())
+        .args(["-n", &n_predict.to_string(), "hello world"]);
+    cmd
+}
+
+/// `llama-simple` of the shared-library build (see [`llama_simple_in`]).
+pub fn llama_simple(n_predict: u32) -> Command {
+    llama_simple_in(&llama_bin(), n_predict)
+}
+
+/// `llama-simple` traced into `trace` with `GGML_VIZ_*` `settings`, which must succeed.
+pub fn trace_llama_simple(trace: &Path, n_predict: u32, settings: &[(&str, &str)]) -> Output {
+    let mut all = vec![("GGML_VIZ_OUTPUT", trace.to_str().unwrap())];
+    all.extend_from_slice(settings);
+    let out = run(with_hook(llama_simple(n_predict), &all));
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    out
+}
+
 /// `cmd` with the hook preloaded and the given `GGML_VIZ_*` settings.
 pub fn with_hook(mut cmd: Command, settings: &[(&str, &str)]) -> Command {
     cmd.env("LD_PRELOAD", hook());

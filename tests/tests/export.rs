@@ -9,14 +9,6 @@ use ggml_viz_reader::format::ext::{self, TensorInfo};
 use ggml_viz_reader::format::{EventType, ExtensionKind, Payload};
 use serde_json::Value;
 
-fn llama_simple(n_predict: u32) -> Command {
-    let mut cmd = Command::new(llama_bin().join("llama-simple"));
-    cmd.arg("-m")
-        .arg(tiny_model())
-        .args(["-n", &n_predict.to_string(), "hello world"]);
-    cmd
-}
-
 fn export(to: &str, trace: &std::path::Path, out: &std::path::Path) {
     let done = run({
         let mut c = Command::new(ggml_viz());
@@ -32,14 +24,7 @@ fn export(to: &str, trace: &std::path::Path, out: &std::path::Path) {
 fn the_perfetto_export_holds_every_span_and_counter_of_a_real_trace() {
     let dir = scratch("perfetto");
     let trace = dir.join("t.ggmlviz");
-    let traced = run(with_hook(
-        llama_simple(6),
-        &[
-            ("GGML_VIZ_OUTPUT", trace.to_str().unwrap()),
-            ("GGML_VIZ_MEMORY_TRACKING", "1"),
-        ],
-    ));
-    assert!(traced.status.success(), "{}", text(&traced.stderr));
+    trace_llama_simple(&trace, 6, &[("GGML_VIZ_MEMORY_TRACKING", "1")]);
     let (proto, json) = (dir.join("t.pftrace"), dir.join("t.json"));
     export("perfetto", &trace, &proto);
     export("chrome-json", &trace, &json);

@@ -5,18 +5,6 @@ use std::process::Command;
 
 use ggml_viz_e2e::*;
 
-fn llama_simple(n_predict: u32) -> Command {
-    llama_simple_in(&llama_bin(), n_predict)
-}
-
-fn llama_simple_in(bin: &std::path::Path, n_predict: u32) -> Command {
-    let mut cmd = Command::new(bin.join("llama-simple"));
-    cmd.arg("-m")
-        .arg(tiny_model())
-        .args(["-n", &n_predict.to_string(), "hello world"]);
-    cmd
-}
-
 /// Graph-only mode (no op timing): the scheduler, backend and CPU computes nest as ggml makes them.
 #[test]
 fn llama_simple_prints_the_same_text_and_records_one_graph_per_batch() {

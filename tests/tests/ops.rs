@@ -8,14 +8,6 @@ use ggml_viz_reader::Event;
 use ggml_viz_reader::format::ext::{self, SpanBoundary, TensorInfo};
 use ggml_viz_reader::format::{EventType, ExtensionKind, Payload};
 
-fn llama_simple(n_predict: u32) -> Command {
-    let mut cmd = Command::new(llama_bin().join("llama-simple"));
-    cmd.arg("-m")
-        .arg(tiny_model())
-        .args(["-n", &n_predict.to_string(), "hello world"]);
-    cmd
-}
-
 fn ext_payloads<T: serde::de::DeserializeOwned>(
     events: &[Event<'_>],
     kind: ExtensionKind,
@@ -477,14 +469,7 @@ fn the_telemetry_v2_export_passes_the_reference_validator() {
     let dir = scratch("telemetry-v2");
     let trace = dir.join("t.ggmlviz");
     let json = dir.join("v2.json");
-    let traced = run(with_hook(
-        llama_simple(4),
-        &[
-            ("GGML_VIZ_OUTPUT", trace.to_str().unwrap()),
-            ("GGML_VIZ_MEMORY_TRACKING", "1"),
-        ],
-    ));
-    assert!(traced.status.success(), "{}", text(&traced.stderr));
+    trace_llama_simple(&trace, 4, &[("GGML_VIZ_MEMORY_TRACKING", "1")]);
     let export = run({
         let mut c = Command::new(ggml_viz());
         c.args(["export", "--to", "telemetry-v2", "-o"])
