@@ -32,6 +32,11 @@ if ! python3 -c "import perfetto.protos.perfetto.trace.perfetto_trace_pb2" 2>/de
   echo "test.sh: installing perfetto and protobuf (Perfetto's trace definitions)" >&2
   python3 -m pip install -q "perfetto==0.59.1" "protobuf==7.36.2"
 fi
+# DuckDB, embedded (its Python package): queries our Parquet export in the tests.
+if ! python3 -c "import duckdb" 2>/dev/null; then
+  echo "test.sh: installing duckdb" >&2
+  python3 -m pip install -q "duckdb==2.0.0"
+fi
 # The WebDriver client the report's browser tests drive Chromium with.
 if ! python3 -c "import selenium" 2>/dev/null; then
   echo "test.sh: installing selenium" >&2

@@ -164,3 +164,76 @@ fn the_perfetto_export_holds_every_span_and_counter_of_a_real_trace() {
     println!("perfetto: {proto_len} bytes, chrome-json: {json_len} bytes");
     assert!(proto_len * 2 < json_len, "{proto_len} vs {json_len} bytes");
 }
+
+/// `export --to parquet` of real traces queried by DuckDB (its Python package, embedded): per
+/// op, the count and total time equal `ggml-viz summary`'s; two inputs make one dataset.
+#[test]
+fn duckdb_over_the_parquet_export_gives_the_summary_per_op_totals() {
+    let dir = scratch("parquet");
+    let (first, second) = (dir.join("first.ggmlviz"), dir.join("second.ggmlviz"));
+    trace_llama_simple(&first, 4, &[]);
+    trace_llama_simple(&second, 2, &[]);
+    let dataset = dir.join("dataset");
+    let done = run({
+        let mut c = Command::new(ggml_viz());
+        c.args(["export", "--to", "parquet", "-o"])
+            .arg(&dataset)
+            .args([&first, &second]);
+        c
+    });
+    assert!(done.status.success(), "{}", text(&done.stderr));
+    let query = run({
+        let mut c = Command::new("python3");
+        c.arg("-c")
+            .arg(
+                "import duckdb, sys\n\
+                 rows = duckdb.sql(f\"SELECT op, count(*), sum(duration_ns) FROM '{sys.argv[1]}/spans/*.parquet' \
+                 WHERE op IS NOT NULL GROUP BY op ORDER BY op\").fetchall()\n\
+                 inputs = duckdb.sql(f\"SELECT count(DISTINCT input), count(DISTINCT process) FROM '{sys.argv[1]}/spans/*.parquet'\").fetchall()[0]\n\
+                 print(*inputs)\n\
+                 for op, n, total in rows: print(op, n, total)\n",
+            )
+            .arg(&dataset);
+        c
+    });
+    assert!(query.status.success(), "{}", text(&query.stderr));
+    let out = text(&query.stdout);
+    let mut lines = out.lines();
+    assert_eq!(
+        lines.next(),
+        Some("2 2"),
+        "two inputs, two processes: {out}"
+    );
+    let from_duckdb: BTreeMap<String, (u64, u64)> = lines
+        .map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            (
+                f[0].to_string(),
+                (f[1].parse().unwrap(), f[2].parse().unwrap()),
+            )
+        })
+        .collect();
+    assert!(from_duckdb.contains_key("MUL_MAT"), "{out}");
+
+    let summary = run({
+        let mut c = Command::new(ggml_viz());
+        c.args(["summary", "--csv"]).args([&first, &second]);
+        c
+    });
+    assert!(summary.status.success(), "{}", text(&summary.stderr));
+    let csv = text(&summary.stdout);
+    for (op, (count, total_ns)) in &from_duckdb {
+        let row: Vec<&str> = csv
+            .lines()
+            .find(|l| l.split(',').next() == Some(op.as_str()))
+            .unwrap_or_else(|| panic!("{op} not in the summary:\n{csv}"))
+            .split(',')
+            .collect();
+        assert_eq!(row[1].parse::<u64>().unwrap(), *count, "{op}");
+        let total_us: f64 = row[2].parse().unwrap();
+        assert!(
+            (total_us - *total_ns as f64 / 1000.0).abs() < 0.01,
+            "{op}: summary {total_us} µs, DuckDB {total_ns} ns"
+        );
+    }
+}

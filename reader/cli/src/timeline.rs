@@ -8,6 +8,7 @@ use clap::{Args, ValueEnum};
 use ggml_viz_reader::Layout;
 use ggml_viz_reader::TraceFile;
 use ggml_viz_reader::telemetry::Ids;
+use ggml_viz_reader::telemetry::export::parquet::ParquetWriter;
 use ggml_viz_reader::telemetry::export::summary::{Row, Summary, csv_cell};
 use ggml_viz_reader::telemetry::export::telemetry_v2;
 use ggml_viz_reader::telemetry::{ChromeJsonWriter, PerfettoWriter};
@@ -224,6 +225,9 @@ enum Target {
     Perfetto,
     /// Chrome trace JSON (Perfetto's legacy input; chrome://tracing).
     ChromeJson,
+    /// Parquet tables (spans, counters, instants, processes) under the directory given with -o,
+    /// one file per input each: query them with DuckDB, Spark, pandas.
+    Parquet,
     /// TelemetryEvent v2 records (a JSON list) of a GGMLVIZ trace's backend buffers (recorded
     /// with GGML_VIZ_MEMORY_TRACKING=1), collector `ggml_viz.hook`.
     TelemetryV2,
@@ -232,7 +236,7 @@ enum Target {
 /// Convert inputs (GGMLVIZ traces, GE logs) into one timeline for another tool.
 #[derive(Args)]
 #[command(
-    after_help = "Examples:\n  ggml-viz export --to perfetto trace.ggmlviz -o trace.pftrace\n  ggml-viz export --to perfetto rank0.ggmlviz rank1.ggmlviz -o job.pftrace\n  ggml-viz export --to chrome-json trace.ggmlviz -o trace.json"
+    after_help = "Examples:\n  ggml-viz export --to perfetto trace.ggmlviz -o trace.pftrace\n  ggml-viz export --to perfetto rank0.ggmlviz rank1.ggmlviz -o job.pftrace\n  ggml-viz export --to chrome-json trace.ggmlviz -o trace.json\n  ggml-viz export --to parquet host-*.ggmlviz -o dataset/\n  duckdb -c \"SELECT op, count(*), sum(duration_ns) FROM 'dataset/spans/*.parquet' WHERE op IS NOT NULL GROUP BY op\""
 )]
 pub struct ExportArgs {
     /// Output format.
@@ -249,6 +253,9 @@ pub struct ExportArgs {
 }
 
 pub fn export(args: ExportArgs) -> Result<(), Failure> {
+    if let Target::Parquet = args.to {
+        return parquet(&args);
+    }
     let out: Box<dyn Write> = match &args.output {
         Some(path) => Box::new(
             File::create(path)
@@ -266,6 +273,7 @@ pub fn export(args: ExportArgs) -> Result<(), Failure> {
             export_with(&args, ChromeJsonWriter::new(out), |w| Ok(w.finish()?.1))?
         }
         Target::TelemetryV2 => telemetry_v2(&args, BufWriter::new(out))?,
+        Target::Parquet => unreachable!("written above"),
     };
     if let Some(path) = &args.output {
         let unit = if matches!(args.to, Target::Perfetto) {
@@ -286,6 +294,47 @@ fn export_with<S: RecordSink>(
 ) -> Result<(Result<(), Failure>, u64), Failure> {
     let result = import_all(&args.files, &args.input, &mut sink);
     Ok((result, finish(sink)?))
+}
+
+/// Each input into its own files of the dataset directory: `DIR/<table>/<input>.parquet`.
+fn parquet(args: &ExportArgs) -> Result<(), Failure> {
+    let dir = args.output.as_ref().ok_or_else(|| {
+        Failure::Usage("--to parquet writes a directory: give it with -o DIR".into())
+    })?;
+    let mut ids = Ids::default();
+    let mut stems: Vec<String> = Vec::new();
+    let mut rows = 0;
+    for path in &args.files {
+        // Each input's own name, made unique within this export.
+        let base = path
+            .file_stem()
+            .map_or_else(|| "input".into(), |s| s.to_string_lossy().into_owned());
+        let mut stem = base.clone();
+        let mut n = 1;
+        while stems.contains(&stem) {
+            n += 1;
+            stem = format!("{base}-{n}");
+        }
+        stems.push(stem.clone());
+        let mut writer = ParquetWriter::create(dir, &stem)
+            .map_err(|e| Failure::Data(format!("cannot write under {}: {e}", dir.display())))?;
+        let result = import_path(
+            path,
+            args.input.format,
+            args.input.layout,
+            &mut ids,
+            &mut writer,
+        )
+        .map_err(|e| Failure::Data(e.0));
+        rows += writer.finish()?;
+        result?;
+    }
+    eprintln!(
+        "ggml-viz: wrote {rows} rows for {} input(s) under {}",
+        stems.len(),
+        display(dir)
+    );
+    Ok(())
 }
 
 /// Every input's buffer events as v2 records, in one JSON list.
