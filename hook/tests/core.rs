@@ -37,7 +37,7 @@ fn work(thread: usize) {
                 tensor_id: 0,
             };
             ggml_viz_hook::op_begin(recorder, &info);
-            ggml_viz_hook::op_end(recorder, &info);
+            ggml_viz_hook::op_end(recorder);
         }
         ggml_viz_hook::graph_end(scope);
         let wait = ggml_viz_hook::wait_begin(Entry::BackendSynchronize, 0x77 as *mut _, |_| 0)

@@ -116,8 +116,6 @@ pub struct OpDriver {
     app: (Option<EvalCallback>, Ptr),
     /// The application's answer to the last ask.
     app_wants: bool,
-    /// The node being computed, for its end event.
-    open: Option<OpInfo>,
 }
 
 impl OpDriver {
@@ -128,7 +126,6 @@ impl OpDriver {
             sched,
             app: app_callback(sched),
             app_wants: false,
-            open: None,
         }
     }
 
@@ -159,13 +156,11 @@ impl OpDriver {
         // SAFETY: the scheduler passes its live node, of this copy of ggml.
         let info = unsafe { describe_node(h, r, self.sched, tensor) };
         record::op_begin(r, &info);
-        self.open = Some(info);
     }
 
+    /// Ends the node begun last (the recording core keeps it).
     fn end(&mut self) {
-        if let Some(info) = self.open.take() {
-            record::op_end(self.recorder, &info);
-        }
+        record::op_end(self.recorder);
     }
 }
 

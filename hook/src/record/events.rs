@@ -32,10 +32,8 @@ struct Local {
     recording: Cell<bool>,
     /// Events this thread may still record under the cap.
     budget: Cell<u64>,
-    /// Our eval callback is driving a node: the graph computes and waits ggml makes for it are
-    /// part of the op, not recorded on their own.
-    in_op: Cell<bool>,
-    /// That node, for its end event.
+    /// The node our eval callback is driving, for its end event: while it is open, the graph
+    /// computes and waits ggml makes for it are part of the op, not recorded on their own.
     open_op: Cell<Option<OpInfo>>,
 }
 
@@ -48,7 +46,6 @@ thread_local! {
             depth: Cell::new(0),
             recording: Cell::new(false),
             budget: Cell::new(0),
-            in_op: Cell::new(false),
             open_op: Cell::new(None),
         }
     };
@@ -64,7 +61,6 @@ impl Local {
         self.depth.set(0);
         self.recording.set(false);
         self.budget.set(0);
-        self.in_op.set(false);
         self.open_op.set(None);
     }
 }
@@ -248,7 +244,7 @@ pub fn graph_begin(
             l.recording.set(in_window);
         }
         l.depth.set(depth + 1);
-        let recording = l.recording.get() && !l.in_op.get();
+        let recording = l.recording.get() && l.open_op.get().is_none();
         let info = if recording {
             describe(r)
         } else {
@@ -319,21 +315,19 @@ fn op_event(ty: EventType, op: &OpInfo) -> RawEvent {
 pub fn op_begin(r: &'static Recorder, op: &OpInfo) {
     local(r, |l| {
         push(l, r, op_event(EventType::OpComputeBegin, op));
-        l.in_op.set(true);
         l.open_op.set(Some(*op));
     });
 }
 
 /// The node is computed and synchronized.
-pub fn op_end(r: &'static Recorder, op: &OpInfo) {
-    local(r, |l| close_op(l, r, op));
+pub fn op_end(r: &'static Recorder) {
+    local(r, |l| close_op(l, r));
 }
 
-/// Ends the open node, once.
-fn close_op(l: &Local, r: &'static Recorder, op: &OpInfo) {
-    if l.in_op.replace(false) {
-        l.open_op.set(None);
-        push(l, r, op_event(EventType::OpComputeEnd, op));
+/// Ends the open node, if there is one.
+fn close_op(l: &Local, r: &'static Recorder) {
+    if let Some(op) = l.open_op.take() {
+        push(l, r, op_event(EventType::OpComputeEnd, &op));
     }
 }
 
@@ -357,9 +351,7 @@ pub fn span(entry: Entry, begin: bool, count: u32) {
 pub fn graph_end(scope: GraphScope) {
     local(scope.recorder, |l| {
         if scope.recording {
-            if let Some(op) = l.open_op.get() {
-                close_op(l, scope.recorder, &op);
-            }
+            close_op(l, scope.recorder);
             push(
                 l,
                 scope.recorder,
@@ -400,7 +392,7 @@ pub fn wait_begin(
 ) -> Option<WaitScope> {
     let r = current(1)?;
     let recording = local(r, |l| {
-        if l.in_op.get() {
+        if l.open_op.get().is_some() {
             false
         } else if l.depth.get() > 0 {
             l.recording.get()

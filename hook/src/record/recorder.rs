@@ -78,25 +78,24 @@ impl Recorder {
             .push(ring);
     }
 
-    /// Events dropped because a ring was full, over all rings.
-    pub fn dropped_ring_full(&self) -> u64 {
+    /// The rings registered so far.
+    fn rings(&self) -> Vec<&'static Ring> {
         self.rings
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .iter()
-            .map(|r| r.dropped())
-            .sum()
+            .clone()
+    }
+
+    /// Events dropped because a ring was full, over all rings.
+    pub fn dropped_ring_full(&self) -> u64 {
+        dropped(&self.rings())
     }
 
     /// What the writer drains: the rings registered so far, the names, tensors and counters.
     pub(super) fn drain(&self) -> Drain<'_> {
-        let rings = self
-            .rings
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone();
+        let rings = self.rings();
         let counters = Counters {
-            dropped_ring_full: rings.iter().map(|r| r.dropped()).sum(),
+            dropped_ring_full: dropped(&rings),
             over_max_events: self.over_max_events.load(Ordering::Relaxed),
             missed_while_starting: MISSED_WHILE_STARTING.load(Ordering::Relaxed),
             unnamed: self.names.refused(),
@@ -131,6 +130,10 @@ impl Recorder {
         }
         BUDGET_CHUNK.min(max - taken)
     }
+}
+
+fn dropped(rings: &[&'static Ring]) -> u64 {
+    rings.iter().map(|r| r.dropped()).sum()
 }
 
 /// Events a thread takes from the cap at a time, so that the producer does not touch a shared
