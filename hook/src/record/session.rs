@@ -67,9 +67,9 @@ pub fn start_once(setup: impl FnOnce() -> Setup) {
 const START_WAIT: Duration = Duration::from_millis(200);
 
 /// The recorder, for a call that would record `events` events. `None`: do not trace this call.
-/// A call that arrives while another thread is starting the recorder waits for it, once per
-/// thread at most; past [`START_WAIT`] (a start-up stuck on a slow file system) it is not traced
-/// and its events are counted as missed.
+/// A call that arrives while another thread is starting the recorder (once per process, and
+/// once in a child after `fork`) waits for it; past [`START_WAIT`] (a start-up stuck on a slow
+/// file system) it is not traced and its events are counted as missed.
 pub(super) fn current(events: u64) -> Option<&'static Recorder> {
     match STATE.load(Ordering::Acquire) {
         ACTIVE => active(),

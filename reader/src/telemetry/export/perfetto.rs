@@ -126,10 +126,8 @@ impl<W: Write> PerfettoWriter<W> {
                 }
             });
         }
-        let mut trace = Message::default();
-        trace.message(1, &packet);
         self.packets += 1;
-        if let Err(err) = self.out.write_all(&trace.bytes) {
+        if let Err(err) = packet.write_as_field(1, &mut self.out) {
             self.error = Some(err);
         }
     }

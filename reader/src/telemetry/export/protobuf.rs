@@ -53,6 +53,16 @@ impl Message {
         self.bytes_field(field, &m.bytes)
     }
 
+    /// Writes this message to `out` as field `field` of an enclosing message (a `Trace`'s
+    /// packets), without copying it into one.
+    pub fn write_as_field(&self, field: u32, out: &mut impl std::io::Write) -> std::io::Result<()> {
+        let mut header = Message::default();
+        header.tag(field, LEN);
+        varint(&mut header.bytes, self.bytes.len() as u64);
+        out.write_all(&header.bytes)?;
+        out.write_all(&self.bytes)
+    }
+
     fn bytes_field(&mut self, field: u32, b: &[u8]) -> &mut Self {
         self.tag(field, LEN);
         varint(&mut self.bytes, b.len() as u64);
@@ -86,6 +96,11 @@ mod tests {
         let mut n = Message::default();
         n.int(1, -2);
         assert_eq!(n.bytes.len(), 1 + 10, "negative ints take ten bytes");
+        let mut written = Vec::new();
+        m.write_as_field(1, &mut written).unwrap();
+        let mut nested = Message::default();
+        nested.message(1, &m);
+        assert_eq!(written, nested.bytes, "the same bytes as a nested message");
         let mut d = Message::default();
         d.double(5, 1.0);
         assert_eq!(d.bytes[0], (5 << 3) | 1);
