@@ -35,6 +35,53 @@ pub const MAX_BUFFER_SIZE: u64 = 1 << 24;
 /// Environment variable naming the JSON configuration file.
 pub const CONFIG_FILE_ENV: &str = "GGML_VIZ_CONFIG";
 
+/// How the hook times the nodes of a graph (`GGML_VIZ_OP_TIMING`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OpTiming {
+    /// `threads` where the CPU backend's per-op functions can be reached, else `sched`.
+    Auto,
+    /// Each worker thread's call of a CPU per-op function is a span; barrier waits too. Nothing
+    /// of the run changes.
+    Threads,
+    /// The scheduler's eval callback: every node computed and synchronized on its own (ggml's
+    /// only way for non-CPU backends; it turns op fusion off and adds a sync per node).
+    Sched,
+    /// Graph times only.
+    Off,
+}
+
+impl OpTiming {
+    /// The setting's spelling, as `to_json` writes it and `parse` reads it.
+    pub fn name(self) -> &'static str {
+        match self {
+            OpTiming::Auto => "auto",
+            OpTiming::Threads => "threads",
+            OpTiming::Sched => "sched",
+            OpTiming::Off => "off",
+        }
+    }
+
+    /// `auto|threads|sched|off`; `1`/`true` mean `auto` and `0`/`false` mean `off`, as before
+    /// there were modes.
+    fn parse(v: &Value) -> Result<OpTiming, String> {
+        if let Value::String(s) = v {
+            match s.trim().to_ascii_lowercase().as_str() {
+                "auto" => return Ok(OpTiming::Auto),
+                "threads" => return Ok(OpTiming::Threads),
+                "sched" => return Ok(OpTiming::Sched),
+                _ => {}
+            }
+        }
+        match boolean(v) {
+            Ok(true) => Ok(OpTiming::Auto),
+            Ok(false) => Ok(OpTiming::Off),
+            Err(_) => Err(format!(
+                "expected auto, threads, sched or off (1 = auto, 0 = off), got {v}"
+            )),
+        }
+    }
+}
+
 /// Every setting, with its value in force.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Config {
@@ -45,7 +92,8 @@ pub struct Config {
     pub disable: bool,
     /// Events recorded at most; later ones are counted, not recorded.
     pub max_events: u64,
-    pub op_timing: bool,
+    /// How nodes are timed (`GGML_VIZ_OP_TIMING`).
+    pub op_timing: OpTiming,
     /// With op timing: time the ops of one recorded graph compute in this many.
     pub op_sample: u64,
     pub memory_tracking: bool,
@@ -70,7 +118,7 @@ impl Default for Config {
             verbose: false,
             disable: false,
             max_events: 10_000_000,
-            op_timing: true,
+            op_timing: OpTiming::Auto,
             op_sample: 1,
             memory_tracking: false,
             thread_tracking: false,
@@ -295,7 +343,7 @@ impl Config {
             "verbose" => self.verbose = boolean(v)?,
             "disable" => self.disable = boolean(v)?,
             "max_events" => self.max_events = integer(v)?,
-            "op_timing" => self.op_timing = boolean(v)?,
+            "op_timing" => self.op_timing = OpTiming::parse(v)?,
             "op_sample" => {
                 self.op_sample = integer(v)?;
                 if self.op_sample == 0 {
@@ -351,7 +399,7 @@ impl Config {
         m.insert("verbose".into(), self.verbose.into());
         m.insert("disable".into(), self.disable.into());
         m.insert("max_events".into(), self.max_events.into());
-        m.insert("op_timing".into(), self.op_timing.into());
+        m.insert("op_timing".into(), self.op_timing.name().into());
         m.insert("op_sample".into(), self.op_sample.into());
         m.insert("memory_tracking".into(), self.memory_tracking.into());
         m.insert("thread_tracking".into(), self.thread_tracking.into());
@@ -482,6 +530,28 @@ mod tests {
         )]))
         .unwrap_err();
         assert!(err.to_string().contains("/nonexistent/c.json"), "{err}");
+    }
+
+    #[test]
+    fn op_timing_modes_and_the_old_booleans() {
+        let mode = |v: &str| {
+            Config::load(&Sources::from_pairs([("GGML_VIZ_OP_TIMING", v)])).map(|c| c.op_timing)
+        };
+        assert_eq!(Config::default().op_timing, OpTiming::Auto);
+        assert_eq!(mode("threads"), Ok(OpTiming::Threads));
+        assert_eq!(mode("SCHED"), Ok(OpTiming::Sched));
+        assert_eq!(mode("off"), Ok(OpTiming::Off));
+        assert_eq!(mode("auto"), Ok(OpTiming::Auto));
+        assert_eq!(mode("1"), Ok(OpTiming::Auto));
+        assert_eq!(mode("0"), Ok(OpTiming::Off));
+        let err = mode("thread").unwrap_err();
+        assert!(err.problem.contains("auto, threads, sched or off"), "{err}");
+        let json = Config {
+            op_timing: OpTiming::Sched,
+            ..Config::default()
+        }
+        .to_json();
+        assert_eq!(json["op_timing"], "sched");
     }
 
     #[test]

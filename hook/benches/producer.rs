@@ -24,6 +24,7 @@ fn start() {
     record::start_once(|| Setup {
         config: Config::load(&Sources::from_process_env()),
         ggml_version: None,
+        cpu_functions: Err("a benchmark of the recording core".into()),
     });
 }
 

@@ -60,6 +60,7 @@ fn what_threads_record_is_in_the_trace_in_order() {
     ggml_viz_hook::start_once(|| Setup {
         config: Ok(config),
         ggml_version: Some("0.0.0-core-test".into()),
+        cpu_functions: Err("driven by a test".into()),
     });
     assert!(ggml_viz_hook::active().is_some(), "the session started");
     std::thread::scope(|s| {

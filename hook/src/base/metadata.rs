@@ -3,8 +3,12 @@
 use ggml_viz_config::Config;
 use ggml_viz_reader::format::ext::{Distributed, Metadata};
 
-/// The metadata of this process, with `ggml_version` from the ggml it loaded (if readable).
-pub fn collect(config: &Config, ggml_version: Option<String>) -> Metadata {
+/// The metadata of this process, with `ggml_version` from the ggml it loaded (if readable) and
+/// the op-timing mode that runs and why (`auto` decided), beside the settings.
+pub fn collect(config: &Config, ggml_version: Option<String>, op_mode: (&str, &str)) -> Metadata {
+    let mut settings = config.to_json();
+    settings.insert("op_timing_mode".into(), op_mode.0.into());
+    settings.insert("op_timing_why".into(), op_mode.1.into());
     Metadata {
         writer: concat!("ggml-viz-hook ", env!("CARGO_PKG_VERSION")).into(),
         pid: std::process::id(),
@@ -13,7 +17,7 @@ pub fn collect(config: &Config, ggml_version: Option<String>) -> Metadata {
         ggml_version,
         n_cpus: std::thread::available_parallelism().map_or(0, |n| n.get() as u32),
         cpu_model: cpu_model(),
-        settings: config.to_json(),
+        settings,
         distributed: distributed(|name| std::env::var(name).ok()),
     }
 }

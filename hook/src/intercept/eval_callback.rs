@@ -167,17 +167,26 @@ impl OpDriver {
 /// # Safety
 /// `tensor` is a live node of `sched`, both of the copy `h` belongs to.
 unsafe fn describe_node(h: &Helpers, r: &Recorder, sched: Ptr, tensor: Ptr) -> OpInfo {
-    // SAFETY: per the contract.
-    let (key, op_type) = unsafe { tensor::identity(h, tensor) };
-    // SAFETY: `tensor` is a live node of the copy `h` belongs to (this function's contract),
-    // which is all `read_tensor` asks.
-    let tensor_id = r.tensor_id(key, || unsafe { read_tensor(h, tensor) });
     // SAFETY: `sched` and its live node `tensor` belong to the copy `h` belongs to.
     let backend = unsafe { h.tensor_backend(sched, tensor) };
     record::name_id(r, backend, Owner::Backend, || {
         // SAFETY: the scheduler's backend belongs to this copy.
         unsafe { h.backend_name(backend) }
     });
+    // SAFETY: per the contract.
+    unsafe { node_info(h, r, tensor, backend) }
+}
+
+/// What an op event says of `tensor`, computed on `backend` (null: not known).
+///
+/// # Safety
+/// `tensor` is a live node of the copy `h` belongs to.
+pub unsafe fn node_info(h: &Helpers, r: &Recorder, tensor: Ptr, backend: Ptr) -> OpInfo {
+    // SAFETY: per the contract.
+    let (key, op_type) = unsafe { tensor::identity(h, tensor) };
+    // SAFETY: `tensor` is a live node of the copy `h` belongs to (this function's contract),
+    // which is all `read_tensor` asks.
+    let tensor_id = r.tensor_id(key, || unsafe { read_tensor(h, tensor) });
     // SAFETY: `tensor` is a live node of this copy; ggml_nbytes only reads its shape.
     let op_size = unsafe { h.nbytes(tensor) };
     OpInfo {

@@ -116,6 +116,15 @@ pub fn wrapper(entry: Entry) -> *const () {
     }
 }
 
+#[cfg(all(target_os = "linux", target_arch = "x86_64"))]
+use super::route::cpu_functions_reachable;
+
+/// Per-thread op timing is built for Linux x86-64 only.
+#[cfg(not(all(target_os = "linux", target_arch = "x86_64")))]
+fn cpu_functions_reachable() -> Result<(), String> {
+    Err("per-thread op timing is built for Linux x86-64 only".into())
+}
+
 /// Runs our own code; a panic in it is swallowed (a panic that left an `extern "C"` function
 /// would abort the host).
 fn guarded<T>(f: impl FnOnce() -> T) -> Option<T> {
@@ -130,6 +139,7 @@ fn real_function(entry: Entry, return_address: usize) -> Option<&'static Resolve
         record::start_once(|| Setup {
             config: Config::load(&Sources::from_process_env()),
             ggml_version: first_helpers().and_then(|h| h.version()),
+            cpu_functions: cpu_functions_reachable(),
         })
     });
     match found {
@@ -251,7 +261,7 @@ fn object_compute(entry: Entry, owner: Owner, object: Ptr, graph: Ptr, ret: usiz
             let timed = owner == Owner::Scheduler
                 && real.helpers.can_time_ops()
                 && eval_callback::app_callback_known(object)
-                && scope.is_some_and(GraphScope::wants_op_timing);
+                && scope.is_some_and(GraphScope::wants_sched_op_timing);
             let Some(scope) = scope.filter(|_| timed) else {
                 return call2(real.real, object, graph);
             };

@@ -5,10 +5,13 @@
 //! - [`route`]: finding the real function behind a wrapper, chosen once per OS;
 //! - [`inline`] and [`install`]: inline hooks, for a ggml linked into the executable (Linux) and
 //!   ggml's DLLs (Windows);
+//! - `cpu_ops`: per-op timing on the CPU backend's worker threads (Linux x86-64);
 //! - [`eval_callback`]: per-op timing through the scheduler's eval callback;
 //! - [`batches`]: token counts of llama.cpp's opaque batches, for the decode spans.
 
 mod batches;
+#[cfg(all(target_os = "linux", target_arch = "x86_64"))]
+mod cpu_ops;
 mod eval_callback;
 pub mod exports;
 #[cfg(any(target_os = "linux", windows))]

@@ -13,7 +13,7 @@ use std::sync::atomic::Ordering;
 use ggml_viz_reader::EventType;
 use ggml_viz_reader::format::EXTENSION_TYPE_CODE;
 
-use super::recorder::Recorder;
+use super::recorder::{OpMode, Recorder};
 use super::session::{self, active, current};
 use crate::base::entry::Entry;
 use crate::base::names::Owner;
@@ -211,8 +211,8 @@ pub struct GraphScope {
     entry: Entry,
     info: GraphInfo,
     recording: bool,
-    /// No other graph compute is open on this thread.
-    outermost: bool,
+    /// Outermost, recorded and sampled for op timing (`op_sample`).
+    ops_timed: bool,
 }
 
 fn graph_event(ty: EventType, entry: Entry, info: &GraphInfo) -> RawEvent {
@@ -245,6 +245,16 @@ pub fn graph_begin(
         }
         l.depth.set(depth + 1);
         let recording = l.recording.get() && l.open_op.get().is_none();
+        let c = &r.config;
+        let ops_timed = depth == 0
+            && recording
+            && r.op_mode() != OpMode::Off
+            && r.op_timed_graphs
+                .fetch_add(1, Ordering::Relaxed)
+                .is_multiple_of(c.op_sample.max(1));
+        if depth == 0 && r.op_mode() == OpMode::Threads {
+            r.thread_ops.store(ops_timed, Ordering::Relaxed);
+        }
         let info = if recording {
             describe(r)
         } else {
@@ -262,7 +272,7 @@ pub fn graph_begin(
             entry,
             info,
             recording,
-            outermost: depth == 0,
+            ops_timed,
         })
     })
 }
@@ -272,19 +282,11 @@ impl GraphScope {
         self.recorder
     }
 
-    /// Whether this graph compute's ops should be timed: it is recorded and outermost (a nested
-    /// scheduler call is timed by the outer one), op timing is on, and it is the one in
-    /// `op_sample` that is sampled.
-    pub fn wants_op_timing(&self) -> bool {
-        let c = &self.recorder.config;
-        self.recording
-            && self.outermost
-            && c.op_timing
-            && self
-                .recorder
-                .op_timed_graphs
-                .fetch_add(1, Ordering::Relaxed)
-                .is_multiple_of(c.op_sample.max(1))
+    /// Whether this graph compute's ops are to be timed with the scheduler's eval callback: sched
+    /// mode, and it is recorded, outermost (a nested scheduler call is timed by the outer one)
+    /// and the one in `op_sample` that is sampled.
+    pub fn wants_sched_op_timing(&self) -> bool {
+        self.ops_timed && self.recorder.op_mode() == OpMode::Sched
     }
 }
 
@@ -329,6 +331,42 @@ fn close_op(l: &Local, r: &'static Recorder) {
     if let Some(op) = l.open_op.take() {
         push(l, r, op_event(EventType::OpComputeEnd, &op));
     }
+}
+
+/// Threads mode: the recorder, if the nodes being computed now are to be recorded.
+pub fn thread_ops() -> Option<&'static Recorder> {
+    active().filter(|r| r.thread_ops.load(Ordering::Relaxed))
+}
+
+/// Threads mode: this thread begins (`begin`) or ends its share of a node (a span of its own,
+/// whatever other threads do).
+pub fn thread_op(r: &'static Recorder, begin: bool, op: &OpInfo) {
+    let ty = if begin {
+        EventType::OpComputeBegin
+    } else {
+        EventType::OpComputeEnd
+    };
+    local(r, |l| push(l, r, op_event(ty, op)));
+}
+
+/// Threads mode: this thread waited at a `ggml_barrier` of `threadpool` from `start_ticks` to
+/// now, as thread `ith` of `nth`.
+pub fn barrier_wait(
+    r: &'static Recorder,
+    threadpool: *mut c_void,
+    ith: u32,
+    nth: u32,
+    start_ticks: u64,
+) {
+    let event = RawEvent {
+        type_code: EventType::BarrierWait.code(),
+        a: threadpool as u64,
+        b: ith,
+        c: nth,
+        d: clock::now_ticks().saturating_sub(start_ticks),
+        ..RawEvent::default()
+    };
+    local(r, |l| push(l, r, event));
 }
 
 /// An application-level span (`llama_decode`, `llama_encode`): begin or end, with the batch's

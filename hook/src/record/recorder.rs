@@ -1,10 +1,10 @@
 //! One trace's shared state: the configuration, every thread's ring, the interned names and
 //! tensors, the event cap and the counters of what could not be recorded, and the writer.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
 use std::sync::{Mutex, PoisonError};
 
-use ggml_viz_config::Config;
+use ggml_viz_config::{Config, OpTiming};
 use ggml_viz_reader::format::ext::Counters;
 
 use super::tensors::Tensors;
@@ -27,6 +27,59 @@ pub(super) fn forget_missed_while_starting() {
     MISSED_WHILE_STARTING.store(0, Ordering::Relaxed);
 }
 
+/// How nodes are timed in this trace: `GGML_VIZ_OP_TIMING` with `auto` decided.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum OpMode {
+    Off = 0,
+    /// The scheduler's eval callback.
+    Sched = 1,
+    /// Spans on the CPU backend's worker threads.
+    Threads = 2,
+}
+
+impl OpMode {
+    pub fn name(self) -> &'static str {
+        match self {
+            OpMode::Off => "off",
+            OpMode::Sched => "sched",
+            OpMode::Threads => "threads",
+        }
+    }
+
+    /// The mode for the setting `wanted`, given whether the CPU backend's per-op functions reach
+    /// our wrappers (`Err`: why not); and why this mode, for the metadata record.
+    pub fn choose(wanted: OpTiming, cpu_functions: &Result<(), String>) -> (OpMode, String) {
+        match (wanted, cpu_functions) {
+            (OpTiming::Off, _) => (OpMode::Off, "GGML_VIZ_OP_TIMING=off".into()),
+            (OpTiming::Sched, _) => (OpMode::Sched, "GGML_VIZ_OP_TIMING=sched".into()),
+            (OpTiming::Threads | OpTiming::Auto, Ok(())) => (
+                OpMode::Threads,
+                format!(
+                    "GGML_VIZ_OP_TIMING={}: the CPU backend's per-op functions and ggml_barrier \
+                     are reachable",
+                    wanted.name()
+                ),
+            ),
+            (OpTiming::Threads | OpTiming::Auto, Err(why)) => (
+                OpMode::Sched,
+                format!(
+                    "GGML_VIZ_OP_TIMING={}: {why}; using the scheduler's eval callback instead",
+                    wanted.name()
+                ),
+            ),
+        }
+    }
+
+    fn from_code(code: u8) -> OpMode {
+        match code {
+            1 => OpMode::Sched,
+            2 => OpMode::Threads,
+            _ => OpMode::Off,
+        }
+    }
+}
+
 /// Everything one trace needs. A new one is made after `fork`: the child must not touch locks
 /// or rings that threads of its parent may have held.
 pub struct Recorder {
@@ -37,6 +90,12 @@ pub struct Recorder {
     /// Events handed out to threads' budgets from the cap (`max_events`), at most the cap.
     reserved: AtomicU64,
     pub(super) over_max_events: AtomicU64,
+    /// [`OpMode`] as its code: threads mode turns itself off when ggml's compute params look
+    /// wrong.
+    op_mode: AtomicU8,
+    /// Threads mode: whether the nodes computed now belong to a recorded, sampled graph compute
+    /// (set by each outermost graph compute; worker threads have no graph compute of their own).
+    pub(super) thread_ops: AtomicBool,
     /// Recorded graph computes considered for op timing (for `op_sample`).
     pub(super) op_timed_graphs: AtomicU64,
     /// Tensors seen by op timing: name, op, type, shape.
@@ -49,8 +108,15 @@ pub struct Recorder {
 }
 
 impl Recorder {
-    pub(super) fn new(config: Config, writer: TraceWriter, trace_descriptor: i64) -> Recorder {
+    pub(super) fn new(
+        config: Config,
+        op_mode: OpMode,
+        writer: TraceWriter,
+        trace_descriptor: i64,
+    ) -> Recorder {
         Recorder {
+            op_mode: AtomicU8::new(op_mode as u8),
+            thread_ops: AtomicBool::new(false),
             config,
             generation: GENERATION.fetch_add(1, Ordering::Relaxed),
             rings: Mutex::new(Vec::new()),
@@ -63,6 +129,17 @@ impl Recorder {
             writer: Mutex::new(writer),
             trace_descriptor,
         }
+    }
+
+    pub fn op_mode(&self) -> OpMode {
+        OpMode::from_code(self.op_mode.load(Ordering::Relaxed))
+    }
+
+    /// Threads mode cannot go on (ggml's compute params are not what we read): graphs from now
+    /// on are timed with the eval callback.
+    pub fn threads_mode_failed(&self) {
+        self.op_mode.store(OpMode::Sched as u8, Ordering::Relaxed);
+        self.thread_ops.store(false, Ordering::Relaxed);
     }
 
     /// The id of a node's tensor info (`key` hashes what makes it distinct), read by `info` on

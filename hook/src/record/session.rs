@@ -14,10 +14,10 @@ use std::sync::atomic::{AtomicPtr, AtomicU8, Ordering};
 use std::sync::{Once, PoisonError};
 use std::time::Duration;
 
-use ggml_viz_config::{Config, ConfigError};
+use ggml_viz_config::{Config, ConfigError, OpTiming};
 use ggml_viz_reader::format::Layout;
 
-use super::recorder::{self, Recorder};
+use super::recorder::{self, OpMode, Recorder};
 use super::writer::TraceWriter;
 use crate::base::{VERBOSE, clock, metadata, os, say};
 
@@ -35,6 +35,9 @@ pub struct Setup {
     pub config: Result<Config, ConfigError>,
     /// The version of the ggml that calls go to, for the metadata record.
     pub ggml_version: Option<String>,
+    /// Whether the CPU backend's per-op functions and `ggml_barrier` reach the front end's
+    /// wrappers (threads-mode op timing); `Err` says why not.
+    pub cpu_functions: Result<(), String>,
 }
 
 /// Starts tracing if this is the first call of the process (or of a child since its fork);
@@ -131,7 +134,11 @@ fn start(setup: Setup) -> Option<Box<Recorder>> {
         }
     };
     let descriptor = os::descriptor(&file);
-    let metadata = metadata::collect(&config, setup.ggml_version);
+    let (op_mode, why) = OpMode::choose(config.op_timing, &setup.cpu_functions);
+    if config.verbose || (op_mode == OpMode::Sched && config.op_timing == OpTiming::Threads) {
+        say(format_args!("op timing: {}: {why}", op_mode.name()));
+    }
+    let metadata = metadata::collect(&config, setup.ggml_version, (op_mode.name(), &why));
     let writer = match TraceWriter::create(file, path, layout, &config, &metadata) {
         Ok(writer) => writer,
         Err((path, err)) => {
@@ -145,7 +152,7 @@ fn start(setup: Setup) -> Option<Box<Recorder>> {
     if config.verbose {
         say(format_args!("tracing to {}", writer.path().display()));
     }
-    let recorder = Box::new(Recorder::new(config, writer, descriptor));
+    let recorder = Box::new(Recorder::new(config, op_mode, writer, descriptor));
     install_process_handlers();
     Some(recorder)
 }

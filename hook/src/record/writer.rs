@@ -230,6 +230,12 @@ impl TraceWriter {
         if label.is_empty() {
             *label = label_of(e.entry, e.name_id, d.names);
         }
+        // A worker thread's wait (threads-mode op timing) is recorded by no entry point.
+        let label: &[u8] = if e.entry == 0 && e.type_code == EventType::BarrierWait.code() {
+            b"ggml_barrier"
+        } else {
+            label
+        };
         format::encode_record(
             &mut self.buf,
             self.layout,
@@ -237,7 +243,7 @@ impl TraceWriter {
             timestamp_ns,
             e.thread_id,
             &payload,
-            (!label.is_empty()).then_some(label.as_slice()),
+            (!label.is_empty()).then_some(label),
         );
     }
 

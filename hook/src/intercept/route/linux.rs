@@ -46,10 +46,36 @@ const EMPTY: CacheSlot = CacheSlot {
 static CACHE: [CacheSlot; CACHE_SLOTS] = [EMPTY; CACHE_SLOTS];
 /// Slots taken.
 static CACHE_USED: AtomicUsize = AtomicUsize::new(0);
-/// Past the limit, new call sites of an entry go where its first uncached call site went: one
+/// Past the limit, new call sites of a function go where its first uncached call site went: one
 /// lookup, no lock, nothing leaked per call (a second copy of ggml is then not told apart).
-static PAST_LIMIT: [OnceLock<&'static Resolved>; Entry::ALL.len()] =
-    [const { OnceLock::new() }; Entry::ALL.len()];
+/// Indexed by [`Callee::code`].
+static PAST_LIMIT: [OnceLock<&'static Resolved>; 256] = [const { OnceLock::new() }; 256];
+
+/// A function we wrap: an entry point, or one of the CPU backend's per-op functions (by its
+/// index in [`crate::intercept::cpu_ops`]'s table, and its name).
+#[derive(Clone, Copy)]
+pub enum Callee {
+    Entry(Entry),
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    Cpu(u8, &'static CStr),
+}
+
+impl Callee {
+    /// A number per function, below 256: entry points from 1, CPU functions from 64.
+    fn code(self) -> usize {
+        match self {
+            Callee::Entry(entry) => entry as usize,
+            Callee::Cpu(index, _) => 64 + index as usize,
+        }
+    }
+
+    fn c_name(self) -> &'static CStr {
+        match self {
+            Callee::Entry(entry) => entry.c_name(),
+            Callee::Cpu(_, name) => name,
+        }
+    }
+}
 
 /// What the slow path has learnt; its lock serializes the slow path.
 struct Slow {
@@ -130,8 +156,8 @@ impl Drop for SlowGuard {
 /// points (libffi's, or any call through a function pointer), and one entry point is called from
 /// many sites. User-space addresses fit in 56 bits, so the entry goes above them; without a
 /// return address (an architecture we have no trampoline for) the entry alone is the key.
-fn cache_key(entry: Entry, return_address: usize) -> usize {
-    ((entry as usize) << 56) | (return_address & ((1 << 56) - 1))
+fn cache_key(callee: Callee, return_address: usize) -> usize {
+    (callee.code() << 56) | (return_address & ((1 << 56) - 1))
 }
 
 fn probe(key: usize) -> impl Iterator<Item = &'static CacheSlot> {
@@ -158,18 +184,23 @@ fn cached(key: usize) -> Option<&'static Resolved> {
 /// The real function for `entry` called from `return_address`, and whether this call resolved it
 /// afresh; `None` if no loaded object defines it.
 pub fn resolve(entry: Entry, return_address: usize) -> Option<(&'static Resolved, bool)> {
-    let key = cache_key(entry, return_address);
+    resolve_callee(Callee::Entry(entry), return_address)
+}
+
+/// [`resolve`] for any function we wrap.
+pub fn resolve_callee(callee: Callee, return_address: usize) -> Option<(&'static Resolved, bool)> {
+    let key = cache_key(callee, return_address);
     if let Some(found) = cached(key) {
         return Some((found, false));
     }
-    if let Some(&found) = PAST_LIMIT[entry as usize - 1].get() {
+    if let Some(&found) = PAST_LIMIT[callee.code()].get() {
         return Some((found, false));
     }
     let mut slow = SlowGuard::lock();
     if let Some(found) = cached(key) {
         return Some((found, false));
     }
-    let (real, ambiguous) = slow.find_real(entry, return_address)?;
+    let (real, ambiguous) = slow.find_real(callee, return_address)?;
     let helpers = inline::helpers_for(real).unwrap_or_else(|| slow.helpers_for(real));
     note_helpers(helpers);
     let resolved: &'static Resolved = Box::leak(Box::new(Resolved {
@@ -181,7 +212,7 @@ pub fn resolve(entry: Entry, return_address: usize) -> Option<(&'static Resolved
         say(format_args!(
             "several copies of ggml define {} and the caller at {return_address:#x} belongs to none of them; \
              calling the first one, untraced",
-            entry.name()
+            callee.c_name().to_string_lossy()
         ));
     }
     if CACHE_USED.load(Ordering::Relaxed) < CACHE_LIMIT
@@ -193,14 +224,32 @@ pub fn resolve(entry: Entry, return_address: usize) -> Option<(&'static Resolved
         );
         slot.key.store(key, Ordering::Release);
         CACHE_USED.fetch_add(1, Ordering::Relaxed);
-    } else if PAST_LIMIT[entry as usize - 1].set(resolved).is_ok() {
+    } else if PAST_LIMIT[callee.code()].set(resolved).is_ok() {
         say(format_args!(
             "more than {CACHE_LIMIT} call sites of ggml: new call sites of {} go where the first \
              of them went",
-            entry.name()
+            callee.c_name().to_string_lossy()
         ));
     }
     Some((resolved, true))
+}
+
+/// Whether threads-mode op timing can work here: a loaded library other than ours exports
+/// `ggml_barrier` and `ggml_compute_forward_mul_mat` (calls to them then reach our wrappers
+/// through the PLT); `Err` says why not.
+#[cfg(target_arch = "x86_64")]
+pub fn cpu_functions_reachable() -> Result<(), String> {
+    let mut slow = SlowGuard::lock();
+    for name in [c"ggml_barrier", c"ggml_compute_forward_mul_mat"] {
+        if slow.all_definitions(name).is_empty() {
+            return Err(format!(
+                "no loaded library exports {} (a static executable, or a ggml whose CPU backend \
+                 does not export its per-op functions)",
+                name.to_string_lossy()
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// Where a call site goes, for `verbose`: the caller's object and the real function's.
@@ -223,12 +272,13 @@ pub fn describe_route(entry: Entry, return_address: usize, resolved: &Resolved) 
 }
 
 impl Slow {
-    fn find_real(&mut self, entry: Entry, return_address: usize) -> Option<(usize, bool)> {
-        let name = entry.c_name();
+    fn find_real(&mut self, callee: Callee, return_address: usize) -> Option<(usize, bool)> {
+        let name = callee.c_name();
         let caller = object_of(return_address);
         // The main program (no path) calling its own statically linked ggml: the inline hook.
         if let Some(caller) = &caller
             && caller.path.is_empty()
+            && let Callee::Entry(entry) = callee
             && let Some(original) = inline::original(entry)
         {
             return Some((original, false));

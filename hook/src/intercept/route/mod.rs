@@ -10,6 +10,8 @@ use crate::base::ggml::Helpers;
 
 #[cfg(target_os = "linux")]
 mod linux;
+#[cfg(all(target_os = "linux", target_arch = "x86_64"))]
+pub use linux::{Callee, cpu_functions_reachable, resolve_callee};
 #[cfg(target_os = "linux")]
 pub use linux::{describe_route, resolve};
 #[cfg(target_os = "macos")]

@@ -1,0 +1,483 @@
+//! Per-op timing on the CPU backend's worker threads (`GGML_VIZ_OP_TIMING=threads`, the default
+//! where it works): nothing of the run changes, no callback, no extra synchronization, fusion
+//! stays on.
+//!
+//! ggml's CPU backend exports its per-op functions (`ggml_compute_forward_mul_mat`, …),
+//! `ggml_barrier` and `ggml_cpu_extra_compute_forward`, and calls them through the PLT, so the
+//! dynamic loader binds those calls to the wrappers exported here. Every wrapper enters one
+//! common trampoline that saves every argument register, asks [`enter`] for the real function
+//! (resolved by the caller's scope, as for the entry points), calls it with the registers as
+//! they came, keeps its return value, tells [`exit`], and returns that value: whatever the
+//! function's signature (the fused functions take three arguments, `mul_mat_id_tiled` six and
+//! returns `bool`), nothing is changed. None of these functions takes arguments on the stack.
+//!
+//! What a thread records (only while a recorded, sampled graph compute is running, see
+//! [`record::thread_ops`]):
+//! - its share of a node: begun when `ggml_cpu_extra_compute_forward` is called for it (once
+//!   per computed node, at the top of ggml's dispatcher: it also computes the repacked
+//!   quantized weights, which call no per-op function) or, where that is not called (a fused
+//!   call, an older ggml), by the outermost per-op call for another tensor; ended at the
+//!   thread's next `ggml_barrier`, which follows every node. Calls nested in an op (`mul_mat`
+//!   calling `mul_mat_tiled`, `unary` tail-calling `abs`) are not spans of their own;
+//! - a fused call (`ggml_compute_forward_rms_norm_mul_fused`) is one span on the node it
+//!   computed last, named for both ops (`RMS_NORM+MUL`);
+//! - each `ggml_barrier` as a `BARRIER_WAIT` with the thread's index and count (read from
+//!   ggml's `struct ggml_compute_params`, whose first two `int`s are `ith` and `nth`), when
+//!   there is more than one thread; the barriers inside an op (`mul_mat`'s) are inside its span.
+//!
+//! A tail call (`unary` jumping to `abs`) reaches a wrapper with a return address inside our
+//! own trampoline; the trampoline passes 0 then, and the thread's outermost call site stands in
+//! for resolving it.
+
+use std::cell::Cell;
+use std::ffi::{CStr, c_void};
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use super::eval_callback::node_info;
+use super::route::{Callee, resolve_callee};
+use crate::base::clock;
+use crate::base::ggml::Helpers;
+use crate::base::say;
+use crate::base::tensor::{self, read_tensor};
+use crate::record::{self, OpInfo, Recorder};
+
+type Ptr = *mut c_void;
+
+/// What a wrapped function's arguments hold.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    /// `(params, dst, …)`.
+    Second,
+    /// `(params, bool, dst)`: `flash_attn_back`.
+    Third,
+    /// `(params, first, last)`: one call computing two nodes.
+    Fused,
+    /// `ggml_cpu_extra_compute_forward(params, node)`: the dispatcher's first call for a node.
+    Marker,
+    /// `ggml_barrier(threadpool)`.
+    Barrier,
+}
+
+struct Function {
+    name: &'static CStr,
+    kind: Kind,
+}
+
+/// Defines the exported wrappers and the table [`FUNCTIONS`] from one list of names, so that
+/// each wrapper's number is its row. The list is this ggml's (0.25.3) exported per-op
+/// functions (`nm -D libggml-cpu.so`); a name that the running ggml lacks is never called.
+macro_rules! cpu_functions {
+    ($($name:ident: $kind:ident,)*) => {
+        #[allow(non_camel_case_types, clippy::enum_variant_names)]
+        #[repr(u8)]
+        enum Index { $($name,)* }
+
+        static FUNCTIONS: &[Function] = &[$(Function {
+            name: match CStr::from_bytes_with_nul(concat!(stringify!($name), "\0").as_bytes()) {
+                Ok(name) => name,
+                Err(_) => panic!("a C name"),
+            },
+            kind: Kind::$kind,
+        },)*];
+
+        $(
+            #[doc = concat!("`", stringify!($name), "`, timed per thread.\n\n# Safety\nggml's own contract.")]
+            #[unsafe(naked)]
+            #[unsafe(no_mangle)]
+            pub unsafe extern "C" fn $name() {
+                core::arch::naked_asm!(
+                    "mov r11d, {index}",
+                    "jmp {common}",
+                    index = const Index::$name as u8,
+                    common = sym common,
+                )
+            }
+        )*
+    };
+}
+
+cpu_functions! {
+    ggml_barrier: Barrier,
+    ggml_cpu_extra_compute_forward: Marker,
+    ggml_compute_forward_abs: Second,
+    ggml_compute_forward_acc: Second,
+    ggml_compute_forward_add: Second,
+    ggml_compute_forward_add1: Second,
+    ggml_compute_forward_add_id: Second,
+    ggml_compute_forward_add_non_quantized: Second,
+    ggml_compute_forward_add_rel_pos: Second,
+    ggml_compute_forward_arange: Second,
+    ggml_compute_forward_argmax: Second,
+    ggml_compute_forward_argsort: Second,
+    ggml_compute_forward_ceil: Second,
+    ggml_compute_forward_clamp: Second,
+    ggml_compute_forward_col2im_1d: Second,
+    ggml_compute_forward_concat: Second,
+    ggml_compute_forward_cont: Second,
+    ggml_compute_forward_conv_2d: Second,
+    ggml_compute_forward_conv_2d_dw: Second,
+    ggml_compute_forward_conv_3d: Second,
+    ggml_compute_forward_conv_transpose_1d: Second,
+    ggml_compute_forward_conv_transpose_2d: Second,
+    ggml_compute_forward_cos: Second,
+    ggml_compute_forward_count_equal: Second,
+    ggml_compute_forward_cpy: Second,
+    ggml_compute_forward_cross_entropy_loss: Second,
+    ggml_compute_forward_cross_entropy_loss_back: Second,
+    ggml_compute_forward_cumsum: Second,
+    ggml_compute_forward_custom: Second,
+    ggml_compute_forward_diag: Second,
+    ggml_compute_forward_diag_mask_inf: Second,
+    ggml_compute_forward_diag_mask_zero: Second,
+    ggml_compute_forward_div: Second,
+    ggml_compute_forward_dsv4_hc_comb: Second,
+    ggml_compute_forward_dsv4_hc_post: Second,
+    ggml_compute_forward_dsv4_hc_pre: Second,
+    ggml_compute_forward_dup: Second,
+    ggml_compute_forward_elu: Second,
+    ggml_compute_forward_exp: Second,
+    ggml_compute_forward_expm1: Second,
+    ggml_compute_forward_fill: Second,
+    ggml_compute_forward_flash_attn_back: Third,
+    ggml_compute_forward_flash_attn_ext: Second,
+    ggml_compute_forward_floor: Second,
+    ggml_compute_forward_fwht: Second,
+    ggml_compute_forward_gated_delta_net: Second,
+    ggml_compute_forward_get_rel_pos: Second,
+    ggml_compute_forward_get_rows: Second,
+    ggml_compute_forward_get_rows_back: Second,
+    ggml_compute_forward_gla: Second,
+    ggml_compute_forward_glu: Second,
+    ggml_compute_forward_group_norm: Second,
+    ggml_compute_forward_hardsigmoid: Second,
+    ggml_compute_forward_hardswish: Second,
+    ggml_compute_forward_im2col: Second,
+    ggml_compute_forward_im2col_3d: Second,
+    ggml_compute_forward_im2col_back_f32: Second,
+    ggml_compute_forward_l2_norm: Second,
+    ggml_compute_forward_leaky_relu: Second,
+    ggml_compute_forward_lightning_indexer: Second,
+    ggml_compute_forward_log: Second,
+    ggml_compute_forward_map_custom1: Second,
+    ggml_compute_forward_map_custom2: Second,
+    ggml_compute_forward_map_custom3: Second,
+    ggml_compute_forward_mean: Second,
+    ggml_compute_forward_mul: Second,
+    ggml_compute_forward_mul_mat: Second,
+    ggml_compute_forward_mul_mat_id_tiled: Second,
+    ggml_compute_forward_mul_mat_tiled: Second,
+    ggml_compute_forward_neg: Second,
+    ggml_compute_forward_norm: Second,
+    ggml_compute_forward_opt_step_adamw: Second,
+    ggml_compute_forward_opt_step_sgd: Second,
+    ggml_compute_forward_out_prod: Second,
+    ggml_compute_forward_pad: Second,
+    ggml_compute_forward_pad_reflect_1d: Second,
+    ggml_compute_forward_pool_1d: Second,
+    ggml_compute_forward_pool_2d: Second,
+    ggml_compute_forward_pool_2d_back: Second,
+    ggml_compute_forward_relu: Second,
+    ggml_compute_forward_repeat: Second,
+    ggml_compute_forward_repeat_back: Second,
+    ggml_compute_forward_rms_norm: Second,
+    ggml_compute_forward_rms_norm_back: Second,
+    ggml_compute_forward_rms_norm_mul_fused: Fused,
+    ggml_compute_forward_roll: Second,
+    ggml_compute_forward_rope: Second,
+    ggml_compute_forward_rope_back: Second,
+    ggml_compute_forward_round: Second,
+    ggml_compute_forward_rwkv_wkv6: Second,
+    ggml_compute_forward_rwkv_wkv7: Second,
+    ggml_compute_forward_scale: Second,
+    ggml_compute_forward_set: Second,
+    ggml_compute_forward_set_rows: Second,
+    ggml_compute_forward_sgn: Second,
+    ggml_compute_forward_sigmoid: Second,
+    ggml_compute_forward_silu_back: Second,
+    ggml_compute_forward_sin: Second,
+    ggml_compute_forward_soft_max: Second,
+    ggml_compute_forward_soft_max_ext_back: Second,
+    ggml_compute_forward_softplus: Second,
+    ggml_compute_forward_solve_tri: Second,
+    ggml_compute_forward_sqr: Second,
+    ggml_compute_forward_sqrt: Second,
+    ggml_compute_forward_ssm_conv: Second,
+    ggml_compute_forward_ssm_scan: Second,
+    ggml_compute_forward_step: Second,
+    ggml_compute_forward_sub: Second,
+    ggml_compute_forward_sum: Second,
+    ggml_compute_forward_sum_rows: Second,
+    ggml_compute_forward_tanh: Second,
+    ggml_compute_forward_timestep_embedding: Second,
+    ggml_compute_forward_top_k: Second,
+    ggml_compute_forward_tri: Second,
+    ggml_compute_forward_trunc: Second,
+    ggml_compute_forward_unary: Second,
+    ggml_compute_forward_upscale: Second,
+    ggml_compute_forward_win_part: Second,
+    ggml_compute_forward_win_unpart: Second,
+    ggml_compute_forward_xielu: Second,
+}
+
+/// The trampoline every wrapper jumps to, with its row in `r11`.
+///
+/// # Safety
+/// Entered only by a wrapper's `jmp`, with the caller's argument registers and stack intact.
+#[unsafe(naked)]
+unsafe extern "C" fn common() {
+    core::arch::naked_asm!(
+        // A frame of 208 bytes keeps the stack 16-byte aligned for the calls below.
+        "push rbp",
+        "mov rbp, rsp",
+        "sub rsp, 208",
+        "mov [rsp], rdi",
+        "mov [rsp + 8], rsi",
+        "mov [rsp + 16], rdx",
+        "mov [rsp + 24], rcx",
+        "mov [rsp + 32], r8",
+        "mov [rsp + 40], r9",
+        "mov [rsp + 48], r11",
+        "movaps [rsp + 64], xmm0",
+        "movaps [rsp + 80], xmm1",
+        "movaps [rsp + 96], xmm2",
+        "movaps [rsp + 112], xmm3",
+        "movaps [rsp + 128], xmm4",
+        "movaps [rsp + 144], xmm5",
+        "movaps [rsp + 160], xmm6",
+        "movaps [rsp + 176], xmm7",
+        // enter(row, arg0, arg1, arg2, return address or 0 for a tail call from our own call below)
+        "mov rdi, r11",
+        "mov rsi, [rsp]",
+        "mov rdx, [rsp + 8]",
+        "mov rcx, [rsp + 16]",
+        "mov r8, [rbp + 8]",
+        "lea rax, [rip + 2f]",
+        "cmp r8, rax",
+        "jne 3f",
+        "xor r8d, r8d",
+        "3:",
+        "call {enter}",
+        "mov r11, rax",
+        "mov rdi, [rsp]",
+        "mov rsi, [rsp + 8]",
+        "mov rdx, [rsp + 16]",
+        "mov rcx, [rsp + 24]",
+        "mov r8, [rsp + 32]",
+        "mov r9, [rsp + 40]",
+        "movaps xmm0, [rsp + 64]",
+        "movaps xmm1, [rsp + 80]",
+        "movaps xmm2, [rsp + 96]",
+        "movaps xmm3, [rsp + 112]",
+        "movaps xmm4, [rsp + 128]",
+        "movaps xmm5, [rsp + 144]",
+        "movaps xmm6, [rsp + 160]",
+        "movaps xmm7, [rsp + 176]",
+        "test r11, r11",
+        "jz 4f",
+        "call r11",
+        "2:",
+        // Keep the return value (rax:rdx, xmm0:xmm1) across exit(row).
+        "mov [rsp], rax",
+        "mov [rsp + 8], rdx",
+        "movaps [rsp + 64], xmm0",
+        "movaps [rsp + 80], xmm1",
+        "mov rdi, [rsp + 48]",
+        "call {exit}",
+        "mov rax, [rsp]",
+        "mov rdx, [rsp + 8]",
+        "movaps xmm0, [rsp + 64]",
+        "movaps xmm1, [rsp + 80]",
+        "leave",
+        "ret",
+        // No real function (no loaded ggml defines it): nothing to call.
+        "4:",
+        "xor eax, eax",
+        "leave",
+        "ret",
+        enter = sym enter,
+        exit = sym exit,
+    )
+}
+
+/// This thread's place among the wrapped calls. No destructors (see `record::events`).
+struct Worker {
+    /// Wrapped per-op calls open on this thread (barriers not counted).
+    depth: Cell<u32>,
+    /// Return address of the outermost open call: stands in for a tail call's.
+    outer_site: Cell<usize>,
+    /// This thread's open share of a node, and the recorder it is recorded in.
+    node: Cell<Option<(OpInfo, &'static Recorder)>>,
+    /// Thread index and count from the compute params of the last node.
+    ith: Cell<u32>,
+    nth: Cell<u32>,
+    /// When the open barrier wait began (0: not recorded).
+    barrier_start: Cell<u64>,
+}
+
+thread_local! {
+    static WORKER: Worker = const {
+        Worker {
+            depth: Cell::new(0),
+            outer_site: Cell::new(0),
+            node: Cell::new(None),
+            ith: Cell::new(0),
+            nth: Cell::new(0),
+            barrier_start: Cell::new(0),
+        }
+    };
+}
+
+/// Before the real function: returns its address (0: none) and records what begins.
+extern "C" fn enter(row: usize, arg0: Ptr, arg1: Ptr, arg2: Ptr, site: usize) -> usize {
+    let Some(f) = FUNCTIONS.get(row) else {
+        return 0;
+    };
+    catch_unwind(AssertUnwindSafe(|| {
+        WORKER.with(|w| {
+            let site = if site == 0 { w.outer_site.get() } else { site };
+            let Some((resolved, _)) = resolve_callee(Callee::Cpu(row as u8, f.name), site) else {
+                say_no_function(f.name);
+                return 0;
+            };
+            if f.kind == Kind::Barrier {
+                barrier_begins(w);
+                return resolved.real;
+            }
+            let depth = w.depth.get();
+            w.depth.set(depth + 1);
+            if depth == 0 {
+                w.outer_site.set(site);
+                node_begins(w, f.kind, resolved.helpers, arg0, arg1, arg2);
+            }
+            resolved.real
+        })
+    }))
+    .unwrap_or(0)
+}
+
+/// After the real function.
+extern "C" fn exit(row: usize) {
+    let Some(f) = FUNCTIONS.get(row) else { return };
+    let _ = catch_unwind(AssertUnwindSafe(|| {
+        WORKER.with(|w| {
+            if f.kind == Kind::Barrier {
+                barrier_ends(w);
+            } else {
+                w.depth.set(w.depth.get().saturating_sub(1));
+            }
+        })
+    }));
+}
+
+fn say_no_function(name: &CStr) {
+    static SAID: AtomicBool = AtomicBool::new(false);
+    if !SAID.swap(true, Ordering::Relaxed) {
+        say(format_args!(
+            "no loaded library defines {}; the call does nothing",
+            name.to_string_lossy()
+        ));
+    }
+}
+
+/// An outermost per-op call (or the dispatcher's marker) on this thread.
+fn node_begins(w: &Worker, kind: Kind, h: &'static Helpers, params: Ptr, arg1: Ptr, arg2: Ptr) {
+    let tensor = match kind {
+        Kind::Third | Kind::Fused => arg2,
+        _ => arg1,
+    };
+    if let Some((open, _)) = w.node.get()
+        && open.tensor == tensor
+    {
+        // The dispatcher's per-op call for the node its marker began.
+        return;
+    }
+    end_node(w);
+    let Some(r) = record::thread_ops() else {
+        return;
+    };
+    if tensor.is_null() || params.is_null() {
+        return;
+    }
+    // SAFETY: `params` is ggml's `struct ggml_compute_params *` for this call, which starts
+    // with `int ith, nth`.
+    let (ith, nth) = unsafe { (*(params as *const i32), *(params as *const i32).add(1)) };
+    if !(0..=65536).contains(&nth) || ith < 0 || ith >= nth {
+        static SAID: AtomicBool = AtomicBool::new(false);
+        if !SAID.swap(true, Ordering::Relaxed) {
+            say(format_args!(
+                "this ggml's compute params do not start with the thread index and count \
+                 (read {ith} of {nth}); per-thread op timing stops, nodes are timed with the \
+                 scheduler's eval callback from the next graph on"
+            ));
+        }
+        r.threads_mode_failed();
+        return;
+    }
+    w.ith.set(ith as u32);
+    w.nth.set(nth as u32);
+    // SAFETY: `tensor` is the node this call of the copy `h` belongs to computes: live.
+    let op = unsafe {
+        if kind == Kind::Fused {
+            fused_info(h, r, arg1, arg2)
+        } else {
+            node_info(h, r, tensor, std::ptr::null_mut())
+        }
+    };
+    record::thread_op(r, true, &op);
+    w.node.set(Some((op, r)));
+}
+
+/// Ends this thread's open share of a node, if any.
+fn end_node(w: &Worker) {
+    if let Some((op, r)) = w.node.take()
+        && record::active().is_some_and(|a| std::ptr::eq(a, r))
+    {
+        record::thread_op(r, false, &op);
+    }
+}
+
+/// The op info of a fused call that computed `first` and then `last`: the last node's, with
+/// both ops in its name (`RMS_NORM+MUL`) and under a tensor-info key of its own.
+///
+/// # Safety
+/// Both are live nodes of the copy `h` belongs to.
+unsafe fn fused_info(h: &Helpers, r: &Recorder, first: Ptr, last: Ptr) -> OpInfo {
+    // SAFETY: per the contract.
+    let (mut op, first_key) = unsafe {
+        (
+            node_info(h, r, last, std::ptr::null_mut()),
+            tensor::identity(h, first).0,
+        )
+    };
+    // SAFETY: per the contract.
+    let (last_key, _) = unsafe { tensor::identity(h, last) };
+    op.tensor_id = r.tensor_id(last_key ^ first_key.rotate_left(17) | 1, || {
+        // SAFETY: per the contract.
+        let (mut info, first_op) = unsafe { (read_tensor(h, last), h.op_desc(first)) };
+        info.op = format!("{first_op}+{}", info.op);
+        info.flops = None;
+        info
+    });
+    op
+}
+
+fn barrier_begins(w: &Worker) {
+    // The node before this barrier is done, on this thread (barriers inside an op are calls
+    // nested in its per-op function).
+    if w.depth.get() == 0 {
+        end_node(w);
+    }
+    let recorded = w.nth.get() > 1 && record::thread_ops().is_some();
+    w.barrier_start
+        .set(if recorded { clock::now_ticks() } else { 0 });
+}
+
+fn barrier_ends(w: &Worker) {
+    let start = w.barrier_start.replace(0);
+    if start != 0
+        && let Some(r) = record::thread_ops()
+    {
+        record::barrier_wait(r, std::ptr::null_mut(), w.ith.get(), w.nth.get(), start);
+    }
+}
