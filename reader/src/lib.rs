@@ -42,7 +42,7 @@ mod read;
 pub mod telemetry;
 
 pub use analysis::op_timings::{
-    GroupBy, OpAnalysis, OpGroup, OpSample, Phase, group_ops, op_timing_note,
+    GroupBy, OpAnalysis, OpGroup, OpSample, Phase, ThreadTotals, group_ops, op_timing_note,
 };
 pub use analysis::stats::{DurationSummary, MemoryStats, TraceStats};
 pub use format::{

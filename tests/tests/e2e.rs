@@ -10,4 +10,5 @@ mod llama;
 mod ops;
 mod record;
 mod report;
+mod threads;
 mod windows;

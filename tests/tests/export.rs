@@ -99,7 +99,8 @@ fn the_perfetto_export_holds_every_span_and_counter_of_a_real_trace() {
     );
 
     // Tracks: one process, named for the program and its pid, its threads under it; op slices
-    // nest inside a graph slice on their own thread's track, named for their op.
+    // nest inside a graph slice on the calling thread's track, and on the pool's other threads
+    // (threads-mode op timing) lie within a graph slice of that thread; named for their op.
     let tracks = decoded["tracks"].as_object().unwrap();
     let of_kind = |kind: &str| -> Vec<(&String, &Value)> {
         tracks.iter().filter(|(_, t)| t["kind"] == kind).collect()
@@ -126,20 +127,33 @@ fn the_perfetto_export_holds_every_span_and_counter_of_a_real_trace() {
             .or_default()
             .push(s);
     }
+    let graphs: Vec<&Value> = slices.iter().filter(|s| s["category"] == "graph").collect();
+    let mut worker_ops = 0;
     for s in slices.iter().filter(|s| s["category"] == "op") {
         let (start, end) = (s["start"].as_u64().unwrap(), s["end"].as_u64().unwrap());
-        assert!(s["depth"].as_u64().unwrap() > 0);
-        assert!(
-            by_track[&s["track"].as_u64().unwrap()]
-                .iter()
-                .any(|g| g["category"] == "graph"
-                    && g["start"].as_u64().unwrap() <= start
-                    && end <= g["end"].as_u64().unwrap()),
-            "an op outside every graph of its thread: {s}"
-        );
+        let track = s["track"].as_u64().unwrap();
+        let inside =
+            |g: &&Value| g["start"].as_u64().unwrap() <= start && end <= g["end"].as_u64().unwrap();
+        if by_track[&track].iter().any(|g| g["category"] == "graph") {
+            assert!(s["depth"].as_u64().unwrap() > 0);
+            assert!(
+                by_track[&track]
+                    .iter()
+                    .any(|g| g["category"] == "graph" && inside(g)),
+                "an op outside every graph of its thread: {s}"
+            );
+        } else {
+            worker_ops += 1;
+            assert_eq!(s["depth"].as_u64().unwrap(), 0);
+            assert!(
+                graphs.iter().any(inside),
+                "a worker's op outside every graph: {s}"
+            );
+        }
         let name = s["name"].as_str().unwrap();
         assert!(op_kinds.contains(name), "{name} is not an op of the trace");
     }
+    assert!(worker_ops > 0, "no op slice on a worker thread's track");
 
     // Counters: a sample per buffer event, in bytes, back to 0 at the end.
     let counters = decoded["counters"].as_array().unwrap();

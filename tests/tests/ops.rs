@@ -1,4 +1,6 @@
-//! Per-op timing on real llama.cpp, and chaining with an application's own eval callback.
+//! Per-op timing through the scheduler's eval callback (`GGML_VIZ_OP_TIMING=sched`) on real
+//! llama.cpp, and chaining with an application's own eval callback. (Threads mode, the
+//! default on the CPU backend: `threads.rs`.)
 
 use std::collections::{BTreeSet, HashMap};
 use std::process::Command;
@@ -7,6 +9,13 @@ use ggml_viz_e2e::*;
 use ggml_viz_reader::Event;
 use ggml_viz_reader::format::ext::{self, SpanBoundary, TensorInfo};
 use ggml_viz_reader::format::{EventType, ExtensionKind, Payload};
+
+/// `cmd` with the hook preloaded in sched mode and `settings`.
+fn with_sched_hook(cmd: Command, settings: &[(&str, &str)]) -> Command {
+    let mut cmd = with_hook(cmd, settings);
+    cmd.env("GGML_VIZ_OP_TIMING", "sched");
+    cmd
+}
 
 fn ext_payloads<T: serde::de::DeserializeOwned>(
     events: &[Event<'_>],
@@ -67,7 +76,7 @@ fn llama_simple_ops_are_timed_one_pair_per_node_with_names_and_spans() {
     let dir = scratch("ops");
     let trace = dir.join("t.ggmlviz");
     let plain = run(llama_simple(8));
-    let traced = run(with_hook(
+    let traced = run(with_sched_hook(
         llama_simple(8),
         &[("GGML_VIZ_OUTPUT", trace.to_str().unwrap())],
     ));
@@ -142,7 +151,7 @@ fn llama_simple_ops_are_timed_one_pair_per_node_with_names_and_spans() {
     });
     assert!(out.status.success());
     let table = text(&out.stdout);
-    assert!(table.contains("op timing: on"), "{table}");
+    assert!(table.contains("op timing: sched"), "{table}");
     assert!(
         table.contains("\nprefill (") && table.contains("\ngeneration ("),
         "{table}"
@@ -175,7 +184,7 @@ fn llama_simple_ops_are_timed_one_pair_per_node_with_names_and_spans() {
 fn op_sampling_times_one_graph_in_n() {
     let dir = scratch("ops-sample");
     let trace = dir.join("t.ggmlviz");
-    let out = run(with_hook(
+    let out = run(with_sched_hook(
         llama_simple(9),
         &[
             ("GGML_VIZ_OUTPUT", trace.to_str().unwrap()),
@@ -213,7 +222,7 @@ fn the_applications_eval_callback_sees_exactly_what_it_would_without_us() {
         let trace = dir.join("t.ggmlviz");
         let plain = run(sched_app(extra));
         assert!(plain.status.success(), "{}", text(&plain.stderr));
-        let traced = run(with_hook(
+        let traced = run(with_sched_hook(
             sched_app(extra),
             &[("GGML_VIZ_OUTPUT", trace.to_str().unwrap())],
         ));
@@ -252,7 +261,7 @@ fn a_new_scheduler_at_a_freed_ones_address_does_not_inherit_its_callback() {
         stdout.contains("fresh scheduler at the freed one's address"),
         "the address was not reused, so this checks nothing: {stdout}"
     );
-    let traced = run(with_hook(
+    let traced = run(with_sched_hook(
         app(),
         &[("GGML_VIZ_OUTPUT", trace.to_str().unwrap())],
     ));
@@ -279,7 +288,7 @@ fn more_schedulers_than_the_hook_remembers_keep_their_callbacks() {
     let plain = run(sched_app(&args));
     assert!(plain.status.success(), "{}", text(&plain.stderr));
     assert_eq!(text(&plain.stdout).matches("compute ").count(), 600);
-    let traced = run(with_hook(
+    let traced = run(with_sched_hook(
         sched_app(&args),
         &[("GGML_VIZ_OUTPUT", trace.to_str().unwrap())],
     ));
@@ -329,7 +338,7 @@ fn a_full_tensor_table_is_counted_and_said() {
     let args = ["--want", "", "--repeat", "1", "--chain", "9000"];
     let plain = run(sched_app(&args));
     assert!(plain.status.success(), "{}", text(&plain.stderr));
-    let traced = run(with_hook(
+    let traced = run(with_sched_hook(
         sched_app(&args),
         &[("GGML_VIZ_OUTPUT", trace.to_str().unwrap())],
     ));
@@ -364,7 +373,7 @@ fn a_compute_stopped_by_an_abort_callback_leaves_the_thread_recording() {
     let stdout = text(&plain.stdout);
     assert!(stdout.contains("compute 0 status=1"), "{stdout}"); // GGML_STATUS_ABORTED
     assert_eq!(stdout.matches("status=0").count(), 5, "{stdout}");
-    let traced = run(with_hook(
+    let traced = run(with_sched_hook(
         sched_app(&args),
         &[("GGML_VIZ_OUTPUT", trace.to_str().unwrap())],
     ));
@@ -396,7 +405,7 @@ fn memory_and_thread_tracking_balance_and_leave_the_output_alone() {
     let dir = scratch("memory");
     let trace = dir.join("t.ggmlviz");
     let plain = run(llama_simple(4));
-    let traced = run(with_hook(
+    let traced = run(with_sched_hook(
         llama_simple(4),
         &[
             ("GGML_VIZ_OUTPUT", trace.to_str().unwrap()),

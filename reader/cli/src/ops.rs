@@ -17,17 +17,24 @@ use crate::input::{Input, ReadStop};
 /// spent in ops. With llama_decode spans in the trace, prefill (multi-token batches) and
 /// generation (single tokens) are shown separately.
 ///
-/// Op timings exist when the hook ran with op timing on (GGML_VIZ_OP_TIMING=1, the default):
-/// each node is then computed and synchronized on its own, which adds a synchronization per node
-/// and disables ggml's op fusion.
+/// Op timings exist when the hook ran with op timing on (GGML_VIZ_OP_TIMING=auto, the
+/// default). On the CPU backend (`threads` mode) every worker thread's share of every node is
+/// recorded as the run computed it: a node's time is then its wall time (first thread's start
+/// to last thread's end), and the table adds the threads' summed time, the imbalance (of the
+/// time the threads that had work spent in the node, the share they waited for the slowest)
+/// and the share of barrier waits after it; `--by thread` shows each thread's time in nodes
+/// and in waits. Elsewhere (`sched` mode) each node is computed and synchronized on its own
+/// by the scheduler's eval callback, which adds a synchronization per node and disables
+/// ggml's op fusion.
 #[derive(Args)]
 #[command(
-    after_help = "Examples:\n  ggml-viz ops trace.ggmlviz\n  ggml-viz ops --by layer --top 5 trace.ggmlviz\n  ggml-viz ops --by name trace.ggmlviz"
+    after_help = "Examples:\n  ggml-viz ops trace.ggmlviz\n  ggml-viz ops --by layer --top 5 trace.ggmlviz\n  ggml-viz ops --by name trace.ggmlviz\n  ggml-viz ops --by thread trace.ggmlviz"
 )]
 pub struct OpsArgs {
     /// Trace file, or - for standard input.
     file: PathBuf,
-    /// Group by op type, tensor name, backend, or layer (llama.cpp's `<name>-<layer>`).
+    /// Group by op type, tensor name, backend, layer (llama.cpp's `<name>-<layer>`), or worker
+    /// thread.
     #[arg(long, value_enum, default_value_t = By::Op)]
     by: By,
     /// Show the N groups with the most time (0: all).
@@ -44,6 +51,7 @@ enum By {
     Name,
     Backend,
     Layer,
+    Thread,
 }
 
 pub fn run(args: OpsArgs) -> Result<(), Failure> {
@@ -59,10 +67,14 @@ pub fn run(args: OpsArgs) -> Result<(), Failure> {
         By::Name => GroupBy::Name,
         By::Backend => GroupBy::Backend,
         By::Layer => GroupBy::Layer,
+        By::Thread => GroupBy::Op,
     };
+    let threaded = analysis.has_thread_shares();
     let mut out = io::stdout().lock();
     write_header(&mut out, &analysis)?;
-    if analysis.has_phases() {
+    if matches!(args.by, By::Thread) {
+        write_threads(&mut out, &analysis)?;
+    } else if analysis.has_phases() {
         for phase in [Phase::Prefill, Phase::Generation] {
             let ops: Vec<&OpSample> = analysis
                 .ops
@@ -70,11 +82,17 @@ pub fn run(args: OpsArgs) -> Result<(), Failure> {
                 .filter(|o| o.phase == Some(phase))
                 .collect();
             writeln!(out, "\n{} ({} ops)", phase.name(), ops.len())?;
-            write_table(&mut out, ops, by, args.top)?;
+            write_table(&mut out, ops, by, args.top, threaded)?;
         }
     } else if !analysis.ops.is_empty() {
         writeln!(out)?;
-        write_table(&mut out, analysis.ops.iter().collect(), by, args.top)?;
+        write_table(
+            &mut out,
+            analysis.ops.iter().collect(),
+            by,
+            args.top,
+            threaded,
+        )?;
     }
     out.flush()?;
     match stop {
@@ -108,7 +126,53 @@ fn write_header(out: &mut impl Write, a: &OpAnalysis) -> io::Result<()> {
         a.ops.len(),
         fmt_ns(op_ns as f64),
         fmt_ns(a.timed_graph_ns as f64)
-    )
+    )?;
+    if a.has_thread_shares() {
+        let thread_ns = a
+            .ops
+            .iter()
+            .fold(0u64, |t, o| t.saturating_add(o.thread_ns));
+        let wait_ns = a
+            .threads
+            .iter()
+            .fold(0u64, |t, w| t.saturating_add(w.wait_ns));
+        writeln!(
+            out,
+            "{} threads: {} in their shares of nodes, {} waiting at barriers",
+            a.threads.len(),
+            fmt_ns(thread_ns as f64),
+            fmt_ns(wait_ns as f64)
+        )?;
+    }
+    Ok(())
+}
+
+/// `--by thread`: each thread's shares of nodes and barrier waits.
+fn write_threads(out: &mut impl Write, a: &OpAnalysis) -> io::Result<()> {
+    writeln!(
+        out,
+        "\n{:<10} {:>8} {:>11} {:>8} {:>11} {:>7}",
+        "thread", "shares", "in shares", "waits", "waiting", "wait %"
+    )?;
+    for t in &a.threads {
+        let total = t.share_ns.saturating_add(t.wait_ns);
+        let wait_share = if total > 0 {
+            100.0 * t.wait_ns as f64 / total as f64
+        } else {
+            0.0
+        };
+        writeln!(
+            out,
+            "{:<10} {:>8} {:>11} {:>8} {:>11} {:>6.1}%",
+            t.thread_id,
+            t.shares,
+            fmt_ns(t.share_ns as f64),
+            t.waits,
+            fmt_ns(t.wait_ns as f64),
+            wait_share
+        )?;
+    }
+    Ok(())
 }
 
 fn write_table(
@@ -116,6 +180,7 @@ fn write_table(
     ops: Vec<&OpSample>,
     by: GroupBy,
     top: usize,
+    threaded: bool,
 ) -> io::Result<()> {
     let total = ops
         .iter()
@@ -126,11 +191,15 @@ fn write_table(
     } else {
         top.min(rows.len())
     };
-    writeln!(
+    write!(
         out,
         "{:<28} {:>7} {:>11} {:>7} {:>10} {:>10} {:>10} {:>9} {:>8}",
         "group", "count", "total", "share", "mean", "p50", "p99", "GFLOP/s", "GB/s"
     )?;
+    if threaded {
+        write!(out, " {:>11} {:>6} {:>6}", "thread time", "imbal", "wait")?;
+    }
+    writeln!(out)?;
     for g in &rows[..shown] {
         let share = if total > 0 {
             100.0 * g.total_ns as f64 / total as f64
@@ -140,7 +209,7 @@ fn write_table(
         let gflops = g
             .flops_per_s
             .map_or_else(|| "-".into(), |f| format!("{:.2}", f / 1e9));
-        writeln!(
+        write!(
             out,
             "{:<28} {:>7} {:>11} {:>6.1}% {:>10} {:>10} {:>10} {:>9} {:>8.2}",
             truncate(&g.key, 28),
@@ -153,6 +222,16 @@ fn write_table(
             gflops,
             g.bytes_per_s / 1e9
         )?;
+        if threaded {
+            write!(
+                out,
+                " {:>11} {:>5.1}% {:>5.1}%",
+                fmt_ns(g.thread_ns as f64),
+                100.0 * g.imbalance,
+                100.0 * g.wait_share
+            )?;
+        }
+        writeln!(out)?;
     }
     if shown < rows.len() {
         writeln!(out, "… {} more (use --top 0 for all)", rows.len() - shown)?;

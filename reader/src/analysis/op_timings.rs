@@ -1,6 +1,14 @@
-//! Per-op timings from a trace: each op begin/end pair becomes an [`OpSample`] named from the
-//! trace's own records (tensor-info, op-name and backend-name extension records), then grouped
-//! by op, tensor name, backend or layer.
+//! Per-op timings from a trace: each op begin/end pair is one thread's share of a node, named
+//! from the trace's own records (tensor-info, op-name and backend-name extension records). The
+//! shares of one node on several threads (threads-mode op timing: every worker thread computes
+//! part of every node) are joined into one [`OpSample`], the node: its wall time runs from its
+//! first thread's start to its last thread's end. Samples are then grouped by op, tensor name,
+//! backend or layer.
+//!
+//! Joining: a thread's spans of one tensor, in time order, belong to successive computes of it;
+//! the spans of all threads for one tensor are sorted by start, and a node ends where a thread
+//! that already has a span in it starts another. Each thread's barrier waits (threads mode)
+//! count for the node that thread computed last: time it spent waiting for the slowest.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -25,14 +33,28 @@ impl Phase {
     }
 }
 
-/// One timed op.
+/// One timed node.
 #[derive(Clone, Debug, PartialEq)]
 pub struct OpSample {
-    /// `MUL_MAT`, `SILU`, … (the sub-op for unary and GLU ops).
+    /// `MUL_MAT`, `SILU`, … (the sub-op for unary and GLU ops; `RMS_NORM+MUL` for a fused call).
     pub op: String,
     pub tensor: String,
     pub backend: String,
+    /// Wall time: the first thread's start to the last thread's end.
     pub duration_ns: u64,
+    /// Threads that computed a share of it (1 with the eval callback).
+    pub threads: u32,
+    /// The threads' shares, summed.
+    pub thread_ns: u64,
+    /// Of the threads that had work (a share of at least 1/8 of the slowest's: ops that split
+    /// no work return at once on the other threads), the time each finished before the slowest,
+    /// summed; and how many they were.
+    pub idle_ns: u64,
+    pub working_threads: u32,
+    /// The longest share.
+    pub slowest_ns: u64,
+    /// Barrier waits of its threads after it (threads mode).
+    pub wait_ns: u64,
     pub flops: Option<u64>,
     /// Bytes of the result (`ggml_nbytes`).
     pub bytes: u64,
@@ -57,13 +79,42 @@ pub struct OpAnalysis {
     pub timed_graph_ns: u64,
     /// How the writer took op timings ([`op_timing_note`]).
     pub timing_note: Option<String>,
+    /// Per thread: its shares of nodes and its barrier waits, by thread id.
+    pub threads: Vec<ThreadTotals>,
     pub damage: Option<Damage>,
+}
+
+/// One thread's time in node shares and in barrier waits.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ThreadTotals {
+    pub thread_id: u32,
+    pub shares: u64,
+    pub share_ns: u64,
+    pub waits: u64,
+    pub wait_ns: u64,
+}
+
+/// One thread's share of a node, before joining.
+struct Share {
+    thread_id: u32,
+    begin: u64,
+    end: u64,
+    tensor_ptr: u64,
+    tensor: String,
+    op_type: u32,
+    bytes: u64,
+    backend: u64,
+    phase: Option<Phase>,
+    wait_ns: u64,
 }
 
 #[derive(Default)]
 struct Thread {
-    /// Begin of the op being timed: time, tensor name, op type, result bytes, backend.
-    open_op: Option<(u64, String, u32, u64, u64)>,
+    /// Begin of the op being timed: time, tensor pointer, tensor name, op type, result bytes,
+    /// backend.
+    open_op: Option<(u64, u64, String, u32, u64, u64)>,
+    /// The share this thread ended last (an index into the shares), for its barrier waits.
+    last_share: Option<usize>,
     graph_depth: u32,
     graph_begin: u64,
     graph_has_ops: bool,
@@ -77,6 +128,7 @@ impl OpAnalysis {
         let mut infos: HashMap<String, TensorInfo> = HashMap::new();
         let mut backends: HashMap<u64, String> = HashMap::new();
         let mut threads: HashMap<u32, Thread> = HashMap::new();
+        let mut shares: Vec<Share> = Vec::new();
         for item in events {
             let e = match item {
                 Ok(e) => e,
@@ -154,46 +206,69 @@ impl OpAnalysis {
                 (
                     Some(EventType::OpComputeBegin),
                     Payload::Op {
+                        tensor_ptr,
                         op_type,
                         op_size,
                         backend_ptr,
-                        ..
                     },
                 ) => {
                     let name = String::from_utf8_lossy(label).into_owned();
-                    t.open_op = Some((e.timestamp_ns, name, op_type, op_size, backend_ptr));
+                    t.open_op = Some((
+                        e.timestamp_ns,
+                        tensor_ptr,
+                        name,
+                        op_type,
+                        op_size,
+                        backend_ptr,
+                    ));
                     t.graph_has_ops = true;
                 }
                 (Some(EventType::OpComputeEnd), _) => {
-                    let Some((begin, tensor, op_type, bytes, backend)) = t.open_op.take() else {
+                    let Some((begin, tensor_ptr, tensor, op_type, bytes, backend)) =
+                        t.open_op.take()
+                    else {
                         continue;
                     };
-                    let info = infos
-                        .get(&tensor)
-                        .filter(|i| i.op_type.is_none_or(|o| o == op_type));
-                    let op = match info {
-                        Some(i) if !i.op.is_empty() => i.op.clone(),
-                        _ => op_names
-                            .get(&op_type)
-                            .cloned()
-                            .unwrap_or_else(|| format!("op {op_type}")),
-                    };
-                    a.ops.push(OpSample {
-                        op,
+                    t.last_share = Some(shares.len());
+                    shares.push(Share {
+                        thread_id: e.thread_id,
+                        begin,
+                        end: e.timestamp_ns.max(begin),
+                        tensor_ptr,
                         tensor,
-                        backend: backends
-                            .get(&backend)
-                            .cloned()
-                            .unwrap_or_else(|| format!("{backend:#x}")),
-                        duration_ns: e.timestamp_ns.saturating_sub(begin),
-                        flops: info.and_then(|i| i.flops),
+                        op_type,
                         bytes,
+                        backend,
                         phase: t.phase,
+                        wait_ns: 0,
                     });
+                }
+                // A worker's wait at a barrier (no entry point recorded it: no label but ours).
+                (Some(EventType::BarrierWait), Payload::Thread { value, .. })
+                    if label == b"ggml_barrier" =>
+                {
+                    let totals = thread_totals(&mut a.threads, e.thread_id);
+                    totals.waits += 1;
+                    totals.wait_ns = totals.wait_ns.saturating_add(value);
+                    if let Some(share) = t.last_share.and_then(|i| shares.get_mut(i)) {
+                        share.wait_ns = share.wait_ns.saturating_add(value);
+                    }
                 }
                 _ => {}
             }
         }
+        for s in &shares {
+            let totals = thread_totals(&mut a.threads, s.thread_id);
+            totals.shares += 1;
+            totals.share_ns = totals.share_ns.saturating_add(s.end - s.begin);
+        }
+        a.threads.sort_by_key(|t| t.thread_id);
+        let namer = Namer {
+            op_names: &op_names,
+            infos: &infos,
+            backends: &backends,
+        };
+        a.ops = join_shares(shares, &namer);
         a
     }
 
@@ -204,27 +279,148 @@ impl OpAnalysis {
             .fold(0u64, |a, o| a.saturating_add(o.duration_ns))
     }
 
+    /// Whether any node was computed by more than one thread (threads-mode op timing).
+    pub fn has_thread_shares(&self) -> bool {
+        self.ops.iter().any(|o| o.threads > 1)
+    }
+
     /// Whether any op ran inside a llama_decode / llama_encode span.
     pub fn has_phases(&self) -> bool {
         self.ops.iter().any(|o| o.phase.is_some())
     }
 }
 
+fn thread_totals(threads: &mut Vec<ThreadTotals>, thread_id: u32) -> &mut ThreadTotals {
+    let i = match threads.iter().position(|t| t.thread_id == thread_id) {
+        Some(i) => i,
+        None => {
+            threads.push(ThreadTotals {
+                thread_id,
+                ..ThreadTotals::default()
+            });
+            threads.len() - 1
+        }
+    };
+    &mut threads[i]
+}
+
+/// The trace's name tables.
+struct Namer<'a> {
+    op_names: &'a HashMap<u32, String>,
+    infos: &'a HashMap<String, TensorInfo>,
+    backends: &'a HashMap<u64, String>,
+}
+
+/// Joins the threads' shares into nodes (see the module's description), in order of start.
+fn join_shares(mut shares: Vec<Share>, namer: &Namer<'_>) -> Vec<OpSample> {
+    shares.sort_by(|a, b| {
+        (a.tensor_ptr, &a.tensor, a.begin).cmp(&(b.tensor_ptr, &b.tensor, b.begin))
+    });
+    let mut nodes: Vec<(u64, OpSample)> = Vec::new();
+    let mut start = 0;
+    while start < shares.len() {
+        let mut end = start + 1;
+        while end < shares.len()
+            && shares[end].tensor_ptr == shares[start].tensor_ptr
+            && shares[end].tensor == shares[start].tensor
+            && !shares[start..end]
+                .iter()
+                .any(|s| s.thread_id == shares[end].thread_id)
+        {
+            end += 1;
+        }
+        let node = &shares[start..end];
+        nodes.push((node[0].begin, sample_of(node, namer)));
+        start = end;
+    }
+    nodes.sort_by_key(|(begin, _)| *begin);
+    nodes.into_iter().map(|(_, n)| n).collect()
+}
+
+/// One node from its threads' shares (at least one).
+fn sample_of(node: &[Share], namer: &Namer<'_>) -> OpSample {
+    let first = &node[0];
+    let info = namer
+        .infos
+        .get(&first.tensor)
+        .filter(|i| i.op_type.is_none_or(|o| o == first.op_type));
+    let op = match info {
+        Some(i) if !i.op.is_empty() => i.op.clone(),
+        _ => namer
+            .op_names
+            .get(&first.op_type)
+            .cloned()
+            .unwrap_or_else(|| format!("op {}", first.op_type)),
+    };
+    let backend = match namer.backends.get(&first.backend) {
+        Some(name) => name.clone(),
+        // A CPU worker thread's share (threads-mode op timing) names no backend (FORMAT.md).
+        None if first.backend == 0 => "CPU".into(),
+        None => format!("{:#x}", first.backend),
+    };
+    let begin = node.iter().map(|s| s.begin).min().unwrap_or(0);
+    let end = node.iter().map(|s| s.end).max().unwrap_or(begin);
+    let slowest_ns = node.iter().map(|s| s.end - s.begin).max().unwrap_or(0);
+    let working: Vec<u64> = node
+        .iter()
+        .map(|s| s.end - s.begin)
+        .filter(|&d| d.saturating_mul(8) >= slowest_ns)
+        .collect();
+    OpSample {
+        op,
+        tensor: first.tensor.clone(),
+        backend,
+        duration_ns: end - begin,
+        threads: node.len() as u32,
+        thread_ns: node
+            .iter()
+            .fold(0u64, |a, s| a.saturating_add(s.end - s.begin)),
+        idle_ns: working
+            .iter()
+            .fold(0u64, |a, &d| a.saturating_add(slowest_ns - d)),
+        working_threads: working.len() as u32,
+        slowest_ns,
+        wait_ns: node.iter().fold(0u64, |a, s| a.saturating_add(s.wait_ns)),
+        flops: info.and_then(|i| i.flops),
+        bytes: first.bytes,
+        phase: node.iter().find_map(|s| s.phase),
+    }
+}
+
 /// What a reader should be told about how op timings were taken, from the writer's settings
 /// (`op_timing`, `op_sample` of the metadata record); `None` when the trace does not say.
+/// The mode is `op_timing_mode` (the mode that ran; `op_timing_why` says why), or, from a
+/// writer that had no modes, the boolean `op_timing` (on = the eval callback).
 pub fn op_timing_note(settings: &serde_json::Map<String, serde_json::Value>) -> Option<String> {
-    let on = settings.get("op_timing")?.as_bool()?;
+    let mode = match settings.get("op_timing_mode").and_then(|v| v.as_str()) {
+        Some(mode) => mode,
+        None => match settings.get("op_timing")?.as_bool()? {
+            true => "sched",
+            false => "off",
+        },
+    };
     let sample = settings
         .get("op_sample")
         .and_then(|v| v.as_u64())
         .unwrap_or(1);
-    Some(match (on, sample) {
-        (false, _) => "off (GGML_VIZ_OP_TIMING=0): graph times only".into(),
-        (true, 1) => "on: each node computed and synchronized on its own, no op fusion".into(),
-        (true, n) => format!(
-            "on for 1 graph compute in {n}: those nodes computed and synchronized one by one, no op fusion"
-        ),
-    })
+    let what = match mode {
+        "off" => return Some("off: graph times only".into()),
+        "threads" => "threads: each worker thread's share of each node, as the run computed it \
+             (nothing of the run changed)"
+            .to_string(),
+        "sched" => "sched: each node computed and synchronized on its own by the scheduler's \
+             eval callback, no op fusion (small nodes read slower than they run)"
+            .to_string(),
+        other => other.to_string(),
+    };
+    let mut note = match sample {
+        0 | 1 => what,
+        n => format!("{what}; 1 graph compute in {n}"),
+    };
+    if let Some(why) = settings.get("op_timing_why").and_then(|v| v.as_str()) {
+        note.push_str(&format!(" [{why}]"));
+    }
+    Some(note)
 }
 
 /// How to group ops.
@@ -246,6 +442,13 @@ pub struct OpGroup {
     /// FLOP/s over the ops whose FLOPs are known.
     pub flops_per_s: Option<f64>,
     pub bytes_per_s: f64,
+    /// The nodes' threads' shares, summed.
+    pub thread_ns: u64,
+    /// Of the time the threads that had work spent in these nodes (as long as the slowest of
+    /// each), the share they were done and waited for the slowest.
+    pub imbalance: f64,
+    /// Of the threads' time in these nodes and the barrier waits after them, the waits' share.
+    pub wait_share: f64,
 }
 
 /// Groups `ops` by `by`, largest total time first.
@@ -277,6 +480,12 @@ pub fn group_ops<'a>(ops: impl IntoIterator<Item = &'a OpSample>, by: GroupBy) -
                 .filter_map(|o| o.flops)
                 .fold(0u64, u64::saturating_add);
             let bytes = ops.iter().fold(0u64, |a, o| a.saturating_add(o.bytes));
+            let sum =
+                |f: fn(&OpSample) -> u64| ops.iter().fold(0u64, |a, o| a.saturating_add(f(o)));
+            let thread_ns = sum(|o| o.thread_ns);
+            let idle_ns = sum(|o| o.idle_ns);
+            let working_ns = sum(|o| o.slowest_ns.saturating_mul(o.working_threads as u64));
+            let wait_ns = sum(|o| o.wait_ns);
             OpGroup {
                 key,
                 count: ops.len(),
@@ -288,11 +497,22 @@ pub fn group_ops<'a>(ops: impl IntoIterator<Item = &'a OpSample>, by: GroupBy) -
                 } else {
                     0.0
                 },
+                thread_ns,
+                imbalance: ratio(idle_ns, working_ns),
+                wait_share: ratio(wait_ns, thread_ns.saturating_add(wait_ns)),
             }
         })
         .collect();
     rows.sort_by(|a, b| b.total_ns.cmp(&a.total_ns).then_with(|| a.key.cmp(&b.key)));
     rows
+}
+
+fn ratio(part: u64, whole: u64) -> f64 {
+    if whole == 0 {
+        0.0
+    } else {
+        part as f64 / whole as f64
+    }
 }
 
 #[cfg(test)]
@@ -305,10 +525,114 @@ mod tests {
             tensor: tensor.into(),
             backend: "CPU".into(),
             duration_ns: ns,
+            threads: 1,
+            thread_ns: ns,
+            idle_ns: 0,
+            working_threads: 1,
+            slowest_ns: ns,
+            wait_ns: 0,
             flops,
             bytes: 1000,
             phase: None,
         }
+    }
+
+    fn op_event(begin: bool, ts: u64, thread: u32, tensor: u64) -> Event<'static> {
+        Event {
+            type_code: if begin {
+                EventType::OpComputeBegin
+            } else {
+                EventType::OpComputeEnd
+            } as u8,
+            timestamp_ns: ts,
+            thread_id: thread,
+            payload: Payload::Op {
+                tensor_ptr: tensor,
+                op_type: 29,
+                op_size: 64,
+                backend_ptr: 0,
+            },
+            label: Some(b"ffn_out-0"[..].into()),
+        }
+    }
+
+    fn barrier(ts: u64, thread: u32, waited: u64) -> Event<'static> {
+        Event {
+            type_code: EventType::BarrierWait as u8,
+            timestamp_ns: ts,
+            thread_id: thread,
+            payload: Payload::Thread {
+                object_ptr: 0,
+                thread_index: 0,
+                n_threads: 2,
+                value: waited,
+            },
+            label: Some(b"ggml_barrier"[..].into()),
+        }
+    }
+
+    /// Two threads compute one node in two graph computes; the file holds thread 7's events of
+    /// both computes before thread 8's (the writer drains one ring after the other).
+    #[test]
+    fn shares_of_one_node_on_several_threads_are_joined_per_compute() {
+        let events = vec![
+            // thread 7: compute 1 at 100..400, waits 50; compute 2 at 1000..1100, waits 200
+            op_event(true, 100, 7, 0xA0),
+            op_event(false, 400, 7, 0xA0),
+            barrier(450, 7, 50),
+            op_event(true, 1000, 7, 0xA0),
+            op_event(false, 1100, 7, 0xA0),
+            barrier(1300, 7, 200),
+            // thread 8: compute 1 at 120..450; compute 2 at 1010..1300; and 1010..1012 is not
+            // a third thread's share
+            op_event(true, 120, 8, 0xA0),
+            op_event(false, 450, 8, 0xA0),
+            op_event(true, 1010, 8, 0xA0),
+            op_event(false, 1300, 8, 0xA0),
+        ];
+        let a = OpAnalysis::collect(events.into_iter().map(Ok));
+        assert_eq!(a.ops.len(), 2, "{:?}", a.ops);
+        let (first, second) = (&a.ops[0], &a.ops[1]);
+        assert_eq!(first.op, "op 29");
+        assert_eq!(first.backend, "CPU");
+        assert_eq!((first.threads, first.duration_ns), (2, 450 - 100));
+        assert_eq!(first.thread_ns, 300 + 330);
+        assert_eq!((first.slowest_ns, first.idle_ns), (330, 30));
+        assert_eq!(first.wait_ns, 50);
+        assert_eq!((second.threads, second.duration_ns), (2, 1300 - 1000));
+        assert_eq!((second.slowest_ns, second.idle_ns), (290, 190));
+        assert_eq!(second.wait_ns, 200);
+        let g = &group_ops(&a.ops, GroupBy::Op)[0];
+        assert_eq!(g.count, 2);
+        assert_eq!(g.total_ns, 350 + 300);
+        assert_eq!(g.thread_ns, 630 + 390);
+        assert!((g.imbalance - 220.0 / (2.0 * 330.0 + 2.0 * 290.0)).abs() < 1e-12);
+        assert!((g.wait_share - 250.0 / (1020.0 + 250.0)).abs() < 1e-12);
+        assert_eq!(a.threads.len(), 2);
+        assert_eq!((a.threads[0].thread_id, a.threads[0].share_ns), (7, 400));
+        assert_eq!((a.threads[0].waits, a.threads[0].wait_ns), (2, 250));
+        assert_eq!((a.threads[1].shares, a.threads[1].share_ns), (2, 620));
+    }
+
+    /// A share of 1/8 of the slowest or less is a thread with nothing to do, not an imbalance.
+    #[test]
+    fn threads_without_work_are_not_imbalance() {
+        let events = vec![
+            op_event(true, 0, 1, 0xB0),
+            op_event(false, 800, 1, 0xB0),
+            op_event(true, 0, 2, 0xB0),
+            op_event(false, 100, 2, 0xB0),
+        ];
+        let a = OpAnalysis::collect(events.into_iter().map(Ok));
+        assert_eq!((a.ops[0].working_threads, a.ops[0].idle_ns), (2, 700));
+        let events = vec![
+            op_event(true, 0, 1, 0xB0),
+            op_event(false, 800, 1, 0xB0),
+            op_event(true, 0, 2, 0xB0),
+            op_event(false, 99, 2, 0xB0),
+        ];
+        let a = OpAnalysis::collect(events.into_iter().map(Ok));
+        assert_eq!((a.ops[0].working_threads, a.ops[0].idle_ns), (1, 0));
     }
 
     #[test]

@@ -214,14 +214,14 @@ impl<S: RecordSink> Importer<'_, S> {
                         args.push(("flops".into(), Arg::UInt(f)));
                     }
                 }
-                // A backend the trace never named is still told apart from the others.
+                // A backend the trace never named is still told apart from the others; none at
+                // all is a CPU worker thread's share (threads-mode op timing, FORMAT.md).
                 let backend = match self.backends.get(&backend_ptr) {
-                    Some(b) => Some(b.clone()),
-                    None => (backend_ptr != 0).then(|| format!("backend {backend_ptr:#x}")),
+                    Some(b) => b.clone(),
+                    None if backend_ptr == 0 => "CPU".into(),
+                    None => format!("backend {backend_ptr:#x}"),
                 };
-                if let Some(b) = backend {
-                    args.push(("backend".into(), Arg::Str(b)));
-                }
+                args.push(("backend".into(), Arg::Str(backend)));
                 self.open(e.thread_id, Kind::Op, tensor_ptr, op, "op", ts, args);
             }
             (Some(EventType::GraphComputeEnd), _) => {

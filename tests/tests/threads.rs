@@ -1,0 +1,258 @@
+//! Threads-mode op timing (`GGML_VIZ_OP_TIMING=auto|threads`) on real llama.cpp and on ggml
+//! driven through ctypes: the run is unchanged, every worker thread records its share of every
+//! node, and the nodes are exactly the ones ggml computes.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::process::Command;
+
+use ggml_viz_e2e::*;
+use ggml_viz_reader::format::ext::{self, Metadata};
+use ggml_viz_reader::format::{EventType, ExtensionKind, Payload};
+use ggml_viz_reader::{Event, OpAnalysis};
+
+/// Ops ggml's CPU backend skips without computing (`ggml_op_is_empty`).
+const NOPS: [&str; 5] = ["NONE", "RESHAPE", "VIEW", "PERMUTE", "TRANSPOSE"];
+
+fn settings(events: &[Event<'_>]) -> serde_json::Map<String, serde_json::Value> {
+    let e = events
+        .iter()
+        .find(|e| matches!(e.payload, Payload::Extension(x) if x.kind == ExtensionKind::Metadata))
+        .expect("a metadata record");
+    ext::parse_payload::<Metadata>(e.label.as_deref().unwrap())
+        .expect("our metadata parses")
+        .settings
+}
+
+/// Per thread: its op spans (begin, end) in order, checked not to overlap; and the barrier waits'
+/// (thread index, thread count) per thread.
+struct Shares {
+    spans: BTreeMap<u32, Vec<(u64, u64)>>,
+    barriers: BTreeMap<u32, BTreeSet<(u32, u32)>>,
+}
+
+fn shares(events: &[Event<'_>]) -> Shares {
+    let mut open: HashMap<u32, u64> = HashMap::new();
+    let mut s = Shares {
+        spans: BTreeMap::new(),
+        barriers: BTreeMap::new(),
+    };
+    for e in events {
+        match (e.event_type(), e.payload) {
+            (Some(EventType::OpComputeBegin), _) => {
+                assert!(
+                    open.insert(e.thread_id, e.timestamp_ns).is_none(),
+                    "two shares open at once on thread {}",
+                    e.thread_id
+                );
+            }
+            (Some(EventType::OpComputeEnd), _) => {
+                let begin = open.remove(&e.thread_id).expect("an end without a begin");
+                assert!(e.timestamp_ns >= begin);
+                s.spans
+                    .entry(e.thread_id)
+                    .or_default()
+                    .push((begin, e.timestamp_ns));
+            }
+            (
+                Some(EventType::BarrierWait),
+                Payload::Thread {
+                    thread_index,
+                    n_threads,
+                    ..
+                },
+            ) if e.label.as_deref() == Some(b"ggml_barrier") => {
+                s.barriers
+                    .entry(e.thread_id)
+                    .or_default()
+                    .insert((thread_index, n_threads));
+            }
+            _ => {}
+        }
+    }
+    assert!(open.is_empty(), "shares never ended: {open:?}");
+    s
+}
+
+/// Nodes per op name, from the joined nodes of a trace.
+fn nodes_by_op(events: &[Event<'_>]) -> BTreeMap<String, usize> {
+    let a = OpAnalysis::collect(events.iter().cloned().map(Ok));
+    let mut by_op = BTreeMap::new();
+    for o in &a.ops {
+        *by_op.entry(o.op.clone()).or_default() += 1;
+    }
+    by_op
+}
+
+#[test]
+fn llama_simple_every_worker_records_its_share_of_every_node_and_nothing_changes() {
+    let dir = scratch("threads-llama");
+    let plain = run(llama_simple(8));
+    let trace = |name: &str, extra: &[(&str, &str)]| {
+        let path = dir.join(name);
+        let mut all = vec![("GGML_VIZ_OUTPUT", path.to_str().unwrap())];
+        all.extend_from_slice(extra);
+        let out = run(with_hook(llama_simple(8), &all));
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        assert_eq!(
+            text(&out.stdout),
+            text(&plain.stdout),
+            "op timing ({extra:?}) changed the output"
+        );
+        read_trace(&path).0
+    };
+    let threads = trace("threads.ggmlviz", &[]);
+    let unfused = {
+        let path = dir.join("unfused.ggmlviz");
+        let mut cmd = with_hook(
+            llama_simple(8),
+            &[("GGML_VIZ_OUTPUT", path.to_str().unwrap())],
+        );
+        cmd.env("GGML_CPU_DISABLE_FUSION", "1");
+        let out = run(cmd);
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        assert_eq!(text(&out.stdout), text(&plain.stdout));
+        read_trace(&path).0
+    };
+    let sched = trace("sched.ggmlviz", &[("GGML_VIZ_OP_TIMING", "sched")]);
+
+    let mode = settings(&threads);
+    assert_eq!(mode["op_timing"], "auto");
+    assert_eq!(mode["op_timing_mode"], "threads", "{mode:?}");
+    assert_eq!(settings(&sched)["op_timing_mode"], "sched");
+    check_nesting(&threads);
+
+    // llama-simple runs ggml's default 4 threads: each has its share of every node, the same
+    // number of shares, a thread index of its own and the same count in every barrier wait.
+    let s = shares(&threads);
+    assert_eq!(
+        s.spans.len(),
+        4,
+        "threads with shares: {:?}",
+        s.spans.keys()
+    );
+    let counts: BTreeSet<usize> = s.spans.values().map(Vec::len).collect();
+    assert_eq!(counts.len(), 1, "shares per thread differ: {counts:?}");
+    let mut indices = BTreeSet::new();
+    for (tid, seen) in &s.barriers {
+        assert_eq!(seen.len(), 1, "thread {tid} waited as {seen:?}");
+        let (ith, nth) = *seen.iter().next().unwrap();
+        assert_eq!(nth, 4);
+        assert!(indices.insert(ith), "two threads are index {ith}");
+    }
+    assert_eq!(indices, (0..4).collect());
+
+    // The main thread's shares lie inside its graph computes.
+    let main = threads
+        .iter()
+        .find(|e| e.event_type() == Some(EventType::GraphComputeBegin))
+        .unwrap()
+        .thread_id;
+    let mut depth = 0;
+    for e in threads.iter().filter(|e| e.thread_id == main) {
+        match e.event_type() {
+            Some(EventType::GraphComputeBegin) => depth += 1,
+            Some(EventType::GraphComputeEnd) => depth -= 1,
+            Some(EventType::OpComputeBegin) => assert!(depth > 0, "a share outside its graph"),
+            _ => {}
+        }
+    }
+
+    // Every node ggml computes, once: the eval callback sees every node, the NOPs too; without
+    // fusion, threads mode has each computed node; with it, each fused pair is one node.
+    let mut expected = nodes_by_op(&sched);
+    for nop in NOPS {
+        expected.remove(nop);
+    }
+    let unfused_nodes = nodes_by_op(&unfused);
+    assert_eq!(unfused_nodes, expected, "unfused nodes vs the scheduler's");
+    let fused_nodes = nodes_by_op(&threads);
+    let fused = fused_nodes.get("RMS_NORM+MUL").copied().unwrap_or(0);
+    assert!(fused > 0, "no fused call recorded: {fused_nodes:?}");
+    let total = |m: &BTreeMap<String, usize>| m.values().sum::<usize>();
+    assert_eq!(total(&fused_nodes) + fused, total(&unfused_nodes));
+    assert_eq!(
+        fused_nodes.get("RMS_NORM"),
+        None,
+        "fused RMS_NORMs are not nodes of their own"
+    );
+    assert_eq!(
+        fused_nodes.get("MUL").copied().unwrap_or(0) + fused,
+        unfused_nodes["MUL"],
+        "each fused call covers one MUL"
+    );
+    let a = OpAnalysis::collect(threads.iter().cloned().map(Ok));
+    assert!(
+        a.ops.iter().all(|o| o.threads == 4),
+        "a node without 4 shares"
+    );
+
+    // `ggml-viz ops` says the mode and shows the threads' time; `--by thread` lists the four.
+    let table = text(
+        &run({
+            let mut c = Command::new(ggml_viz());
+            c.args(["ops", "--top", "0"])
+                .arg(dir.join("threads.ggmlviz"));
+            c
+        })
+        .stdout,
+    );
+    assert!(table.contains("op timing: threads"), "{table}");
+    assert!(
+        table.contains("thread time") && table.contains("imbal"),
+        "{table}"
+    );
+    let by_thread = text(
+        &run({
+            let mut c = Command::new(ggml_viz());
+            c.args(["ops", "--by", "thread"])
+                .arg(dir.join("threads.ggmlviz"));
+            c
+        })
+        .stdout,
+    );
+    for tid in s.spans.keys() {
+        assert!(
+            by_thread.contains(&format!("\n{tid} ")),
+            "{tid}: {by_thread}"
+        );
+    }
+}
+
+#[test]
+fn ctypes_graphs_at_one_two_and_four_threads_keep_their_results() {
+    for n in ["1", "2", "4"] {
+        let dir = scratch(&format!("threads-ctypes-{n}"));
+        let path = dir.join("t.ggmlviz");
+        let args = ["--nodes", "6", "--repeat", "3", "--threads", n];
+        let plain = run(fixture_cmd(&[&llama_bin()], &args));
+        assert!(plain.status.success(), "{}", text(&plain.stderr));
+        let traced = run(with_hook(
+            fixture_cmd(&[&llama_bin()], &args),
+            &[
+                ("GGML_VIZ_OUTPUT", path.to_str().unwrap()),
+                ("GGML_VIZ_OP_TIMING", "threads"),
+            ],
+        ));
+        assert!(traced.status.success(), "{}", text(&traced.stderr));
+        assert_eq!(text(&traced.stdout), text(&plain.stdout), "at {n} threads");
+        let (events, damage, _) = read_trace(&path);
+        assert_eq!(damage, None);
+        assert_eq!(settings(&events)["op_timing_mode"], "threads");
+        let s = shares(&events);
+        let n: usize = n.parse().unwrap();
+        assert_eq!(s.spans.len(), n, "threads with shares at {n}");
+        // 3 graphs of 6 additions: 18 nodes, each on every thread.
+        for spans in s.spans.values() {
+            assert_eq!(spans.len(), 18);
+        }
+        let a = OpAnalysis::collect(events.iter().cloned().map(Ok));
+        assert_eq!(a.ops.len(), 18);
+        assert!(
+            a.ops
+                .iter()
+                .all(|o| o.op == "ADD" && o.threads as usize == n)
+        );
+        // One thread: ggml_barrier returns at once and is not recorded.
+        assert_eq!(s.barriers.is_empty(), n == 1);
+    }
+}
