@@ -256,3 +256,35 @@ fn ctypes_graphs_at_one_two_and_four_threads_keep_their_results() {
         assert_eq!(s.barriers.is_empty(), n == 1);
     }
 }
+
+/// The hook wraps every per-op function the CPU backend of the build exports, but the helpers
+/// ggml calls only from inside another op.
+#[test]
+fn the_hook_wraps_every_per_op_function_this_ggml_exports() {
+    let exported = |path: &std::path::Path| -> BTreeSet<String> {
+        let mut c = Command::new("nm");
+        c.args(["-D", "--defined-only"]).arg(path);
+        let out = run(c);
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        text(&out.stdout)
+            .lines()
+            .filter_map(|l| l.split_whitespace().nth(2))
+            .filter(|s| s.starts_with("ggml_compute_forward_") || *s == "ggml_barrier")
+            .map(str::to_string)
+            .collect()
+    };
+    let mut ggml = exported(&llama_bin().join("libggml-cpu.so"));
+    assert!(ggml.len() > 100, "{ggml:?}");
+    for helper in [
+        "mul_mat_tiled",
+        "mul_mat_id_tiled",
+        "add_non_quantized",
+        "fwht",
+    ] {
+        assert!(
+            ggml.remove(&format!("ggml_compute_forward_{helper}")),
+            "{helper}"
+        );
+    }
+    assert_eq!(exported(&hook()), ggml);
+}

@@ -56,6 +56,23 @@ pub struct RawEvent {
     pub name_id: u16,
 }
 
+/// What [`Ring::push`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Pushed {
+    Stored,
+    /// Stored, and the ring has just become half full.
+    HalfFull,
+    /// The ring was full: counted, not stored.
+    Dropped,
+}
+
+impl Pushed {
+    #[cfg(test)]
+    pub fn stored(self) -> bool {
+        self != Pushed::Dropped
+    }
+}
+
 pub struct Ring {
     slots: Box<[UnsafeCell<MaybeUninit<RawEvent>>]>,
     mask: usize,
@@ -95,23 +112,30 @@ impl Ring {
         })
     }
 
-    /// Producer: stores `event`, or counts it as dropped if the ring is full.
+    /// Producer: stores `event`, or counts it as dropped if the ring is full. Says when this
+    /// event made the ring half full (once per filling: the count of stored events only grows
+    /// by one at a time), so that the producer can wake the consumer then and only then.
     ///
     /// # Safety
     /// Only the ring's one producer thread may call this.
     #[inline]
-    pub unsafe fn push(&self, event: RawEvent) -> bool {
+    pub unsafe fn push(&self, event: RawEvent) -> Pushed {
         let tail = self.tail.load(Ordering::Relaxed);
         let head = self.head.load(Ordering::Acquire);
-        if tail.wrapping_sub(head) > self.mask {
+        let stored = tail.wrapping_sub(head);
+        if stored > self.mask {
             self.dropped
                 .store(self.dropped.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
-            return false;
+            return Pushed::Dropped;
         }
         // SAFETY: the slot at `tail` is outside head..tail, so the consumer does not read it.
         self.slots[tail & self.mask].with_mut(|slot| unsafe { (*slot).write(event) });
         self.tail.store(tail.wrapping_add(1), Ordering::Release);
-        true
+        if stored + 1 == self.slots.len() / 2 {
+            Pushed::HalfFull
+        } else {
+            Pushed::Stored
+        }
     }
 
     /// Consumer: passes every stored event to `take`, oldest first, and frees their slots.
@@ -155,13 +179,28 @@ mod tests {
         // SAFETY: single-threaded test: one producer, one consumer.
         unsafe {
             for i in 0..6 {
-                assert_eq!(ring.push(ev(i)), i < 4);
+                assert_eq!(ring.push(ev(i)).stored(), i < 4);
             }
             assert_eq!(ring.dropped(), 2);
             let mut seen = Vec::new();
             assert_eq!(ring.drain(|e| seen.push(e.ticks)), 4);
             assert_eq!(seen, [0, 1, 2, 3]);
-            assert!(ring.push(ev(9)));
+            assert!(ring.push(ev(9)).stored());
+        }
+    }
+
+    #[test]
+    fn half_full_is_said_once_per_filling() {
+        let ring = Ring::try_new(8).unwrap();
+        // SAFETY: single-threaded test: one producer, one consumer.
+        unsafe {
+            let said: Vec<Pushed> = (0..10).map(|i| ring.push(ev(i))).collect();
+            assert_eq!(said[3], Pushed::HalfFull);
+            assert_eq!(said.iter().filter(|&&p| p == Pushed::HalfFull).count(), 1);
+            assert_eq!(said[8..], [Pushed::Dropped, Pushed::Dropped]);
+            ring.drain(|_| {});
+            let again: Vec<Pushed> = (0..4).map(|i| ring.push(ev(i))).collect();
+            assert_eq!(again[3], Pushed::HalfFull);
         }
     }
 
@@ -173,7 +212,7 @@ mod tests {
             // SAFETY: this thread is the only producer.
             std::thread::spawn(move || {
                 (0..200_000)
-                    .filter(|&i| unsafe { ring.push(ev(i)) })
+                    .filter(|&i| unsafe { ring.push(ev(i)).stored() })
                     .count() as u64
             })
         };
@@ -215,6 +254,7 @@ mod loom_tests {
                                 ticks: i,
                                 ..RawEvent::default()
                             })
+                            .stored()
                         })
                         .count() as u64
                 })

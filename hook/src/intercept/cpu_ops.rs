@@ -35,7 +35,7 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::eval_callback::node_info;
-use super::route::{Callee, resolve_callee};
+use super::route::{Callee, Resolved, resolve_callee};
 use crate::base::clock;
 use crate::base::ggml::Helpers;
 use crate::base::say;
@@ -66,7 +66,10 @@ struct Function {
 
 /// Defines the exported wrappers and the table [`FUNCTIONS`] from one list of names, so that
 /// each wrapper's number is its row. The list is this ggml's (0.25.3) exported per-op
-/// functions (`nm -D libggml-cpu.so`); a name that the running ggml lacks is never called.
+/// functions (`nm -D libggml-cpu.so`; the e2e tests check it against the build), less the
+/// helpers it only calls from inside another op (`mul_mat_tiled`, `mul_mat_id_tiled`,
+/// `add_non_quantized`, `fwht`: never the start of a node, and a wrapped call costs every
+/// node that makes it); a name that the running ggml lacks is never called.
 macro_rules! cpu_functions {
     ($($name:ident: $kind:ident,)*) => {
         #[allow(non_camel_case_types, clippy::enum_variant_names)]
@@ -105,7 +108,6 @@ cpu_functions! {
     ggml_compute_forward_add: Second,
     ggml_compute_forward_add1: Second,
     ggml_compute_forward_add_id: Second,
-    ggml_compute_forward_add_non_quantized: Second,
     ggml_compute_forward_add_rel_pos: Second,
     ggml_compute_forward_arange: Second,
     ggml_compute_forward_argmax: Second,
@@ -142,7 +144,6 @@ cpu_functions! {
     ggml_compute_forward_flash_attn_back: Third,
     ggml_compute_forward_flash_attn_ext: Second,
     ggml_compute_forward_floor: Second,
-    ggml_compute_forward_fwht: Second,
     ggml_compute_forward_gated_delta_net: Second,
     ggml_compute_forward_get_rel_pos: Second,
     ggml_compute_forward_get_rows: Second,
@@ -165,8 +166,6 @@ cpu_functions! {
     ggml_compute_forward_mean: Second,
     ggml_compute_forward_mul: Second,
     ggml_compute_forward_mul_mat: Second,
-    ggml_compute_forward_mul_mat_id_tiled: Second,
-    ggml_compute_forward_mul_mat_tiled: Second,
     ggml_compute_forward_neg: Second,
     ggml_compute_forward_norm: Second,
     ggml_compute_forward_opt_step_adamw: Second,
@@ -313,6 +312,32 @@ struct Worker {
     nth: Cell<u32>,
     /// When the open barrier wait began (0: not recorded).
     barrier_start: Cell<u64>,
+    /// The call sites this thread resolved last, direct-mapped by (row, site): each node makes
+    /// three or more wrapped calls, so the shared cache's probing is paid once per site and
+    /// thread.
+    sites: [Cell<(usize, Option<&'static Resolved>)>; SITES],
+}
+
+/// Entries of a thread's call-site cache (a power of two).
+const SITES: usize = 64;
+
+/// The real function of `row` called from `site`, through this thread's cache.
+fn resolve_cached(
+    w: &Worker,
+    row: usize,
+    name: &'static CStr,
+    site: usize,
+) -> Option<&'static Resolved> {
+    let key = site ^ (row << 48);
+    let slot = &w.sites[(key.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 58) % SITES];
+    if let (k, Some(resolved)) = slot.get()
+        && k == key
+    {
+        return Some(resolved);
+    }
+    let (resolved, _) = resolve_callee(Callee::Cpu(row as u8, name), site)?;
+    slot.set((key, Some(resolved)));
+    Some(resolved)
 }
 
 thread_local! {
@@ -324,6 +349,7 @@ thread_local! {
             ith: Cell::new(0),
             nth: Cell::new(0),
             barrier_start: Cell::new(0),
+            sites: [const { Cell::new((0, None)) }; SITES],
         }
     };
 }
@@ -336,7 +362,7 @@ extern "C" fn enter(row: usize, arg0: Ptr, arg1: Ptr, arg2: Ptr, site: usize) ->
     catch_unwind(AssertUnwindSafe(|| {
         WORKER.with(|w| {
             let site = if site == 0 { w.outer_site.get() } else { site };
-            let Some((resolved, _)) = resolve_callee(Callee::Cpu(row as u8, f.name), site) else {
+            let Some(resolved) = resolve_cached(w, row, f.name, site) else {
                 say_no_function(f.name);
                 return 0;
             };

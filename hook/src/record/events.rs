@@ -17,7 +17,7 @@ use super::recorder::{OpMode, Recorder};
 use super::session::{self, active, current};
 use crate::base::entry::Entry;
 use crate::base::names::Owner;
-use crate::base::ring::{RawEvent, Ring};
+use crate::base::ring::{Pushed, RawEvent, Ring};
 use crate::base::{clock, os};
 
 /// Per-thread state. No destructors: it stays usable while the host's `atexit` handlers run,
@@ -187,7 +187,9 @@ fn push(l: &Local, r: &'static Recorder, mut event: RawEvent) {
     event.thread_id = thread_id(l);
     event.ticks = clock::now_ticks();
     // SAFETY: this thread is its ring's only producer.
-    unsafe { ring.push(event) };
+    if unsafe { ring.push(event) } == Pushed::HalfFull {
+        r.wake_flusher();
+    }
 }
 
 /// What a graph event says, besides its type and time.

@@ -2,7 +2,7 @@
 //! tensors, the event cap and the counters of what could not be recorded, and the writer.
 
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Mutex, OnceLock, PoisonError};
 
 use ggml_viz_config::{Config, OpTiming};
 use ggml_viz_reader::format::ext::Counters;
@@ -103,6 +103,8 @@ pub struct Recorder {
     /// Outermost graph computes begun, recorded or not; counted only when a capture window is set.
     pub(super) graphs_begun: AtomicU64,
     pub(super) writer: Mutex<TraceWriter>,
+    /// The flusher thread, woken early when a ring becomes half full.
+    pub(super) flusher: OnceLock<std::thread::Thread>,
     /// The trace file's descriptor, which a child after `fork` closes (see `os::close_in_child`).
     pub(super) trace_descriptor: i64,
 }
@@ -127,7 +129,16 @@ impl Recorder {
             tensors: Tensors::new(),
             graphs_begun: AtomicU64::new(0),
             writer: Mutex::new(writer),
+            flusher: OnceLock::new(),
             trace_descriptor,
+        }
+    }
+
+    /// A ring has just become half full: the flusher drains it now rather than at its next
+    /// interval (one `unpark` per filling of a ring, never per event).
+    pub(super) fn wake_flusher(&self) {
+        if let Some(flusher) = self.flusher.get() {
+            flusher.unpark();
         }
     }
 

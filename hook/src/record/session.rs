@@ -163,8 +163,10 @@ fn spawn_flusher(recorder: &'static Recorder) {
     let spawned = std::thread::Builder::new()
         .name("ggml-viz-flush".into())
         .spawn(move || {
+            let _ = recorder.flusher.set(std::thread::current());
             loop {
-                std::thread::sleep(interval);
+                // Woken early by a producer whose ring became half full.
+                std::thread::park_timeout(interval);
                 let mut writer = recorder
                     .writer
                     .lock()

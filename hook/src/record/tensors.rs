@@ -40,7 +40,7 @@ impl Tensors {
     }
 
     fn find(&self, key: u64) -> Option<u16> {
-        let start = key as usize % TENSOR_SLOTS;
+        let start = first_slot(key);
         for i in 0..TENSOR_SLOTS {
             let slot = (start + i) % TENSOR_SLOTS;
             match self.keys[slot].load(Ordering::Acquire) {
@@ -80,7 +80,7 @@ impl Tensors {
         info.group = *groups.entry(info.name.clone()).or_insert(next);
         let _ = self.infos[n].set(info);
         let id = n as u16 + 1;
-        let start = key as usize % TENSOR_SLOTS;
+        let start = first_slot(key);
         if let Some(slot) = (0..TENSOR_SLOTS)
             .map(|i| (start + i) % TENSOR_SLOTS)
             .find(|&s| self.keys[s].load(Ordering::Relaxed) == 0)
@@ -91,6 +91,11 @@ impl Tensors {
         self.used.store(n + 1, Ordering::Release);
         id
     }
+}
+
+/// Where probing for `key` starts: its bits mixed (Fibonacci hashing), top bits taken.
+fn first_slot(key: u64) -> usize {
+    (key.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (64 - TENSOR_SLOTS.trailing_zeros())) as usize
 }
 
 impl Default for Tensors {

@@ -52,6 +52,10 @@ pub struct TraceWriter {
     buf: Vec<u8>,
     /// For each tensor-name group, the tensor info last written (the reader keeps the latest).
     info_of_group: Vec<u16>,
+    /// Each tensor info's JSON, by tensor id, made the first time it is written: an info is
+    /// written again wherever another tensor of its name came between (llama.cpp names a MUL_MAT
+    /// and the ROPE after it both `Qcur-0`), every graph.
+    info_json: Vec<Vec<u8>>,
     /// Buffers allocated and not yet freed: handle to size and buffer type.
     live_buffers: std::collections::BTreeMap<u64, (u64, String)>,
     /// Op types whose names were written.
@@ -84,6 +88,7 @@ impl TraceWriter {
             buf: Vec::with_capacity(1 << 16),
             labels: vec![Vec::new(); 256 * NAME_IDS],
             info_of_group: Vec::new(),
+            info_json: Vec::new(),
             live_buffers: Default::default(),
             op_names_written: Default::default(),
             names_written: 0,
@@ -257,7 +262,7 @@ impl TraceWriter {
             }
             if self.info_of_group[group] != e.name_id {
                 self.info_of_group[group] = e.name_id;
-                self.encode_tensor_info(info, timestamp_ns, e.thread_id);
+                self.encode_tensor_info(e.name_id, info, timestamp_ns, e.thread_id);
             }
         }
         let payload = Payload::Op {
@@ -280,7 +285,13 @@ impl TraceWriter {
         );
     }
 
-    fn encode_tensor_info(&mut self, info: &TensorInfo, timestamp_ns: u64, thread_id: u32) {
+    fn encode_tensor_info(
+        &mut self,
+        id: u16,
+        info: &TensorInfo,
+        timestamp_ns: u64,
+        thread_id: u32,
+    ) {
         if let Some(op_type) = info.op_type
             && self.op_names_written.insert(op_type)
         {
@@ -297,22 +308,29 @@ impl TraceWriter {
                 &names,
             );
         }
-        let payload = ext::TensorInfo {
-            name: info.name.clone(),
-            op: info.op.clone(),
-            op_type: info.op_type,
-            op_name: info.op_type.map(|_| info.op_name.clone()),
-            type_name: info.type_name.clone(),
-            ne: info.ne,
-            flops: info.flops,
-        };
-        ext::encode_extension(
+        let id = id as usize;
+        if self.info_json.len() <= id {
+            self.info_json.resize(id + 1, Vec::new());
+        }
+        if self.info_json[id].is_empty() {
+            let payload = ext::TensorInfo {
+                name: info.name.clone(),
+                op: info.op.clone(),
+                op_type: info.op_type,
+                op_name: info.op_type.map(|_| info.op_name.clone()),
+                type_name: info.type_name.clone(),
+                ne: info.ne,
+                flops: info.flops,
+            };
+            self.info_json[id] = serde_json::to_vec(&payload).expect("a tensor info serializes");
+        }
+        ext::encode_extension_json(
             &mut self.buf,
             self.layout,
             ExtensionKind::TensorInfo,
             timestamp_ns,
             thread_id,
-            &payload,
+            &self.info_json[id],
         );
     }
 

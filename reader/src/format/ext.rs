@@ -88,6 +88,20 @@ pub fn encode_extension<T: Serialize>(
     payload: &T,
 ) {
     let label = serde_json::to_vec(payload).expect("extension payloads serialize");
+    encode_extension_json(out, layout, kind, timestamp_ns, thread_id, &label);
+}
+
+/// [`encode_extension`] of a payload already serialized (`json`): for a writer that repeats a
+/// record (a tensor's info, written again wherever another tensor of its name came between).
+pub fn encode_extension_json(
+    out: &mut Vec<u8>,
+    layout: Layout,
+    kind: ExtensionKind,
+    timestamp_ns: u64,
+    thread_id: u32,
+    json: &[u8],
+) {
+    let label = json;
     let ext = Extension {
         kind,
         version: PAYLOAD_VERSION,
@@ -100,7 +114,7 @@ pub fn encode_extension<T: Serialize>(
         timestamp_ns,
         thread_id,
         &Payload::Extension(ext),
-        Some(&label),
+        Some(label),
     );
 }
 
