@@ -164,6 +164,27 @@ impl Helpers {
             .join("+")
     }
 
+    /// Whether every backend of the scheduler is the CPU backend (named `CPU`): only then are
+    /// all its nodes computed by the CPU backend's per-op functions.
+    ///
+    /// # Safety
+    /// `sched` must be a scheduler of this copy of ggml.
+    pub unsafe fn sched_only_cpu(&self, sched: Ptr) -> bool {
+        let (Some(count), Some(get), Some(name)) = (
+            self.sched_n_backends_fn(),
+            self.sched_backend_fn(),
+            self.backend_name_fn(),
+        ) else {
+            return false;
+        };
+        // SAFETY: the functions belong to the copy that owns `sched` (the contract); indices
+        // are below its backend count; backend names are static strings.
+        unsafe {
+            (0..count(sched).clamp(0, 16))
+                .all(|i| borrowed(Some(name(get(sched, i)))).to_bytes() == b"CPU")
+        }
+    }
+
     /// `ggml_version()`, where this ggml has it.
     pub fn version(&self) -> Option<String> {
         // SAFETY: ggml_version takes nothing and returns a static string.

@@ -67,6 +67,28 @@ unsafe fn layout_ok(h: &Helpers, tensor: Ptr, desc: &str) -> bool {
     true
 }
 
+/// A hash of a node's name, op, type and shape, without asking ggml to describe its op (what
+/// a cache of [`identity`]s checks an entry against); `None` until the struct layout has been
+/// confirmed on the first nodes.
+///
+/// # Safety
+/// `tensor` is a live tensor of the copy `h` belongs to.
+pub unsafe fn fingerprint(h: &Helpers, tensor: Ptr) -> Option<u64> {
+    if LAYOUT.load(Ordering::Relaxed) != LAYOUT_OK {
+        return None;
+    }
+    // SAFETY: per the contract; the layout was checked, so these fields lie inside the tensor.
+    let (name, op, ty, ne) = unsafe {
+        (
+            h.tensor_name_cstr(tensor),
+            field::<u32>(tensor, OP_AT),
+            field::<u32>(tensor, TYPE_AT),
+            field::<[i64; 4]>(tensor, NE_AT),
+        )
+    };
+    Some(tensor_key(&[name.to_bytes()], op, ty, ne))
+}
+
 /// A node's name, op, type, shape and FLOP count: what a tensor-info record says.
 #[derive(Clone, Debug, PartialEq)]
 pub struct TensorInfo {

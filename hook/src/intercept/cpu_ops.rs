@@ -316,6 +316,39 @@ struct Worker {
     /// three or more wrapped calls, so the shared cache's probing is paid once per site and
     /// thread.
     sites: [Cell<(usize, Option<&'static Resolved>)>; SITES],
+    /// The op infos of the nodes this thread computed last, direct-mapped by tensor address,
+    /// with the tensor's fingerprint (name, op, type, shape) when it was described and the
+    /// recorder whose tensor table the id is in (a child after `fork` has its own): a graph
+    /// computed again (every token) reuses them instead of describing each node again.
+    infos: [Cell<(usize, u64, usize, Option<OpInfo>)>; INFOS],
+}
+
+/// Entries of a thread's op-info cache (a power of two).
+const INFOS: usize = 256;
+
+impl Worker {
+    /// The op info of `tensor`, from this thread's cache while its fingerprint is unchanged.
+    ///
+    /// # Safety
+    /// `tensor` is a live node of the copy `h` belongs to.
+    unsafe fn node_info(&self, h: &Helpers, r: &Recorder, tensor: Ptr) -> OpInfo {
+        // SAFETY: per the contract.
+        let Some(print) = (unsafe { tensor::fingerprint(h, tensor) }) else {
+            // SAFETY: per the contract.
+            return unsafe { node_info(h, r, tensor, std::ptr::null_mut()) };
+        };
+        let slot = &self.infos[(tensor as usize >> 4).wrapping_mul(0x9E37_79B9) % INFOS];
+        let recorder = r as *const Recorder as usize;
+        if let (address, cached, by, Some(op)) = slot.get()
+            && (address, cached, by) == (tensor as usize, print, recorder)
+        {
+            return op;
+        }
+        // SAFETY: per the contract.
+        let op = unsafe { node_info(h, r, tensor, std::ptr::null_mut()) };
+        slot.set((tensor as usize, print, recorder, Some(op)));
+        op
+    }
 }
 
 /// Entries of a thread's call-site cache (a power of two).
@@ -350,6 +383,7 @@ thread_local! {
             nth: Cell::new(0),
             barrier_start: Cell::new(0),
             sites: [const { Cell::new((0, None)) }; SITES],
+            infos: [const { Cell::new((0, 0, 0, None)) }; INFOS],
         }
     };
 }
@@ -447,7 +481,7 @@ fn node_begins(w: &Worker, kind: Kind, h: &'static Helpers, params: Ptr, arg1: P
         if kind == Kind::Fused {
             fused_info(h, r, arg1, arg2)
         } else {
-            node_info(h, r, tensor, std::ptr::null_mut())
+            w.node_info(h, r, tensor)
         }
     };
     record::thread_op(r, true, &op);

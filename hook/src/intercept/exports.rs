@@ -261,7 +261,16 @@ fn object_compute(entry: Entry, owner: Owner, object: Ptr, graph: Ptr, ret: usiz
             let timed = owner == Owner::Scheduler
                 && real.helpers.can_time_ops()
                 && eval_callback::app_callback_known(object)
-                && scope.is_some_and(GraphScope::wants_sched_op_timing);
+                && scope.is_some_and(|s| {
+                    s.wants_sched_op_timing(|| {
+                        // SAFETY: the scheduler passed to this copy of ggml.
+                        let only_cpu = unsafe { real.helpers.sched_only_cpu(object) };
+                        if !only_cpu {
+                            say_once_sched_for_devices();
+                        }
+                        !only_cpu
+                    })
+                });
             let Some(scope) = scope.filter(|_| timed) else {
                 return call2(real.real, object, graph);
             };
@@ -273,6 +282,18 @@ fn object_compute(entry: Entry, owner: Owner, object: Ptr, graph: Ptr, ret: usiz
             status
         },
     )
+}
+
+/// Said the first time `auto` times a scheduler's nodes with the eval callback because it has
+/// other backends than the CPU.
+fn say_once_sched_for_devices() {
+    static SAID: AtomicBool = AtomicBool::new(false);
+    if !SAID.swap(true, Ordering::Relaxed) {
+        say(format_args!(
+            "op timing: a scheduler with other backends than the CPU: its nodes are timed with the \
+             eval callback (each node computed and synchronized on its own)"
+        ));
+    }
 }
 
 unsafe extern "C" fn sched_graph_compute(sched: Ptr, graph: Ptr, ret: usize) -> c_int {

@@ -13,6 +13,8 @@ use std::sync::atomic::Ordering;
 use ggml_viz_reader::EventType;
 use ggml_viz_reader::format::EXTENSION_TYPE_CODE;
 
+use ggml_viz_config::OpTiming;
+
 use super::recorder::{OpMode, Recorder};
 use super::session::{self, active, current};
 use crate::base::entry::Entry;
@@ -287,8 +289,22 @@ impl GraphScope {
     /// Whether this graph compute's ops are to be timed with the scheduler's eval callback: sched
     /// mode, and it is recorded, outermost (a nested scheduler call is timed by the outer one)
     /// and the one in `op_sample` that is sampled.
-    pub fn wants_sched_op_timing(&self) -> bool {
-        self.ops_timed && self.recorder.op_mode() == OpMode::Sched
+    ///
+    /// In threads mode chosen by `auto`, a scheduler that has other backends than the CPU
+    /// (`not_only_cpu`: a GPU computes some of its nodes, which no CPU worker thread sees) is
+    /// timed with the eval callback too, and the CPU worker threads record nothing meanwhile.
+    pub fn wants_sched_op_timing(&self, not_only_cpu: impl FnOnce() -> bool) -> bool {
+        let r = self.recorder;
+        match r.op_mode() {
+            OpMode::Sched => self.ops_timed,
+            OpMode::Threads
+                if self.ops_timed && r.config.op_timing == OpTiming::Auto && not_only_cpu() =>
+            {
+                r.thread_ops.store(false, Ordering::Relaxed);
+                true
+            }
+            _ => false,
+        }
     }
 }
 

@@ -313,16 +313,13 @@ struct Namer<'a> {
 
 /// Joins the threads' shares into nodes (see the module's description), in order of start.
 fn join_shares(mut shares: Vec<Share>, namer: &Namer<'_>) -> Vec<OpSample> {
-    shares.sort_by(|a, b| {
-        (a.tensor_ptr, &a.tensor, a.begin).cmp(&(b.tensor_ptr, &b.tensor, b.begin))
-    });
+    shares.sort_by_key(|s| (s.tensor_ptr, s.begin));
     let mut nodes: Vec<(u64, OpSample)> = Vec::new();
     let mut start = 0;
     while start < shares.len() {
         let mut end = start + 1;
         while end < shares.len()
             && shares[end].tensor_ptr == shares[start].tensor_ptr
-            && shares[end].tensor == shares[start].tensor
             && !shares[start..end]
                 .iter()
                 .any(|s| s.thread_id == shares[end].thread_id)
@@ -337,9 +334,14 @@ fn join_shares(mut shares: Vec<Share>, namer: &Namer<'_>) -> Vec<OpSample> {
     nodes.into_iter().map(|(_, n)| n).collect()
 }
 
-/// One node from its threads' shares (at least one).
+/// One node from its threads' shares (at least one). Its name, info and backend are those of
+/// the share that has a name (threads mode: the first thread's; the others carry the node's
+/// pointer and op only).
 fn sample_of(node: &[Share], namer: &Namer<'_>) -> OpSample {
-    let first = &node[0];
+    let first = node
+        .iter()
+        .find(|s| !s.tensor.is_empty())
+        .unwrap_or(&node[0]);
     let info = namer
         .infos
         .get(&first.tensor)
@@ -382,7 +384,7 @@ fn sample_of(node: &[Share], namer: &Namer<'_>) -> OpSample {
         slowest_ns,
         wait_ns: node.iter().fold(0u64, |a, s| a.saturating_add(s.wait_ns)),
         flops: info.and_then(|i| i.flops),
-        bytes: first.bytes,
+        bytes: node.iter().map(|s| s.bytes).max().unwrap_or(0),
         phase: node.iter().find_map(|s| s.phase),
     }
 }
@@ -537,7 +539,10 @@ mod tests {
         }
     }
 
+    /// A share as the hook writes it: odd threads' carry the tensor's name and size (the first
+    /// thread's), even threads' the pointer and op only.
     fn op_event(begin: bool, ts: u64, thread: u32, tensor: u64) -> Event<'static> {
+        let named = thread % 2 == 1;
         Event {
             type_code: if begin {
                 EventType::OpComputeBegin
@@ -549,10 +554,10 @@ mod tests {
             payload: Payload::Op {
                 tensor_ptr: tensor,
                 op_type: 29,
-                op_size: 64,
+                op_size: if named { 64 } else { 0 },
                 backend_ptr: 0,
             },
-            label: Some(b"ffn_out-0"[..].into()),
+            label: named.then(|| b"ffn_out-0"[..].into()),
         }
     }
 
@@ -594,6 +599,7 @@ mod tests {
         assert_eq!(a.ops.len(), 2, "{:?}", a.ops);
         let (first, second) = (&a.ops[0], &a.ops[1]);
         assert_eq!(first.op, "op 29");
+        assert_eq!((first.tensor.as_str(), first.bytes), ("ffn_out-0", 64));
         assert_eq!(first.backend, "CPU");
         assert_eq!((first.threads, first.duration_ns), (2, 450 - 100));
         assert_eq!(first.thread_ns, 300 + 330);
