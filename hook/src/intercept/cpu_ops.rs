@@ -320,8 +320,11 @@ struct Worker {
     /// with the tensor's fingerprint (name, op, type, shape) when it was described and the
     /// recorder whose tensor table the id is in (a child after `fork` has its own): a graph
     /// computed again (every token) reuses them instead of describing each node again.
-    infos: [Cell<(usize, u64, usize, Option<OpInfo>)>; INFOS],
+    infos: [Cell<CachedInfo>; INFOS],
 }
+
+/// Tensor address, fingerprint, recorder address, and the op info.
+type CachedInfo = (usize, u64, usize, Option<OpInfo>);
 
 /// Entries of a thread's op-info cache (a power of two).
 const INFOS: usize = 256;
