@@ -98,6 +98,8 @@ fn report_of_a_real_llama_trace_works_in_chromium() {
     assert_eq!(card(&r, "damage"), "none");
     // Tables, both charts (latency, live bytes), and a tooltip with what a span is.
     assert!(r["op_rows"].as_u64().unwrap() >= 6, "{r}");
+    let source = r["op_source"].as_str().unwrap();
+    assert!(source.contains("op timing threads"), "{r}");
     assert!(r["tensor_rows"].as_u64().unwrap() >= 10, "{r}");
     // Every op's backend is known by name (the hook writes names before the events using them).
     assert_eq!(r["backends"], serde_json::json!(["CPU"]), "{r}");

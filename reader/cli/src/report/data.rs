@@ -160,6 +160,8 @@ pub struct ReportBuilder {
     by_tensor: HashMap<String, Aggregate>,
     by_backend: HashMap<String, Aggregate>,
     by_graph_backend: HashMap<String, Aggregate>,
+    /// How the inputs' ops were timed, one note per distinct way.
+    op_timing: Vec<String>,
     /// Graph spans whose parent is still open, by parent id: outermost unless it is a graph.
     graphs_by_parent: HashMap<u64, Vec<(String, Aggregate)>>,
     tops: HashMap<u32, Vec<TopSpan>>,
@@ -222,6 +224,7 @@ impl ReportBuilder {
             by_tensor: HashMap::new(),
             by_backend: HashMap::new(),
             by_graph_backend: HashMap::new(),
+            op_timing: Vec::new(),
             graphs_by_parent: HashMap::new(),
             tops: HashMap::new(),
             counters: HashMap::new(),
@@ -392,6 +395,14 @@ impl ReportBuilder {
         self.data.summary.damage.extend(damage);
     }
 
+    /// How an input's ops were timed (`op_timing_note` of its metadata), said beside the
+    /// per-op table.
+    pub fn add_op_timing(&mut self, note: String) {
+        if !self.op_timing.contains(&note) {
+            self.op_timing.push(note);
+        }
+    }
+
     pub fn finish(mut self) -> ReportData {
         for (backend, graph) in std::mem::take(&mut self.graphs_by_parent)
             .into_values()
@@ -422,7 +433,10 @@ impl ReportBuilder {
             d.by_backend = sorted(std::mem::take(&mut self.by_graph_backend));
         } else {
             d.by_op = sorted(std::mem::take(&mut self.by_op));
-            d.by_op_source = "op spans".into();
+            d.by_op_source = match self.op_timing.as_slice() {
+                [] => "op spans".into(),
+                notes => format!("op spans; op timing {}", notes.join("; ")),
+            };
             d.by_backend = sorted(std::mem::take(&mut self.by_backend));
         }
         d.by_backend

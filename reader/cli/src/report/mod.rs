@@ -111,6 +111,13 @@ pub fn run(args: ReportArgs) -> Result<(), Failure> {
         let format = args.input.format.map_or_else(|| detect(path).ok(), Some);
         if format == Some(Format::Ggmlviz) {
             let (stats, damage) = trace_stats(path, name, args.input.layout)?;
+            if let Some(note) = stats
+                .metadata
+                .as_ref()
+                .and_then(|m| ggml_viz_reader::op_timing_note(&m.settings))
+            {
+                builder.add_op_timing(note);
+            }
             builder.add_input_totals(
                 stats.events(),
                 stats.counters.map_or(0, |c| c.lost()),
