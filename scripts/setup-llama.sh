@@ -1,11 +1,33 @@
 #!/usr/bin/env bash
 # Builds the real llama.cpp the hook tests preload into, from the llama-cpp-python sdist on PyPI.
-# Prints the build directory (holding bin/llama-simple, bin/llama-bench and the shared ggml
-# libraries) on its last line. The build is cached outside the clone, keyed by version, so a
-# second run returns at once.
-#   bash scripts/setup-llama.sh          # shared ggml libraries (build/)
-#   bash scripts/setup-llama.sh static   # ggml linked into llama-simple itself (build-static/)
+# Prints the build directory (holding bin/llama-simple, bin/llama-bench, bin/llama-quantize and
+# the shared ggml libraries) on its last line. The build is cached outside the clone, keyed by
+# version, so a second run returns at once.
+#   bash scripts/setup-llama.sh              # shared ggml libraries (build/)
+#   bash scripts/setup-llama.sh static       # ggml linked into llama-simple itself (build-static/)
+#   bash scripts/setup-llama.sh threadpool   # libggml-cpu with ggml's own thread pool instead of
+#                                            # OpenMP (build-threadpool/bin: put it first on
+#                                            # LD_LIBRARY_PATH to run build/'s programs on it)
 set -euo pipefail
+
+# The targets of the shared build; a cached build that lacks one (an older checkout's) gets it
+# built incrementally.
+targets=(llama-simple llama-bench llama-quantize)
+
+if [ "${1:-}" = threadpool ]; then
+  shared="$(bash "$0" | tail -n 1)"
+  dest="$(dirname "$shared")"
+  if [ ! -f "$dest/build-threadpool/.complete" ]; then
+    echo "setup-llama: building libggml-cpu with GGML_OPENMP=OFF" >&2
+    cmake -S "$dest/src" -B "$dest/build-threadpool" -DCMAKE_BUILD_TYPE=Release \
+      -DBUILD_SHARED_LIBS=ON -DGGML_NATIVE=OFF -DGGML_OPENMP=OFF -DLLAMA_BUILD_TESTS=OFF \
+      -DLLAMA_BUILD_SERVER=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_CURL=OFF >&2
+    cmake --build "$dest/build-threadpool" -j "$(nproc)" --target ggml-cpu >&2
+    touch "$dest/build-threadpool/.complete"
+  fi
+  echo "$dest/build-threadpool"
+  exit 0
+fi
 
 if [ "${1:-}" = static ]; then
   shared="$(bash "$0" | tail -n 1)"   # the source comes with the shared build
@@ -29,6 +51,12 @@ dest="$cache_root/$key"
 
 # The build happens in place (CMake bakes absolute rpaths into the binaries); .complete marks success.
 if [ -f "$dest/build/.complete" ]; then
+  for t in "${targets[@]}"; do
+    if [ ! -x "$dest/build/bin/$t" ]; then
+      echo "setup-llama: building $t" >&2
+      cmake --build "$dest/build" -j "$(nproc)" --target "$t" >&2
+    fi
+  done
   echo "$dest/build"
   exit 0
 fi
@@ -60,7 +88,7 @@ mv "$src" "$dest/src"
 cmake -S "$dest/src" -B "$dest/build" -DCMAKE_BUILD_TYPE=Release \
   -DBUILD_SHARED_LIBS=ON -DGGML_NATIVE=OFF -DLLAMA_BUILD_TESTS=OFF \
   -DLLAMA_BUILD_SERVER=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_CURL=OFF >&2
-cmake --build "$dest/build" -j "$(nproc)" --target llama-simple llama-bench >&2
+cmake --build "$dest/build" -j "$(nproc)" --target "${targets[@]}" >&2
 
 touch "$dest/build/.complete"
 echo "$dest/build"

@@ -13,6 +13,17 @@ const THREADS: usize = 3;
 const GRAPHS: usize = 40;
 const OPS: usize = 5;
 
+/// The op info of the `op`-th node of a graph.
+fn node(op: usize) -> OpInfo {
+    OpInfo {
+        tensor: (0x100 * (op + 1)) as *mut _,
+        op_type: op as u32,
+        op_size: 64,
+        backend: std::ptr::null_mut(),
+        tensor_id: 0,
+    }
+}
+
 /// One thread's work: GRAPHS graph computes of OPS ops each, inside a decode span, each graph
 /// followed by a synchronize wait.
 fn work(thread: usize) {
@@ -29,14 +40,7 @@ fn work(thread: usize) {
         .expect("the session is active");
         let recorder = scope.recorder();
         for op in 0..OPS {
-            let info = OpInfo {
-                tensor: (0x100 * (op + 1)) as *mut _,
-                op_type: op as u32,
-                op_size: 64,
-                backend: std::ptr::null_mut(),
-                tensor_id: 0,
-            };
-            ggml_viz_hook::op_begin(recorder, &info);
+            ggml_viz_hook::op_begin(recorder, &node(op));
             ggml_viz_hook::op_end(recorder);
         }
         ggml_viz_hook::graph_end(scope);
@@ -45,6 +49,18 @@ fn work(thread: usize) {
         ggml_viz_hook::wait_end(wait);
     }
     ggml_viz_hook::span(Entry::LlamaDecode, false, 7);
+}
+
+/// A thread-pool worker's work (threads-mode op timing): its shares of nodes and its barrier
+/// waits, as thread 2 of 4, outside any graph compute of its own.
+fn pool_worker() {
+    let recorder = ggml_viz_hook::active().expect("the session is active");
+    for op in 0..OPS {
+        ggml_viz_hook::thread_op(recorder, true, &node(op));
+        ggml_viz_hook::thread_op(recorder, false, &node(op));
+        let waited_from = ggml_viz_hook::now_ticks();
+        ggml_viz_hook::barrier_wait(recorder, std::ptr::null_mut(), 2, 4, waited_from);
+    }
 }
 
 #[test]
@@ -92,14 +108,27 @@ fn what_threads_record_is_in_the_trace_in_order() {
         }
     });
     stopped_early.join().unwrap();
+    std::thread::spawn(pool_worker).join().unwrap();
     ggml_viz_hook::finish();
 
     let trace = TraceFile::open(&path, None).unwrap();
     let mut per_thread: BTreeMap<u32, Vec<EventType>> = BTreeMap::new();
     let (mut metadata, mut counters, mut spans) = (None, None, Vec::new());
+    let mut barriers = Vec::new();
     for event in trace.events() {
         let event = event.expect("no damage");
         match (event.event_type(), event.payload) {
+            (
+                Some(ty @ EventType::BarrierWait),
+                Payload::Thread {
+                    thread_index,
+                    n_threads,
+                    ..
+                },
+            ) if event.label.as_deref() == Some(b"ggml_barrier") => {
+                barriers.push((event.thread_id, thread_index, n_threads));
+                per_thread.entry(event.thread_id).or_default().push(ty);
+            }
             (Some(ty), _) => per_thread.entry(event.thread_id).or_default().push(ty),
             (None, Payload::Extension(x)) => {
                 let label = event.label.as_deref().unwrap_or_default();
@@ -122,7 +151,24 @@ fn what_threads_record_is_in_the_trace_in_order() {
     assert_eq!(metadata.pid, std::process::id());
     assert_eq!(counters.expect("a counters record").lost(), 0);
 
-    assert_eq!(per_thread.len(), THREADS + 1, "one event stream per thread");
+    assert_eq!(per_thread.len(), THREADS + 2, "one event stream per thread");
+    // The pool worker: a share and a barrier wait per node, as thread 2 of 4.
+    let worker: Vec<EventType> = [
+        EventType::OpComputeBegin,
+        EventType::OpComputeEnd,
+        EventType::BarrierWait,
+    ]
+    .iter()
+    .copied()
+    .cycle()
+    .take(3 * OPS)
+    .collect();
+    let (&worker_tid, _) = per_thread
+        .iter()
+        .find(|(_, events)| **events == worker)
+        .unwrap_or_else(|| panic!("no thread recorded {worker:?}: {per_thread:?}"));
+    per_thread.remove(&worker_tid);
+    assert_eq!(barriers, vec![(worker_tid, 2, 4); OPS]);
     let stopped_early = [
         EventType::GraphComputeBegin,
         EventType::OpComputeBegin,

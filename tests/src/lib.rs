@@ -58,6 +58,26 @@ pub fn llama_static_bin() -> PathBuf {
     PathBuf::from(build).join("bin")
 }
 
+/// The `bin/` directory of libggml-cpu built with ggml's own thread pool instead of OpenMP
+/// (`scripts/setup-llama.sh threadpool`): first on `LD_LIBRARY_PATH`, [`llama_bin`]'s programs
+/// run on it.
+pub fn llama_threadpool_lib() -> PathBuf {
+    let build = std::env::var_os("GGML_VIZ_LLAMA_THREADPOOL_BUILD").expect(
+        "GGML_VIZ_LLAMA_THREADPOOL_BUILD is not set: run the tests through scripts/test.sh, which builds it",
+    );
+    PathBuf::from(build).join("bin")
+}
+
+/// What `ldd` says of an executable or library: the shared objects it loads.
+pub fn ldd(path: &Path) -> String {
+    let out = run({
+        let mut c = Command::new("ldd");
+        c.arg(path);
+        c
+    });
+    text(&out.stdout)
+}
+
 pub fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("fixtures")

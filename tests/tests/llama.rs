@@ -277,16 +277,8 @@ fn memcheck_finds_nothing_in_a_traced_llama_simple() {
 #[test]
 fn statically_linked_ggml_is_traced_through_inline_hooks() {
     let bin = llama_static_bin();
-    let deps = run({
-        let mut c = Command::new("ldd");
-        c.arg(bin.join("llama-simple"));
-        c
-    });
-    assert!(
-        !text(&deps.stdout).contains("ggml"),
-        "llama-simple is not static: {}",
-        text(&deps.stdout)
-    );
+    let deps = ldd(&bin.join("llama-simple"));
+    assert!(!deps.contains("ggml"), "llama-simple is not static: {deps}");
     let dir = scratch("llama-static");
     let trace = dir.join("trace.ggmlviz");
     let plain = run(llama_simple_in(&bin, 10));

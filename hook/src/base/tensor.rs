@@ -73,6 +73,7 @@ unsafe fn layout_ok(h: &Helpers, tensor: Ptr, desc: &str) -> bool {
 ///
 /// # Safety
 /// `tensor` is a live tensor of the copy `h` belongs to.
+#[cfg(all(target_os = "linux", target_arch = "x86_64"))]
 pub unsafe fn fingerprint(h: &Helpers, tensor: Ptr) -> Option<u64> {
     if LAYOUT.load(Ordering::Relaxed) != LAYOUT_OK {
         return None;

@@ -5,10 +5,12 @@
 //! first thread's start to its last thread's end. Samples are then grouped by op, tensor name,
 //! backend or layer.
 //!
-//! Joining: a thread's spans of one tensor, in time order, belong to successive computes of it;
-//! the spans of all threads for one tensor are sorted by start, and a node ends where a thread
-//! that already has a span in it starts another. Each thread's barrier waits (threads mode)
-//! count for the node that thread computed last: time it spent waiting for the slowest.
+//! Joining: every share of one compute of a graph lies inside that graph compute (the calling
+//! thread waits for its pool's threads before it returns), so shares are grouped by tensor and
+//! by the outermost graph compute their start lies in; within a group, sorted by start, a node
+//! ends where a thread that already has a share in it starts another (a thread's shares of one
+//! tensor are successive computes of it). Each thread's barrier waits (threads mode) count for
+//! the node that thread computed last: time it spent waiting for the slowest.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -106,6 +108,9 @@ struct Share {
     backend: u64,
     phase: Option<Phase>,
     wait_ns: u64,
+    /// The graph compute its start lies in (an index into the sorted windows; `usize::MAX`:
+    /// none).
+    window: usize,
 }
 
 #[derive(Default)]
@@ -129,6 +134,8 @@ impl OpAnalysis {
         let mut backends: HashMap<u64, String> = HashMap::new();
         let mut threads: HashMap<u32, Thread> = HashMap::new();
         let mut shares: Vec<Share> = Vec::new();
+        // Outermost graph computes, begin and end, in order of end.
+        let mut windows: Vec<(u64, u64)> = Vec::new();
         for item in events {
             let e = match item {
                 Ok(e) => e,
@@ -197,6 +204,9 @@ impl OpAnalysis {
                 }
                 (Some(EventType::GraphComputeEnd), _) => {
                     t.graph_depth = t.graph_depth.saturating_sub(1);
+                    if t.graph_depth == 0 {
+                        windows.push((t.graph_begin, e.timestamp_ns));
+                    }
                     if t.graph_depth == 0 && t.graph_has_ops {
                         a.timed_graph_ns = a
                             .timed_graph_ns
@@ -241,6 +251,7 @@ impl OpAnalysis {
                         backend,
                         phase: t.phase,
                         wait_ns: 0,
+                        window: usize::MAX,
                     });
                 }
                 // A worker's wait at a barrier (no entry point recorded it: no label but ours).
@@ -268,6 +279,10 @@ impl OpAnalysis {
             infos: &infos,
             backends: &backends,
         };
+        windows.sort_unstable();
+        for s in &mut shares {
+            s.window = window_of(&windows, s.begin);
+        }
         a.ops = join_shares(shares, &namer);
         a
     }
@@ -313,13 +328,14 @@ struct Namer<'a> {
 
 /// Joins the threads' shares into nodes (see the module's description), in order of start.
 fn join_shares(mut shares: Vec<Share>, namer: &Namer<'_>) -> Vec<OpSample> {
-    shares.sort_by_key(|s| (s.tensor_ptr, s.begin));
+    shares.sort_by_key(|s| (s.tensor_ptr, s.window, s.begin));
     let mut nodes: Vec<(u64, OpSample)> = Vec::new();
     let mut start = 0;
     while start < shares.len() {
         let mut end = start + 1;
         while end < shares.len()
             && shares[end].tensor_ptr == shares[start].tensor_ptr
+            && shares[end].window == shares[start].window
             && !shares[start..end]
                 .iter()
                 .any(|s| s.thread_id == shares[end].thread_id)
@@ -332,6 +348,16 @@ fn join_shares(mut shares: Vec<Share>, namer: &Namer<'_>) -> Vec<OpSample> {
     }
     nodes.sort_by_key(|(begin, _)| *begin);
     nodes.into_iter().map(|(_, n)| n).collect()
+}
+
+/// The latest-begun of the sorted `windows` that holds `at` (looking back over a few: graph
+/// computes of several threads may overlap), or `usize::MAX`.
+fn window_of(windows: &[(u64, u64)], at: u64) -> usize {
+    let after = windows.partition_point(|&(begin, _)| begin <= at);
+    (after.saturating_sub(64)..after)
+        .rev()
+        .find(|&i| windows[i].1 >= at)
+        .unwrap_or(usize::MAX)
 }
 
 /// One node from its threads' shares (at least one). Its name, info and backend are those of
@@ -618,6 +644,48 @@ mod tests {
         assert_eq!((a.threads[0].thread_id, a.threads[0].share_ns), (7, 400));
         assert_eq!((a.threads[0].waits, a.threads[0].wait_ns), (2, 250));
         assert_eq!((a.threads[1].shares, a.threads[1].share_ns), (2, 620));
+    }
+
+    fn graph(begin: bool, ts: u64, thread: u32) -> Event<'static> {
+        Event {
+            type_code: if begin {
+                EventType::GraphComputeBegin
+            } else {
+                EventType::GraphComputeEnd
+            } as u8,
+            timestamp_ns: ts,
+            thread_id: thread,
+            payload: Payload::Graph {
+                graph_ptr: 0x10,
+                n_nodes: 1,
+                n_threads: 2,
+                backend_ptr: 0,
+            },
+            label: None,
+        }
+    }
+
+    /// ggml's own thread pool, made for each compute: the second compute's new worker starts
+    /// the node before the calling thread does, and still belongs to the second compute.
+    #[test]
+    fn new_workers_of_the_next_compute_are_not_joined_to_the_last() {
+        let events = vec![
+            graph(true, 0, 1),
+            op_event(true, 10, 1, 0xC0),
+            op_event(false, 20, 1, 0xC0),
+            graph(false, 30, 1),
+            graph(true, 100, 1),
+            op_event(true, 105, 1, 0xC0),
+            op_event(false, 115, 1, 0xC0),
+            graph(false, 120, 1),
+            op_event(true, 5, 2, 0xC0),
+            op_event(false, 25, 2, 0xC0),
+            op_event(true, 101, 4, 0xC0),
+            op_event(false, 110, 4, 0xC0),
+        ];
+        let a = OpAnalysis::collect(events.into_iter().map(Ok));
+        let nodes: Vec<(u32, u64)> = a.ops.iter().map(|o| (o.threads, o.duration_ns)).collect();
+        assert_eq!(nodes, [(2, 25 - 5), (2, 115 - 101)]);
     }
 
     /// A share of 1/8 of the slowest or less is a thread with nothing to do, not an imbalance.
