@@ -8,11 +8,29 @@
 #   bash scripts/setup-llama.sh threadpool   # libggml-cpu with ggml's own thread pool instead of
 #                                            # OpenMP (build-threadpool/bin: put it first on
 #                                            # LD_LIBRARY_PATH to run build/'s programs on it)
+#   bash scripts/setup-llama.sh dl           # GGML_BACKEND_DL=ON: llama-simple loading its CPU
+#                                            # backend with dlopen(RTLD_LOCAL), as wheels do
+#                                            # (build-dl/)
 set -euo pipefail
 
 # The targets of the shared build; a cached build that lacks one (an older checkout's) gets it
 # built incrementally.
 targets=(llama-simple llama-bench llama-quantize)
+
+if [ "${1:-}" = dl ]; then
+  shared="$(bash "$0" | tail -n 1)"
+  dest="$(dirname "$shared")"
+  if [ ! -f "$dest/build-dl/.complete" ]; then
+    echo "setup-llama: building llama-simple with GGML_BACKEND_DL=ON" >&2
+    cmake -S "$dest/src" -B "$dest/build-dl" -DCMAKE_BUILD_TYPE=Release \
+      -DBUILD_SHARED_LIBS=ON -DGGML_BACKEND_DL=ON -DGGML_NATIVE=OFF -DLLAMA_BUILD_TESTS=OFF \
+      -DLLAMA_BUILD_SERVER=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_CURL=OFF >&2
+    cmake --build "$dest/build-dl" -j "$(nproc)" --target llama-simple ggml-cpu >&2
+    touch "$dest/build-dl/.complete"
+  fi
+  echo "$dest/build-dl"
+  exit 0
+fi
 
 if [ "${1:-}" = threadpool ]; then
   shared="$(bash "$0" | tail -n 1)"

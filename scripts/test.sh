@@ -48,6 +48,8 @@ GGML_VIZ_LLAMA_STATIC_BUILD="$(bash scripts/setup-llama.sh static | tail -n 1)"
 export GGML_VIZ_LLAMA_STATIC_BUILD
 GGML_VIZ_LLAMA_THREADPOOL_BUILD="$(bash scripts/setup-llama.sh threadpool | tail -n 1)"
 export GGML_VIZ_LLAMA_THREADPOOL_BUILD
+GGML_VIZ_LLAMA_DL_BUILD="$(bash scripts/setup-llama.sh dl | tail -n 1)"
+export GGML_VIZ_LLAMA_DL_BUILD
 # Windows under Wine: MinGW, Wine, llama-simple.exe and a prefix (cached).
 windows="$(bash scripts/setup-windows.sh | tail -n 2)"
 GGML_VIZ_WINDOWS_BUILD="$(echo "$windows" | sed -n 1p)"

@@ -68,6 +68,15 @@ pub fn llama_threadpool_lib() -> PathBuf {
     PathBuf::from(build).join("bin")
 }
 
+/// The `bin/` directory of the llama.cpp build whose CPU backend is a module loaded with
+/// `dlopen(RTLD_LOCAL)` (`GGML_BACKEND_DL=ON`, `scripts/setup-llama.sh dl`).
+pub fn llama_dl_bin() -> PathBuf {
+    let build = std::env::var_os("GGML_VIZ_LLAMA_DL_BUILD").expect(
+        "GGML_VIZ_LLAMA_DL_BUILD is not set: run the tests through scripts/test.sh, which builds it",
+    );
+    PathBuf::from(build).join("bin")
+}
+
 /// What `ldd` says of an executable or library: the shared objects it loads.
 pub fn ldd(path: &Path) -> String {
     let out = run({

@@ -3,7 +3,7 @@
 //! node, and the nodes are exactly the ones ggml computes.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use ggml_viz_e2e::*;
@@ -84,17 +84,18 @@ fn nodes_by_op(events: &[Event<'_>]) -> BTreeMap<String, usize> {
     by_op
 }
 
-/// How llama-simple runs in a check: its model, and the directory of another libggml-cpu to
-/// load first (ggml's own thread pool instead of OpenMP), if any.
+/// How llama-simple runs in a check: its build, its model, and the directory of another
+/// libggml-cpu to load first (ggml's own thread pool instead of OpenMP), if any.
 struct Run<'a> {
     name: &'a str,
+    bin: PathBuf,
     model: &'a Path,
     libs: Option<&'a Path>,
 }
 
 impl Run<'_> {
     fn simple(&self) -> Command {
-        let mut cmd = Command::new(llama_bin().join("llama-simple"));
+        let mut cmd = Command::new(self.bin.join("llama-simple"));
         cmd.arg("-m")
             .arg(self.model)
             .args(["-n", "8", "hello world"]);
@@ -230,6 +231,7 @@ fn every_worker_records_its_share_of_every_node(how: &Run<'_>) {
 fn openmp_workers_record_their_share_of_every_node_and_nothing_changes() {
     every_worker_records_its_share_of_every_node(&Run {
         name: "openmp",
+        bin: llama_bin(),
         model: &tiny_model(),
         libs: None,
     });
@@ -242,8 +244,28 @@ fn ggml_thread_pool_workers_record_their_share_of_every_node() {
     assert!(!deps.contains("libgomp"), "{deps}");
     every_worker_records_its_share_of_every_node(&Run {
         name: "threadpool",
+        bin: llama_bin(),
         model: &tiny_model(),
         libs: Some(&libs),
+    });
+}
+
+/// `GGML_BACKEND_DL=ON`: llama-simple finds its CPU backend at run time and loads it with
+/// `dlopen(RTLD_LOCAL)`, as Python wheels and distributions ship ggml. The backend's calls still
+/// reach the hook's wrappers, which find the real functions in the module's own scope.
+#[test]
+fn a_cpu_backend_loaded_with_dlopen_is_timed_per_thread() {
+    let bin = llama_dl_bin();
+    assert!(
+        !ldd(&bin.join("llama-simple")).contains("libggml-cpu"),
+        "the CPU backend is linked in, not loaded"
+    );
+    assert!(bin.join("libggml-cpu.so").exists());
+    every_worker_records_its_share_of_every_node(&Run {
+        name: "backend-dl",
+        bin,
+        model: &tiny_model(),
+        libs: None,
     });
 }
 
@@ -272,6 +294,7 @@ fn repacked_quantized_weights_are_timed_too() {
     );
     every_worker_records_its_share_of_every_node(&Run {
         name: "q4_0",
+        bin: llama_bin(),
         model: &model,
         libs: None,
     });
