@@ -2,8 +2,8 @@
 """The benchmark suite: what ggml-viz costs and how fast it reads, compared with the floors and
 the alternatives, on this machine, in one go.
 
-    python3 bench/run.py            # the full suite (~1.5 minutes on 2 cores once built)
-    python3 bench/run.py --quick    # the same metrics on less work (~30 s once built)
+    python3 bench/run.py            # the full suite (~25 minutes on 2 cores once built: callgrind)
+    python3 bench/run.py --quick    # most metrics on less work, no callgrind (~4 minutes)
 
 Prints one table and writes the same figures to bench/results.json: one object per metric with
 name, value, unit, the reference it is compared with, and the reference's value. Timings are noisy
@@ -134,7 +134,7 @@ def llama(quick, tmp):
         "sched op timing 1 in 10": {"LD_PRELOAD": hook, "GGML_VIZ_OP_TIMING": "sched", "GGML_VIZ_OP_SAMPLE": "10"},
     }
     n_gen = "32" if quick else "64"
-    for threads in ("1", "2"):
+    for threads in ("1",) if quick else ("1", "2"):
         progress(f"llama.cpp overhead: llama-bench -t {threads} -p 32 -n {n_gen}, 512x8 random model")
         results = {m: {"pp": [], "tg": []} for m in modes}
         names = list(modes)
@@ -155,11 +155,13 @@ def llama(quick, tmp):
             noop = statistics.median(results["no-op eval callback"][kind])
             ops = statistics.median(results["sched op timing"][kind])
             metric(f"llama -t {threads} {label}, sched op timing vs a no-op eval callback", ops / noop, "ratio", f"no-op callback, {noop:.1f} tok/s", 1.0)
-    instructions(quick, tmp, build, hook, model)
+    if not quick:
+        # Minutes under callgrind: the full suite only.
+        instructions(tmp, build, hook, model)
     fidelity(quick, tmp, build, hook, model)
 
 
-def instructions(quick, tmp, build, hook, big):
+def instructions(tmp, build, hook, big):
     """callgrind instruction counts, llama-bench -t 1 -p 0 -n 16, hooked / unhooked: repeatable
     where wall-clock time is not (at one thread: at two, spin waits depend on timing)."""
     if shutil.which("valgrind") is None:
