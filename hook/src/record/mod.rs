@@ -10,11 +10,13 @@
 //!   a thread takes more of the cap from one shared counter.
 //! - [`recorder`]: one trace's shared state (rings, names, tensors, cap, counters, writer).
 //! - [`tensors`]: the tensor infos op events refer to.
-//! - [`writer`]: the consumer side: encodes what the rings hold and writes it.
+//! - [`writer`]: the consumer side: encodes what the rings hold and writes it, through
+//!   [`output`]: a thread of its own that makes the file's writes.
 //! - [`session`]: start (from the [`Setup`] the front end hands in), the flusher thread, the last
 //!   flush at exit, the child's fresh start after `fork`, and stopping when the output fails.
 
 mod events;
+mod output;
 mod recorder;
 mod session;
 mod tensors;

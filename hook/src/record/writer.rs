@@ -15,6 +15,7 @@ use ggml_viz_config::Config;
 use ggml_viz_reader::format::ext::{self, Counters, Metadata};
 use ggml_viz_reader::format::{self, EventType, ExtensionKind, Layout, Payload};
 
+use super::output::Output;
 use super::tensors::{MAX_TENSORS, Tensors};
 use crate::base::clock::{self, TickConverter};
 use crate::base::entry::Entry;
@@ -43,7 +44,8 @@ pub struct Drain<'a> {
 }
 
 pub struct TraceWriter {
-    file: io::BufWriter<File>,
+    /// The file, written by a thread of its own once the header is on disk.
+    output: Output,
     path: PathBuf,
     layout: Layout,
     /// Op events carry their tensor's name as label (`tensor_names`).
@@ -80,8 +82,23 @@ impl TraceWriter {
         config: &Config,
         metadata: &Metadata,
     ) -> Result<TraceWriter, (PathBuf, io::Error)> {
-        let mut writer = TraceWriter {
-            file: io::BufWriter::with_capacity(1 << 16, file),
+        // The header and metadata are written here, so that an unwritable file is said at once.
+        let mut head = Vec::new();
+        format::encode_header(&mut head);
+        ext::encode_extension(
+            &mut head,
+            layout,
+            ExtensionKind::Metadata,
+            clock::now_ns(),
+            0,
+            metadata,
+        );
+        let mut file = file;
+        if let Err(err) = os::without_sigxfsz(|| file.write_all(&head)) {
+            return Err((path, err));
+        }
+        Ok(TraceWriter {
+            output: Output::new(file),
             path,
             layout,
             tensor_names: config.tensor_names,
@@ -95,20 +112,7 @@ impl TraceWriter {
             counters_written: Counters::default(),
             closed: false,
             clock: TickConverter::new(),
-        };
-        format::encode_header(&mut writer.buf);
-        ext::encode_extension(
-            &mut writer.buf,
-            layout,
-            ExtensionKind::Metadata,
-            clock::now_ns(),
-            0,
-            metadata,
-        );
-        match writer.write_buf() {
-            Ok(()) => Ok(writer),
-            Err(err) => Err((writer.path, err)),
-        }
+        })
     }
 
     pub fn path(&self) -> &Path {
@@ -119,16 +123,13 @@ impl TraceWriter {
         self.closed
     }
 
-    /// Writes what was encoded; nothing at all (no system call) when nothing was.
+    /// Hands what was encoded to the output; nothing at all when nothing was.
     fn write_buf(&mut self) -> io::Result<()> {
         if self.buf.is_empty() {
             return Ok(());
         }
-        os::without_sigxfsz(|| {
-            self.file.write_all(&self.buf)?;
-            self.buf.clear();
-            self.file.flush()
-        })
+        let encoded = std::mem::replace(&mut self.buf, self.output.buffer());
+        self.output.write(encoded)
     }
 
     /// Drains every ring into the file, with new names and changed counters. After an error
@@ -164,6 +165,12 @@ impl TraceWriter {
     /// stderr when events were lost.
     pub fn close(&mut self, d: Drain<'_>, memory_tracking: bool) -> io::Result<()> {
         self.flush(d)?;
+        // The writes so far are made by the output's thread: their errors are known once it is
+        // done with them.
+        if let Err(err) = self.output.sync() {
+            self.closed = true;
+            return Err(err);
+        }
         if self.closed {
             return Ok(());
         }
@@ -184,6 +191,7 @@ impl TraceWriter {
         // Always end with a counters record: "nothing lost" is then written, not assumed.
         self.encode_counters(counters);
         let _ = self.write_buf();
+        let _ = self.output.sync();
         self.closed = true;
         if counters.lost() > 0 {
             say(format_args!(
