@@ -2,8 +2,9 @@
 //! (page-cache writeback, a journal commit: tens of milliseconds now and then, measured) never
 //! keeps the flusher from draining the rings. The flusher hands over each encoded buffer; a
 //! bounded queue lets it get ahead of the disk by [`QUEUED`] buffers, then waits (and the rings,
-//! if they fill meanwhile, drop and count). Where no thread can be started, writes are made in
-//! place, as before.
+//! if they fill meanwhile, drop and count). Where no thread can be started, and on Windows
+//! (whose exit stops every other thread before the exit handlers run: a thread holding the last
+//! buffers would never write them), writes are made in place.
 
 use std::fs::File;
 use std::io::{self, Write};
@@ -14,6 +15,8 @@ use crate::base::os;
 
 /// Buffers the flusher may be ahead of the disk by.
 const QUEUED: usize = 16;
+/// How long the last flush waits for the writes before it.
+const SYNC_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
 enum Job {
     Write(Vec<u8>),
@@ -40,18 +43,22 @@ impl Output {
         // The file is moved to the thread only if it starts.
         let file = Arc::new(Mutex::new(Some(file)));
         let thread_file = file.clone();
-        let spawned = std::thread::Builder::new()
-            .name("ggml-viz-write".into())
-            .spawn(move || {
-                let Some(mut file) = thread_file
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .take()
-                else {
-                    return;
-                };
-                write_jobs(&mut file, jobs, give_back, &thread_failed);
-            });
+        let spawned = if cfg!(windows) {
+            Err(io::Error::from(io::ErrorKind::Unsupported))
+        } else {
+            std::thread::Builder::new()
+                .name("ggml-viz-write".into())
+                .spawn(move || {
+                    let Some(mut file) = thread_file
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .take()
+                    else {
+                        return;
+                    };
+                    write_jobs(&mut file, jobs, give_back, &thread_failed);
+                })
+        };
         match spawned {
             Ok(_) => Output {
                 to_thread: Some(to_thread),
@@ -98,12 +105,16 @@ impl Output {
         }
     }
 
-    /// Waits until everything queued is written; the first error, if any.
+    /// Waits until everything queued is written (at most [`SYNC_WAIT`]: a disk that stalls
+    /// longer must not hang the host's exit); the first error, if any.
     pub fn sync(&mut self) -> io::Result<()> {
         if let Some(to_thread) = &self.to_thread {
             let (done, wait) = sync_channel(1);
-            if to_thread.send(Job::Sync(done)).is_ok() {
-                let _ = wait.recv();
+            if to_thread.send(Job::Sync(done)).is_ok() && wait.recv_timeout(SYNC_WAIT).is_err() {
+                return Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    "the disk took too long to take the trace's last writes",
+                ));
             }
         }
         self.error()
