@@ -17,50 +17,42 @@ set -euo pipefail
 # built incrementally.
 targets=(llama-simple llama-bench llama-quantize)
 
-if [ "${1:-}" = dl ]; then
-  shared="$(bash "$0" | tail -n 1)"
-  dest="$(dirname "$shared")"
-  if [ ! -f "$dest/build-dl/.complete" ]; then
-    echo "setup-llama: building llama-simple with GGML_BACKEND_DL=ON" >&2
-    cmake -S "$dest/src" -B "$dest/build-dl" -DCMAKE_BUILD_TYPE=Release \
-      -DBUILD_SHARED_LIBS=ON -DGGML_BACKEND_DL=ON -DGGML_NATIVE=OFF -DLLAMA_BUILD_TESTS=OFF \
-      -DLLAMA_BUILD_SERVER=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_CURL=OFF >&2
-    cmake --build "$dest/build-dl" -j "$(nproc)" --target llama-simple ggml-cpu >&2
-    touch "$dest/build-dl/.complete"
-  fi
-  echo "$dest/build-dl"
-  exit 0
-fi
-
-if [ "${1:-}" = threadpool ]; then
-  shared="$(bash "$0" | tail -n 1)"
-  dest="$(dirname "$shared")"
-  if [ ! -f "$dest/build-threadpool/.complete" ]; then
-    echo "setup-llama: building libggml-cpu with GGML_OPENMP=OFF" >&2
-    cmake -S "$dest/src" -B "$dest/build-threadpool" -DCMAKE_BUILD_TYPE=Release \
-      -DBUILD_SHARED_LIBS=ON -DGGML_NATIVE=OFF -DGGML_OPENMP=OFF -DLLAMA_BUILD_TESTS=OFF \
-      -DLLAMA_BUILD_SERVER=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_CURL=OFF >&2
-    cmake --build "$dest/build-threadpool" -j "$(nproc)" --target ggml-cpu >&2
-    touch "$dest/build-threadpool/.complete"
-  fi
-  echo "$dest/build-threadpool"
-  exit 0
-fi
-
-if [ "${1:-}" = static ]; then
+# A variant build from the shared build's source, in build-$1/: "$2" says what it is, the flags
+# up to "--" are CMake's (beside the common ones), the rest are the targets. Prints its directory.
+variant() {
+  local name="$1" what="$2" flags=() targets=()
+  shift 2
+  while [ "$1" != -- ]; do flags+=("$1"); shift; done
+  shift
+  targets=("$@")
+  local shared dest
   shared="$(bash "$0" | tail -n 1)"   # the source comes with the shared build
   dest="$(dirname "$shared")"
-  if [ ! -f "$dest/build-static/.complete" ]; then
-    echo "setup-llama: building llama-simple with ggml linked in statically" >&2
-    cmake -S "$dest/src" -B "$dest/build-static" -DCMAKE_BUILD_TYPE=Release \
-      -DBUILD_SHARED_LIBS=OFF -DGGML_NATIVE=OFF -DLLAMA_BUILD_TESTS=OFF \
+  if [ ! -f "$dest/build-$name/.complete" ]; then
+    echo "setup-llama: building $what" >&2
+    cmake -S "$dest/src" -B "$dest/build-$name" -DCMAKE_BUILD_TYPE=Release "${flags[@]}" \
+      -DGGML_NATIVE=OFF -DLLAMA_BUILD_TESTS=OFF \
       -DLLAMA_BUILD_SERVER=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_CURL=OFF >&2
-    cmake --build "$dest/build-static" -j "$(nproc)" --target llama-simple >&2
-    touch "$dest/build-static/.complete"
+    cmake --build "$dest/build-$name" -j "$(nproc)" --target "${targets[@]}" >&2
+    touch "$dest/build-$name/.complete"
   fi
-  echo "$dest/build-static"
-  exit 0
-fi
+  echo "$dest/build-$name"
+}
+
+case "${1:-}" in
+  static)
+    variant static "llama-simple with ggml linked in statically" \
+      -DBUILD_SHARED_LIBS=OFF -- llama-simple
+    exit 0 ;;
+  threadpool)
+    variant threadpool "libggml-cpu with GGML_OPENMP=OFF" \
+      -DBUILD_SHARED_LIBS=ON -DGGML_OPENMP=OFF -- ggml-cpu
+    exit 0 ;;
+  dl)
+    variant dl "llama-simple with GGML_BACKEND_DL=ON" \
+      -DBUILD_SHARED_LIBS=ON -DGGML_BACKEND_DL=ON -- llama-simple ggml-cpu
+    exit 0 ;;
+esac
 
 LLAMA_PY_VERSION="${LLAMA_PY_VERSION:-0.3.36}"
 cache_root="${GGML_VIZ_CACHE:-$HOME/.cache/ggml-viz}"
