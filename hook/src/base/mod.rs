@@ -30,3 +30,10 @@ pub fn say(msg: std::fmt::Arguments<'_>) {
     use std::io::Write;
     let _ = writeln!(std::io::stderr(), "ggml-viz: {msg}");
 }
+
+/// [`say`], the first time `said` is passed (a static of the call site's own).
+pub fn say_once(said: &AtomicBool, msg: std::fmt::Arguments<'_>) {
+    if !said.swap(true, std::sync::atomic::Ordering::Relaxed) {
+        say(msg);
+    }
+}

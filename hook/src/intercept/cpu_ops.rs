@@ -32,13 +32,13 @@
 use std::cell::Cell;
 use std::ffi::{CStr, c_void};
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
 
 use super::eval_callback::node_info;
 use super::route::{Callee, Resolved, resolve_callee};
 use crate::base::clock;
 use crate::base::ggml::Helpers;
-use crate::base::say;
+use crate::base::say_once;
 use crate::base::tensor::{self, read_tensor};
 use crate::record::{self, OpInfo, Recorder};
 
@@ -435,12 +435,13 @@ extern "C" fn exit(row: usize) {
 
 fn say_no_function(name: &CStr) {
     static SAID: AtomicBool = AtomicBool::new(false);
-    if !SAID.swap(true, Ordering::Relaxed) {
-        say(format_args!(
+    say_once(
+        &SAID,
+        format_args!(
             "no loaded library defines {}; the call does nothing",
             name.to_string_lossy()
-        ));
-    }
+        ),
+    );
 }
 
 /// An outermost per-op call (or the dispatcher's marker) on this thread.
@@ -467,13 +468,14 @@ fn node_begins(w: &Worker, kind: Kind, h: &'static Helpers, params: Ptr, arg1: P
     let (ith, nth) = unsafe { (*(params as *const i32), *(params as *const i32).add(1)) };
     if !(0..=65536).contains(&nth) || ith < 0 || ith >= nth {
         static SAID: AtomicBool = AtomicBool::new(false);
-        if !SAID.swap(true, Ordering::Relaxed) {
-            say(format_args!(
+        say_once(
+            &SAID,
+            format_args!(
                 "this ggml's compute params do not start with the thread index and count \
                  (read {ith} of {nth}); per-thread op timing stops, nodes are timed with the \
                  scheduler's eval callback from the next graph on"
-            ));
-        }
+            ),
+        );
         r.threads_mode_failed();
         return;
     }

@@ -22,7 +22,7 @@ use super::route::{Resolved, describe_route, first_helpers, resolve};
 use crate::base::entry::Entry;
 use crate::base::ggml::{EvalCallback, Helpers};
 use crate::base::names::Owner;
-use crate::base::{VERBOSE, say};
+use crate::base::{VERBOSE, say, say_once};
 use crate::record::{self, GraphInfo, GraphScope, Recorder, Setup};
 
 type Ptr = *mut c_void;
@@ -154,12 +154,10 @@ fn real_function(entry: Entry, return_address: usize) -> Option<&'static Resolve
         }
         None => {
             static SAID: AtomicBool = AtomicBool::new(false);
-            if !SAID.swap(true, Ordering::Relaxed) {
-                say(format_args!(
-                    "no loaded library defines {}; the call fails",
-                    entry.name()
-                ));
-            }
+            say_once(
+                &SAID,
+                format_args!("no loaded library defines {}; the call fails", entry.name()),
+            );
             None
         }
     }
@@ -288,12 +286,13 @@ fn object_compute(entry: Entry, owner: Owner, object: Ptr, graph: Ptr, ret: usiz
 /// other backends than the CPU.
 fn say_once_sched_for_devices() {
     static SAID: AtomicBool = AtomicBool::new(false);
-    if !SAID.swap(true, Ordering::Relaxed) {
-        say(format_args!(
+    say_once(
+        &SAID,
+        format_args!(
             "op timing: a scheduler with other backends than the CPU: its nodes are timed with the \
              eval callback (each node computed and synchronized on its own)"
-        ));
-    }
+        ),
+    );
 }
 
 unsafe extern "C" fn sched_graph_compute(sched: Ptr, graph: Ptr, ret: usize) -> c_int {
