@@ -28,6 +28,7 @@ struct Bucket {
 #[derive(Debug)]
 pub struct LiveStats {
     pub events: u64,
+    /// Outermost graph computes and ops that began, as `info` counts them.
     pub graphs: u64,
     pub ops: u64,
     /// The writer's latest running totals of what it could not record.
@@ -121,7 +122,12 @@ impl LiveStats {
                 _ => {}
             },
             (Some(EventType::GraphComputeBegin), _) => {
-                self.open_graphs.entry(e.thread_id).or_default().push(ts)
+                let stack = self.open_graphs.entry(e.thread_id).or_default();
+                if stack.is_empty() {
+                    self.graphs += 1;
+                    self.current.graphs += 1;
+                }
+                stack.push(ts)
             }
             (Some(EventType::GraphComputeEnd), _) => {
                 let stack = self.open_graphs.entry(e.thread_id).or_default();
@@ -129,8 +135,6 @@ impl LiveStats {
                     && stack.is_empty()
                 {
                     let ns = ts.saturating_sub(begin);
-                    self.graphs += 1;
-                    self.current.graphs += 1;
                     self.current.graph_ns.add(ns);
                     self.latest_graph_ns = Some(ns);
                 }
@@ -143,6 +147,8 @@ impl LiveStats {
                     ..
                 },
             ) => {
+                self.ops += 1;
+                self.current.ops += 1;
                 self.open_ops
                     .entry(e.thread_id)
                     .or_default()
@@ -153,8 +159,6 @@ impl LiveStats {
                 if let Some(i) = stack.iter().rposition(|o| o.0 == tensor_ptr) {
                     let (_, op_type, begin) = stack.remove(i);
                     let ns = ts.saturating_sub(begin);
-                    self.ops += 1;
-                    self.current.ops += 1;
                     let slot = self.current.op_ns.entry(op_type).or_default();
                     slot.0 = slot.0.saturating_add(ns);
                     slot.1 += 1;
@@ -313,5 +317,34 @@ mod tests {
         assert!(snap.top_ops.is_empty());
         assert_eq!(snap.graphs_per_s, 0.0);
         assert_eq!(snap.window, Duration::from_secs(2));
+    }
+
+    /// A trace cut off in the middle of a graph and an op (the writer killed): the view's totals
+    /// are `info`'s, whose counts are of what began (before: the view counted what ended, one
+    /// graph short of `info` on a killed writer's file).
+    #[test]
+    fn totals_agree_with_the_trace_stats_when_the_trace_stops_mid_graph() {
+        let events = [
+            ev(0, 0, 1, graph()),
+            ev(2, 10, 1, op(0xa, 29)),
+            ev(3, 40, 1, op(0xa, 29)),
+            ev(1, 50, 1, graph()),
+            ev(0, 60, 1, graph()),
+            ev(2, 70, 1, op(0xa, 29)),
+        ];
+        let mut live = LiveStats::new(2);
+        let mut stats = ggml_viz_reader::TraceStats::default();
+        for e in &events {
+            live.add(e);
+            stats.add(e);
+        }
+        live.tick(Duration::from_secs(1));
+        let snap = live.snapshot(5);
+        assert_eq!(
+            (snap.events, snap.graphs, snap.ops),
+            (stats.events(), stats.graph_computes, stats.ops)
+        );
+        assert_eq!((snap.graphs, snap.ops), (2, 2));
+        assert_eq!(snap.window_graphs, 1, "durations are of graphs that ended");
     }
 }
