@@ -420,3 +420,39 @@ fn a_static_executable_is_not_patched_when_the_configuration_disables_tracing() 
     assert!(text(&out.stderr).contains("hooked inline"));
     assert!(trace.exists());
 }
+
+/// When our resolver fails (`GGML_VIZ_FAULT=resolve` makes it panic at every call it is asked),
+/// every call still reaches ggml: llama-simple prints what it prints without us — dynamically
+/// linked with per-thread op timing (the entry points and the CPU backend's per-op functions)
+/// and statically linked (the inline hooks) — and the hook says one line instead of Rust's panic
+/// messages (before: the wrappers returned -1 or did nothing, and the program failed).
+#[test]
+fn a_failing_resolver_still_sends_every_call_to_ggml() {
+    let dir = scratch("fault-resolve");
+    for (bin, timing) in [(llama_bin(), "threads"), (llama_static_bin(), "auto")] {
+        let plain = run(llama_simple_in(&bin, 8));
+        assert!(plain.status.success(), "{}", text(&plain.stderr));
+        let traced = run(with_hook(
+            llama_simple_in(&bin, 8),
+            &[
+                ("GGML_VIZ_OUTPUT", dir.join("t.ggmlviz").to_str().unwrap()),
+                ("GGML_VIZ_OP_TIMING", timing),
+                ("GGML_VIZ_FAULT", "resolve"),
+            ],
+        ));
+        let stderr = text(&traced.stderr);
+        assert!(traced.status.success(), "{}: {stderr}", bin.display());
+        assert_eq!(
+            text(&traced.stdout),
+            text(&plain.stdout),
+            "{}: the output changed",
+            bin.display()
+        );
+        let failed: Vec<String> = hook_lines(&traced.stderr)
+            .into_iter()
+            .filter(|l| l.contains("our own code failed"))
+            .collect();
+        assert_eq!(failed.len(), 1, "{}: {stderr}", bin.display());
+        assert!(!stderr.contains("panicked"), "{stderr}");
+    }
+}

@@ -88,6 +88,11 @@ macro_rules! function {
 }
 
 impl Helpers {
+    /// No function: every helper answers 0 or an empty name.
+    pub const NONE: Helpers = Helpers {
+        fns: [0; NAMES.len()],
+    };
+
     /// Looks every function up with `lookup` (in the scope of one copy of ggml).
     pub fn load(mut lookup: impl FnMut(&CStr) -> Option<usize>) -> Helpers {
         let mut fns = [0; NAMES.len()];

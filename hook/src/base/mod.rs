@@ -9,10 +9,12 @@
 //! - [`ggml`]: the ggml functions we call ourselves, looked up at run time; [`tensor`]: what we
 //!   read of a `struct ggml_tensor`;
 //! - [`metadata`]: the trace's first record (process, host, settings, rank);
-//! - [`say`]: the one way to speak on stderr.
+//! - [`say`]: the one way to speak on stderr; [`contained`]: the one way to run our own code;
+//! - [`fault`]: failures made on purpose, for the tests.
 
 pub mod clock;
 pub mod entry;
+pub mod fault;
 pub mod ggml;
 pub mod metadata;
 pub mod names;
@@ -20,6 +22,9 @@ pub mod os;
 pub mod ring;
 pub mod tensor;
 
+use std::cell::Cell;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::Once;
 use std::sync::atomic::AtomicBool;
 
 /// `verbose` of the configuration in force: say more on stderr (where each call site goes).
@@ -36,4 +41,40 @@ pub fn say_once(said: &AtomicBool, msg: std::fmt::Arguments<'_>) {
     if !said.swap(true, std::sync::atomic::Ordering::Relaxed) {
         say(msg);
     }
+}
+
+thread_local! {
+    /// How deep this thread is in [`contained`] code.
+    static CONTAINED: Cell<u32> = const { Cell::new(0) };
+}
+
+/// Runs our own code. A panic in it is caught (one that left an `extern "C"` function would
+/// abort the host) and said as one `ggml-viz:` line, once, instead of Rust's panic message; the
+/// host's own panics still go to the panic hook the host had.
+pub fn contained<T>(f: impl FnOnce() -> T) -> Option<T> {
+    static HOOK: Once = Once::new();
+    HOOK.call_once(|| {
+        let host = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            if CONTAINED.try_with(|d| d.get() > 0).unwrap_or(false) {
+                static SAID: AtomicBool = AtomicBool::new(false);
+                let at = info
+                    .location()
+                    .map_or_else(String::new, |l| format!(" at {}:{}", l.file(), l.line()));
+                say_once(
+                    &SAID,
+                    format_args!(
+                        "our own code failed{at}; the program runs on, and what such calls would \
+                         have recorded is lost"
+                    ),
+                );
+            } else {
+                host(info)
+            }
+        }));
+    });
+    let _ = CONTAINED.try_with(|d| d.set(d.get() + 1));
+    let result = catch_unwind(AssertUnwindSafe(f)).ok();
+    let _ = CONTAINED.try_with(|d| d.set(d.get().saturating_sub(1)));
+    result
 }

@@ -31,15 +31,15 @@
 
 use std::cell::Cell;
 use std::ffi::{CStr, c_void};
-use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::AtomicBool;
 
 use super::eval_callback::node_info;
-use super::route::{Callee, Resolved, resolve_callee};
+use super::exports::say_no_function;
+use super::route::{Callee, Resolved, fallback_callee, resolve_callee};
 use crate::base::clock;
 use crate::base::ggml::Helpers;
-use crate::base::say_once;
 use crate::base::tensor::{self, read_tensor};
+use crate::base::{contained, say_once};
 use crate::record::{self, OpInfo, Recorder};
 
 type Ptr = *mut c_void;
@@ -396,13 +396,16 @@ extern "C" fn enter(row: usize, arg0: Ptr, arg1: Ptr, arg2: Ptr, site: usize) ->
     let Some(f) = FUNCTIONS.get(row) else {
         return 0;
     };
-    catch_unwind(AssertUnwindSafe(|| {
+    let entered = contained(|| {
         WORKER.with(|w| {
             let site = if site == 0 { w.outer_site.get() } else { site };
             let Some(resolved) = resolve_cached(w, row, f.name, site) else {
                 say_no_function(f.name);
                 return 0;
             };
+            if resolved.untraced {
+                return resolved.real;
+            }
             if f.kind == Kind::Barrier {
                 barrier_begins(w);
                 return resolved.real;
@@ -415,14 +418,15 @@ extern "C" fn enter(row: usize, arg0: Ptr, arg1: Ptr, arg2: Ptr, site: usize) ->
             }
             resolved.real
         })
-    }))
-    .unwrap_or(0)
+    });
+    // Our code failed: the call still goes to ggml, untraced.
+    entered.unwrap_or_else(|| fallback_callee(Callee::Cpu(row as u8, f.name)).map_or(0, |r| r.real))
 }
 
 /// After the real function.
 extern "C" fn exit(row: usize) {
     let Some(f) = FUNCTIONS.get(row) else { return };
-    let _ = catch_unwind(AssertUnwindSafe(|| {
+    contained(|| {
         WORKER.with(|w| {
             if f.kind == Kind::Barrier {
                 barrier_ends(w);
@@ -430,18 +434,7 @@ extern "C" fn exit(row: usize) {
                 w.depth.set(w.depth.get().saturating_sub(1));
             }
         })
-    }));
-}
-
-fn say_no_function(name: &CStr) {
-    static SAID: AtomicBool = AtomicBool::new(false);
-    say_once(
-        &SAID,
-        format_args!(
-            "no loaded library defines {}; the call does nothing",
-            name.to_string_lossy()
-        ),
-    );
+    });
 }
 
 /// An outermost per-op call (or the dispatcher's marker) on this thread.

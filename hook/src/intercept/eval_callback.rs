@@ -210,10 +210,10 @@ unsafe extern "C" fn eval_callback(tensor: Ptr, ask: bool, user_data: Ptr) -> bo
         // The application sees every ask, in order, as without us.
         // SAFETY: the application's callback with its own user data.
         driver.app_wants = app.is_some_and(|f| unsafe { f(tensor, true, app_data) });
-        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| driver.begin(tensor)));
+        crate::base::contained(|| driver.begin(tensor));
         return true;
     }
-    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| driver.end()));
+    crate::base::contained(|| driver.end());
     match app {
         // SAFETY: the application's own callback with its own user data, called as the
         // scheduler would: only for the nodes it asked for, and its answer stops the graph.

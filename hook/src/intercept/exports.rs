@@ -10,15 +10,14 @@
 //! them first); on macOS with a `ggml_viz_` prefix, and dyld's interpose table names the
 //! functions they replace ([`super::route`]).
 
-use std::ffi::{c_int, c_void};
-use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::ffi::{CStr, c_int, c_void};
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use ggml_viz_config::{Config, Sources};
 
 use super::batches;
 use super::eval_callback::{self, OpDriver};
-use super::route::{Resolved, describe_route, first_helpers, resolve};
+use super::route::{Resolved, describe_route, fallback, first_helpers, resolve};
 use crate::base::entry::Entry;
 use crate::base::ggml::{EvalCallback, Helpers};
 use crate::base::names::Owner;
@@ -125,16 +124,13 @@ fn cpu_functions_reachable() -> Result<(), String> {
     Err("per-thread op timing is built for Linux x86-64 only".into())
 }
 
-/// Runs our own code; a panic in it is swallowed (a panic that left an `extern "C"` function
-/// would abort the host).
-fn guarded<T>(f: impl FnOnce() -> T) -> Option<T> {
-    catch_unwind(AssertUnwindSafe(f)).ok()
-}
+use crate::base::contained as guarded;
 
 /// The real function, resolved before tracing starts (so that the trace's metadata can name the
 /// ggml version of the copy that is called); then tracing is started if this is the first call.
+/// When our resolver fails, the call still goes to ggml, untraced ([`fallback`]).
 fn real_function(entry: Entry, return_address: usize) -> Option<&'static Resolved> {
-    let found = guarded(|| resolve(entry, return_address)).flatten();
+    let found = guarded(|| resolve(entry, return_address));
     guarded(|| {
         record::start_once(|| Setup {
             config: Config::load(&Sources::from_process_env()),
@@ -143,7 +139,7 @@ fn real_function(entry: Entry, return_address: usize) -> Option<&'static Resolve
         })
     });
     match found {
-        Some((resolved, fresh)) => {
+        Some(Some((resolved, fresh))) => {
             if fresh && VERBOSE.load(Ordering::Relaxed) {
                 say(format_args!(
                     "{}",
@@ -152,15 +148,30 @@ fn real_function(entry: Entry, return_address: usize) -> Option<&'static Resolve
             }
             Some(resolved)
         }
-        None => {
-            static SAID: AtomicBool = AtomicBool::new(false);
-            say_once(
-                &SAID,
-                format_args!("no loaded library defines {}; the call fails", entry.name()),
-            );
+        Some(None) => {
+            say_no_function(entry.c_name());
             None
         }
+        None => {
+            let real = fallback(entry);
+            if real.is_none() {
+                say_no_function(entry.c_name());
+            }
+            real
+        }
     }
+}
+
+/// Said once when no loaded library defines a function we wrap.
+pub fn say_no_function(name: &CStr) {
+    static SAID: AtomicBool = AtomicBool::new(false);
+    say_once(
+        &SAID,
+        format_args!(
+            "no loaded library defines {}; the call does nothing",
+            name.to_string_lossy()
+        ),
+    );
 }
 
 /// The common body of the graph entry points.
@@ -173,7 +184,7 @@ fn traced_graph(
     let Some(real) = real_function(entry, return_address) else {
         return GGML_STATUS_FAILED;
     };
-    let scope = if real.ambiguous {
+    let scope = if real.untraced {
         None
     } else {
         guarded(|| record::graph_begin(entry, |r| describe(real.helpers, r))).flatten()
@@ -196,7 +207,7 @@ fn traced_wait(
     let Some(real) = real_function(entry, return_address) else {
         return;
     };
-    let scope = if real.ambiguous {
+    let scope = if real.untraced {
         None
     } else {
         guarded(|| record::wait_begin(entry, object, |r| name_of(r, real.helpers, object, owner)))
@@ -450,6 +461,9 @@ fn traced_span(
     real: &Resolved,
     call: impl FnOnce(usize) -> i32,
 ) -> i32 {
+    if real.untraced {
+        return call(real.real);
+    }
     guarded(|| record::span(name, true, n_tokens));
     let status = call(real.real);
     guarded(|| record::span(name, false, n_tokens));
@@ -512,7 +526,9 @@ unsafe extern "C" fn batch_ext_add(batch: Ptr, seq_id: i32, ret: usize) -> i32 {
     type AddFn = unsafe extern "C" fn(Ptr, i32) -> i32;
     // SAFETY: the real llama_batch_ext_add, with the caller's arguments.
     let index = unsafe { std::mem::transmute::<usize, AddFn>(real.real)(batch, seq_id) };
-    guarded(|| batches::token_added(batch, index));
+    if !real.untraced {
+        guarded(|| batches::token_added(batch, index));
+    }
     index
 }
 
@@ -524,7 +540,9 @@ unsafe extern "C" fn batch_ext_add_token(batch: Ptr, seq_id: i32, token: i32, re
     // SAFETY: the real llama_batch_ext_add_token, with the caller's arguments.
     let index =
         unsafe { std::mem::transmute::<usize, AddTokenFn>(real.real)(batch, seq_id, token) };
-    guarded(|| batches::token_added(batch, index));
+    if !real.untraced {
+        guarded(|| batches::token_added(batch, index));
+    }
     index
 }
 
@@ -535,7 +553,9 @@ unsafe extern "C" fn batch_ext_clear(batch: Ptr, ret: usize) {
     type ClearFn = unsafe extern "C" fn(Ptr);
     // SAFETY: the real llama_batch_ext_clear, with the caller's argument.
     unsafe { std::mem::transmute::<usize, ClearFn>(real.real)(batch) };
-    guarded(|| batches::batch_cleared(batch));
+    if !real.untraced {
+        guarded(|| batches::batch_cleared(batch));
+    }
 }
 
 /// `struct ggml_backend_buffer_i`, passed by value to `ggml_backend_buffer_init`: a table of
@@ -560,7 +580,7 @@ unsafe extern "C" fn buffer_init(
     // SAFETY: the real ggml_backend_buffer_init, with the caller's arguments.
     let buffer =
         unsafe { std::mem::transmute::<usize, InitFn>(real.real)(buft, iface, context, size) };
-    if !buffer.is_null() {
+    if !buffer.is_null() && !real.untraced {
         guarded(|| {
             // SAFETY: the buffer was just made by this copy of ggml.
             let (base, size, _) = unsafe { real.helpers.buffer(buffer) };
@@ -576,7 +596,7 @@ unsafe extern "C" fn buffer_free(buffer: Ptr, ret: usize) {
     let Some(real) = real_function(Entry::BufferFree, ret) else {
         return;
     };
-    if !buffer.is_null() {
+    if !buffer.is_null() && !real.untraced {
         guarded(|| {
             // SAFETY: the buffer is still live: it is freed below.
             let (base, size, buft) = unsafe { real.helpers.buffer(buffer) };

@@ -130,7 +130,7 @@ struct ThreadExit;
 
 impl Drop for ThreadExit {
     fn drop(&mut self) {
-        let _ = std::panic::catch_unwind(|| {
+        crate::base::contained(|| {
             let Some(r) = active() else { return };
             LOCAL.with(|l| {
                 if l.generation.get() == r.generation && !l.ring.get().is_null() {

@@ -8,7 +8,7 @@
 
 use std::fs::File;
 use std::io;
-use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::panic::catch_unwind;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicPtr, AtomicU8, Ordering};
 use std::sync::{Once, PoisonError};
@@ -19,7 +19,7 @@ use ggml_viz_reader::format::Layout;
 
 use super::recorder::{self, OpMode, Recorder};
 use super::writer::TraceWriter;
-use crate::base::{VERBOSE, clock, metadata, os, say};
+use crate::base::{VERBOSE, clock, contained, metadata, os, say};
 
 const UNSTARTED: u8 = 0;
 const STARTING: u8 = 1;
@@ -174,7 +174,7 @@ fn spawn_flusher(recorder: &'static Recorder) {
                 if writer.is_closed() {
                     return;
                 }
-                let _ = catch_unwind(AssertUnwindSafe(|| flush(recorder, &mut writer)));
+                contained(|| flush(recorder, &mut writer));
             }
         });
     if let Err(err) = spawned {
@@ -256,7 +256,7 @@ fn install_process_handlers() {
 }
 
 extern "C" fn at_exit() {
-    let _ = catch_unwind(|| {
+    contained(|| {
         let Some(recorder) = active() else {
             return;
         };
@@ -293,6 +293,8 @@ extern "C" fn at_exit() {
 /// lives); the child starts its own on its next call (threads see that theirs is stale by its
 /// generation). Runs in the forking thread, the only thread of the child.
 extern "C" fn after_fork_in_child() {
+    // Not `contained`: its first use installs a panic hook, which takes a lock another thread of
+    // the parent may have held at the fork.
     let _ = catch_unwind(|| {
         let parent = RECORDER.swap(std::ptr::null_mut(), Ordering::AcqRel);
         if !parent.is_null() {

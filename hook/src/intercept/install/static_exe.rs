@@ -24,7 +24,7 @@ static AT_LOAD: extern "C" fn() = hook_executable_ggml;
 
 extern "C" fn hook_executable_ggml() {
     // A panic must not leave a constructor: it would abort the host before `main`.
-    let _ = std::panic::catch_unwind(install);
+    crate::base::contained(install);
 }
 
 fn install() {

@@ -22,8 +22,9 @@ use std::ptr;
 use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
 use std::sync::{Once, OnceLock};
 
-use super::{Resolved, note_helpers};
+use super::{Resolved, note_helpers, untraced};
 use crate::base::entry::Entry;
+use crate::base::fault::{self, Fault};
 use crate::base::ggml::Helpers;
 use crate::base::say;
 use crate::intercept::inline;
@@ -196,6 +197,7 @@ pub fn resolve_callee(callee: Callee, return_address: usize) -> Option<(&'static
     if let Some(&found) = PAST_LIMIT[callee.code()].get() {
         return Some((found, false));
     }
+    fault::inject(Fault::Resolve);
     let mut slow = SlowGuard::lock();
     if let Some(found) = cached(key) {
         return Some((found, false));
@@ -206,7 +208,7 @@ pub fn resolve_callee(callee: Callee, return_address: usize) -> Option<(&'static
     let resolved: &'static Resolved = Box::leak(Box::new(Resolved {
         real,
         helpers,
-        ambiguous,
+        untraced: ambiguous,
     }));
     if ambiguous {
         say(format_args!(
@@ -323,29 +325,8 @@ impl Slow {
 
     /// Every distinct definition of `name` in the loaded objects other than ours.
     fn all_definitions(&mut self, name: &CStr) -> Vec<usize> {
-        let mut paths: Vec<CString> = Vec::new();
-        unsafe extern "C" fn collect(
-            info: *mut libc::dl_phdr_info,
-            _size: usize,
-            data: *mut c_void,
-        ) -> c_int {
-            // SAFETY: dl_iterate_phdr passes a valid info and our `paths`.
-            let (info, paths) = unsafe { (&*info, &mut *(data as *mut Vec<CString>)) };
-            if !info.dlpi_name.is_null() {
-                // SAFETY: dlpi_name is a NUL-terminated string owned by the loader.
-                paths.push(unsafe { CStr::from_ptr(info.dlpi_name) }.to_owned());
-            }
-            0
-        }
-        // SAFETY: the callback only copies names into `paths`, which outlives the call.
-        unsafe {
-            libc::dl_iterate_phdr(
-                Some(collect),
-                &mut paths as *mut Vec<CString> as *mut c_void,
-            )
-        };
         let mut found = Vec::new();
-        for path in paths {
+        for path in loaded_paths() {
             if let Some(address) = self.lookup_in_scope(&path, name)
                 && !found.contains(&address)
             {
@@ -368,6 +349,82 @@ impl Slow {
         self.helpers.push((object.base, helpers));
         helpers
     }
+}
+
+/// The paths of the loaded objects, the main program's (empty) first.
+fn loaded_paths() -> Vec<CString> {
+    let mut paths: Vec<CString> = Vec::new();
+    unsafe extern "C" fn collect(
+        info: *mut libc::dl_phdr_info,
+        _size: usize,
+        data: *mut c_void,
+    ) -> c_int {
+        // SAFETY: dl_iterate_phdr passes a valid info and our `paths`.
+        let (info, paths) = unsafe { (&*info, &mut *(data as *mut Vec<CString>)) };
+        if !info.dlpi_name.is_null() {
+            // SAFETY: dlpi_name is a NUL-terminated string owned by the loader.
+            paths.push(unsafe { CStr::from_ptr(info.dlpi_name) }.to_owned());
+        }
+        0
+    }
+    // SAFETY: the callback only copies names into `paths`, which outlives the call.
+    unsafe {
+        libc::dl_iterate_phdr(
+            Some(collect),
+            &mut paths as *mut Vec<CString> as *mut c_void,
+        )
+    };
+    paths
+}
+
+/// Where a call goes when [`resolve`] failed (our code panicked): `dlsym(RTLD_NEXT)`, else the
+/// first loaded object other than ours that defines the function, else the executable's own
+/// (statically linked ggml) — without the cache, the slow
+/// path's lock or its state, whatever of them the failure left behind. The call is untraced.
+pub fn fallback(entry: Entry) -> Option<&'static Resolved> {
+    fallback_callee(Callee::Entry(entry))
+}
+
+/// [`fallback`] for any function we wrap.
+pub fn fallback_callee(callee: Callee) -> Option<&'static Resolved> {
+    static FOUND: [OnceLock<Option<&'static Resolved>>; 256] = [const { OnceLock::new() }; 256];
+    *FOUND[callee.code()].get_or_init(|| {
+        let name = callee.c_name();
+        // SAFETY: dlsym with RTLD_NEXT and a valid C string.
+        let next = unsafe { libc::dlsym(libc::RTLD_NEXT, name.as_ptr()) } as usize;
+        let real = if next != 0 && !is_ours(next) {
+            next
+        } else {
+            loaded_paths()
+                .into_iter()
+                .find_map(|path| {
+                    // SAFETY: RTLD_NOLOAD only returns a handle for an object that is already
+                    // loaded; the main program's empty path is given as NULL, its own handle.
+                    let handle = unsafe {
+                        libc::dlopen(
+                            if path.is_empty() {
+                                ptr::null()
+                            } else {
+                                path.as_ptr()
+                            },
+                            libc::RTLD_NOLOAD | libc::RTLD_LAZY,
+                        )
+                    };
+                    if handle.is_null() {
+                        return None;
+                    }
+                    // SAFETY: a valid handle and C string.
+                    let found = unsafe { libc::dlsym(handle, name.as_ptr()) } as usize;
+                    (found != 0 && !is_ours(found)).then_some(found)
+                })
+                // The executable's own statically linked ggml, behind its inline hook.
+                .or_else(|| match callee {
+                    Callee::Entry(entry) => inline::original(entry),
+                    Callee::Cpu(..) => None,
+                })?
+        };
+        Some(untraced(real))
+    })
 }
 
 struct Object {

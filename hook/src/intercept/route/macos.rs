@@ -72,6 +72,14 @@ pub fn resolve(entry: Entry, _return_address: usize) -> Option<(&'static Resolve
     })
 }
 
+/// Where a call goes when [`resolve`] failed (our code panicked): the original dyld bound,
+/// untraced.
+pub fn fallback(entry: Entry) -> Option<&'static Resolved> {
+    // SAFETY: the table is in our image, written by dyld before any of our code runs.
+    let real = unsafe { ggml_viz_interpose_table[entry as usize - 1][1] };
+    (real != 0).then(|| super::untraced(real))
+}
+
 /// The image containing `address`, by path.
 fn image_of(address: usize) -> Option<CString> {
     // SAFETY: Dl_info is plain data that dladdr fills.

@@ -11,19 +11,19 @@ use crate::base::ggml::Helpers;
 #[cfg(target_os = "linux")]
 mod linux;
 #[cfg(all(target_os = "linux", target_arch = "x86_64"))]
-pub use linux::{Callee, cpu_functions_reachable, resolve_callee};
+pub use linux::{Callee, cpu_functions_reachable, fallback_callee, resolve_callee};
 #[cfg(target_os = "linux")]
-pub use linux::{describe_route, resolve};
+pub use linux::{describe_route, fallback, resolve};
 #[cfg(target_os = "macos")]
 mod macos;
 #[cfg(target_os = "macos")]
-pub use macos::{describe_route, resolve};
+pub use macos::{describe_route, fallback, resolve};
 #[cfg(windows)]
 mod windows;
 #[cfg(windows)]
 pub use windows::{
-    GetModuleHandleA, GetProcAddress, Module, describe_route, export_of, loaded_ggml_modules,
-    resolve,
+    GetModuleHandleA, GetProcAddress, Module, describe_route, export_of, fallback,
+    loaded_ggml_modules, resolve,
 };
 
 /// Where a call goes.
@@ -32,9 +32,10 @@ pub struct Resolved {
     /// Address of the real function.
     pub real: usize,
     pub helpers: &'static Helpers,
-    /// Several copies define the function and the caller belongs to none we could tell: the call
-    /// goes to the first, untraced (Linux only: elsewhere the loader picked one).
-    pub ambiguous: bool,
+    /// The call is not recorded: several copies define the function and the caller belongs to
+    /// none we could tell, so the call goes to the first (Linux only: elsewhere the loader
+    /// picked one); or our resolver failed and this is its fallback.
+    pub untraced: bool,
 }
 
 /// The helpers of the first copy of ggml a call was resolved to (for the trace's metadata).
@@ -48,6 +49,16 @@ fn note_helpers(helpers: &'static Helpers) {
     let _ = FIRST_HELPERS.set(helpers);
 }
 
+/// An untraced route to `real`, with no helpers (each answers 0 or an empty name).
+fn untraced(real: usize) -> &'static Resolved {
+    static NO_HELPERS: Helpers = Helpers::NONE;
+    Box::leak(Box::new(Resolved {
+        real,
+        helpers: &NO_HELPERS,
+        untraced: true,
+    }))
+}
+
 /// For platforms where each entry point has one real function whatever the caller (macOS,
 /// Windows): `find` is asked once per entry; returns the result and whether this call found it.
 #[cfg(not(target_os = "linux"))]
@@ -58,6 +69,10 @@ fn per_entry(
     static RESOLVED: [OnceLock<Option<&'static Resolved>>; Entry::ALL.len()] =
         [const { OnceLock::new() }; Entry::ALL.len()];
     let mut fresh = false;
+    if let Some(&found) = RESOLVED[entry as usize - 1].get() {
+        return found.map(|r| (r, false));
+    }
+    crate::base::fault::inject(crate::base::fault::Fault::Resolve);
     let found = *RESOLVED[entry as usize - 1].get_or_init(|| {
         fresh = true;
         let (real, helpers) = find()?;
@@ -65,7 +80,7 @@ fn per_entry(
         Some(&*Box::leak(Box::new(Resolved {
             real,
             helpers,
-            ambiguous: false,
+            untraced: false,
         })))
     });
     found.map(|r| (r, fresh))

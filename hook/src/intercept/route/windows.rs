@@ -55,6 +55,12 @@ pub fn resolve(entry: Entry, _return_address: usize) -> Option<(&'static Resolve
     })
 }
 
+/// Where a call goes when [`resolve`] failed (our code panicked): the original of its inline
+/// hook, untraced.
+pub fn fallback(entry: Entry) -> Option<&'static Resolved> {
+    inline::original(entry).map(super::untraced)
+}
+
 pub fn describe_route(entry: Entry, _return_address: usize, _resolved: &Resolved) -> String {
     format!("{} goes to its DLL through an inline hook", entry.name())
 }
