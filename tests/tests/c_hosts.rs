@@ -1,10 +1,12 @@
 //! C programs the tests generate and build against the llama.cpp build's ggml, for what a
-//! Python host cannot do: thousands of distinct call sites, threads that fork mid-call.
+//! Python host cannot do: thousands of distinct call sites, threads that fork mid-call, a call
+//! made with the stack pointer next to an inaccessible page.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use ggml_viz_e2e::*;
+use ggml_viz_reader::format::{EventType, Payload};
 
 /// `source`, a C program, built against the llama.cpp build's ggml.
 fn build_c(dir: &Path, name: &str, source: &str) -> PathBuf {
@@ -163,4 +165,124 @@ fn children_forked_while_another_thread_resolves_never_hang() {
         during >= 5,
         "too few forks while resolving to check anything: {during} in {runs} runs"
     );
+}
+
+/// The ggml source the llama.cpp build was configured from (its `CMakeCache.txt` says).
+fn ggml_source() -> PathBuf {
+    let cache = llama_bin().join("../CMakeCache.txt");
+    let cache = std::fs::read_to_string(&cache).unwrap_or_else(|e| panic!("{cache:?}: {e}"));
+    let home = cache
+        .lines()
+        .find_map(|l| l.strip_prefix("CMAKE_HOME_DIRECTORY:INTERNAL="))
+        .expect("CMAKE_HOME_DIRECTORY in CMakeCache.txt");
+    PathBuf::from(home).join("ggml")
+}
+
+/// `ggml_backend_buffer_init` takes `struct ggml_backend_buffer_i` by value, which x86-64 passes
+/// in the caller's stack frame. A C program (built against this ggml's own
+/// `ggml-backend-impl.h`) calls it with its stack pointer placed so that the struct ends within 16
+/// bytes of an inaccessible page, then checks the buffer it got: its base and size, and that
+/// freeing it calls the interface's `free_buffer`. Nothing past the struct may be read (before:
+/// the hook took 16 words by value, 40 bytes past this ggml's 11, and the program died of
+/// SIGSEGV). The trace holds the buffer's allocation with its size.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn the_buffer_interface_is_passed_on_without_reading_past_it() {
+    let dir = scratch("buffer-iface-edge");
+    let ggml = ggml_source();
+    let source = r#"#define _GNU_SOURCE
+#include <stdio.h>
+#include <sys/mman.h>
+#include "ggml-backend.h"
+#include "ggml-cpu.h"
+#include "ggml-backend-impl.h"
+
+static char memory[256];
+static int freed = 0;
+static void free_buffer(ggml_backend_buffer_t b) { (void)b; freed++; }
+static void *get_base(ggml_backend_buffer_t b) { (void)b; return memory; }
+
+/* fn(buft, iface, context, size) called with the stack pointer at `sp`, where the struct is. */
+static ggml_backend_buffer_t call_at(void *fn, char *sp, ggml_backend_buffer_type_t buft,
+                                     void *context, size_t size) {
+    ggml_backend_buffer_t r;
+    __asm__ volatile("mov %%rsp, %%rbx\n\tmov %[sp], %%rsp\n\tcall *%[fn]\n\tmov %%rbx, %%rsp"
+                     : "=a"(r)
+                     : [fn] "r"(fn), [sp] "r"(sp), "D"(buft), "S"(context), "d"(size)
+                     : "rbx", "rcx", "r8", "r9", "r10", "r11", "memory", "cc", "xmm0", "xmm1",
+                       "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10",
+                       "xmm11", "xmm12", "xmm13", "xmm14", "xmm15");
+    return r;
+}
+
+int main(void) {
+    /* Start the hook (and its recorder) on the normal stack. */
+    ggml_backend_t cpu = ggml_backend_cpu_init();
+    ggml_backend_synchronize(cpu);
+    size_t stack = 1 << 20, page = 4096;
+    char *low = mmap(NULL, stack + page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (low == MAP_FAILED || mprotect(low + stack, page, PROT_NONE)) { perror("mmap"); return 2; }
+    struct ggml_backend_buffer_i iface = {0};
+    iface.free_buffer = free_buffer;
+    iface.get_base = get_base;
+    size_t room = (sizeof iface + 15) & ~(size_t)15;
+    char *sp = low + stack - room;
+    *(struct ggml_backend_buffer_i *)sp = iface;
+    ggml_backend_buffer_t b = call_at((void *)ggml_backend_buffer_init, sp,
+                                      ggml_backend_cpu_buffer_type(), NULL, 64);
+    int base_ok = b && ggml_backend_buffer_get_base(b) == (void *)memory;
+    size_t size = b ? ggml_backend_buffer_get_size(b) : 0;
+    ggml_backend_buffer_free(b);
+    printf("iface=%zu room=%zu base_ok=%d size=%zu freed=%d\n", sizeof iface, room, base_ok, size, freed);
+    ggml_backend_free(cpu);
+    return 0;
+}
+"#;
+    let file = dir.join("edge.c");
+    std::fs::write(&file, source).unwrap();
+    let bin = llama_bin();
+    let exe = dir.join("edge");
+    let built = run({
+        let mut cc = Command::new("cc");
+        cc.arg("-O1")
+            .arg(&file)
+            .arg("-o")
+            .arg(&exe)
+            .arg(format!("-I{}", ggml.join("include").display()))
+            .arg(format!("-I{}", ggml.join("src").display()))
+            .arg(format!("-L{}", bin.display()))
+            .args(["-lggml-cpu", "-lggml-base"])
+            .arg(format!("-Wl,-rpath,{}", bin.display()));
+        cc
+    });
+    assert!(built.status.success(), "{}", text(&built.stderr));
+    let plain = run(Command::new(&exe));
+    assert!(plain.status.success(), "{}", text(&plain.stderr));
+    let trace = dir.join("t.ggmlviz");
+    let out = run(with_hook(
+        Command::new(&exe),
+        &[
+            ("GGML_VIZ_OUTPUT", trace.to_str().unwrap()),
+            ("GGML_VIZ_MEMORY_TRACKING", "1"),
+        ],
+    ));
+    assert!(
+        out.status.success(),
+        "{:?} {}",
+        out.status,
+        text(&out.stderr)
+    );
+    let stdout = text(&out.stdout);
+    assert_eq!(stdout, text(&plain.stdout));
+    assert!(stdout.contains("base_ok=1 size=64 freed=1"), "{stdout}");
+    let (events, damage, _) = read_trace(&trace);
+    assert_eq!(damage, None);
+    let sizes: Vec<u64> = events
+        .iter()
+        .filter_map(|e| match (e.event_type(), e.payload) {
+            (Some(EventType::TensorAlloc), Payload::Memory { size, .. }) => Some(size),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(sizes, [64]);
 }

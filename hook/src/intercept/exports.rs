@@ -80,9 +80,11 @@ trampoline!(ggml_backend_sched_set_eval_callback(sched: Ptr, callback: Option<Ev
 // the return address goes in the register after `ctx`.
 trampoline!(llama_decode(ctx: Ptr, batch: LlamaBatch) -> i32, llama_decode_impl, x86_64: "rsi", aarch64: "x2");
 trampoline!(llama_encode(ctx: Ptr, batch: LlamaBatch) -> i32, llama_encode_impl, x86_64: "rsi", aarch64: "x2");
-// The interface struct is passed by value: in memory on x86-64 (so the return address goes in
-// the register after `size`), by reference on aarch64.
-trampoline!(ggml_backend_buffer_init(buft: Ptr, iface: BufferIface, context: Ptr, size: usize) -> Ptr, buffer_init, x86_64: "rcx", aarch64: "x4");
+// `ggml_backend_buffer_init` takes its interface struct by value, which aarch64 and Windows pass
+// by reference (a pointer to the caller's copy: handed on as it came); x86-64 System V passes it
+// in the caller's stack frame, and that export is written by hand below.
+#[cfg(any(windows, not(target_arch = "x86_64")))]
+trampoline!(ggml_backend_buffer_init(buft: Ptr, iface: IfaceRef, context: Ptr, size: usize) -> Ptr, buffer_init, x86_64: "rcx", aarch64: "x4");
 trampoline!(ggml_backend_buffer_free(buffer: Ptr), buffer_free, x86_64: "rsi", aarch64: "x1");
 trampoline!(llama_process(ctx: Ptr, kind: c_int, batch: Ptr) -> i32, llama_process_impl, x86_64: "rcx", aarch64: "x3");
 trampoline!(llama_batch_ext_add(batch: Ptr, seq_id: i32) -> i32, batch_ext_add, x86_64: "rdx", aarch64: "x2");
@@ -558,17 +560,15 @@ unsafe extern "C" fn batch_ext_clear(batch: Ptr, ret: usize) {
     }
 }
 
-/// `struct ggml_backend_buffer_i`, passed by value to `ggml_backend_buffer_init`: a table of
-/// function pointers (11 in ggml 0.25). We never read it, only pass it on, so it is declared
-/// larger than any version's: on x86-64 the extra words are copied from the caller's stack frame
-/// and ignored by ggml; on aarch64 a struct this size is passed by reference anyway.
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub struct BufferIface([usize; 16]);
+/// A pointer to the caller's copy of `struct ggml_backend_buffer_i` (how aarch64 and Windows
+/// pass that struct by value).
+#[cfg(any(windows, not(target_arch = "x86_64")))]
+type IfaceRef = *const c_void;
 
+#[cfg(any(windows, not(target_arch = "x86_64")))]
 unsafe extern "C" fn buffer_init(
     buft: Ptr,
-    iface: BufferIface,
+    iface: IfaceRef,
     context: Ptr,
     size: usize,
     ret: usize,
@@ -576,20 +576,162 @@ unsafe extern "C" fn buffer_init(
     let Some(real) = real_function(Entry::BufferInit, ret) else {
         return std::ptr::null_mut();
     };
-    type InitFn = unsafe extern "C" fn(Ptr, BufferIface, Ptr, usize) -> Ptr;
-    // SAFETY: the real ggml_backend_buffer_init, with the caller's arguments.
+    type InitFn = unsafe extern "C" fn(Ptr, IfaceRef, Ptr, usize) -> Ptr;
+    // SAFETY: the real ggml_backend_buffer_init, with the caller's arguments (the interface by
+    // reference, as it came).
     let buffer =
         unsafe { std::mem::transmute::<usize, InitFn>(real.real)(buft, iface, context, size) };
-    if !buffer.is_null() && !real.untraced {
-        guarded(|| {
-            // SAFETY: the buffer was just made by this copy of ggml.
-            let (base, size, _) = unsafe { real.helpers.buffer(buffer) };
-            record::buffer_event(true, buffer, size, base, |r| {
-                name_of(r, real.helpers, buft, Owner::BufferType)
-            });
-        });
+    if !real.untraced {
+        buffer_made(real.helpers, buft, buffer);
     }
     buffer
+}
+
+/// Records a buffer `ggml_backend_buffer_init` made (null: it failed, nothing to record).
+fn buffer_made(helpers: &Helpers, buft: Ptr, buffer: Ptr) {
+    if buffer.is_null() {
+        return;
+    }
+    guarded(|| {
+        // SAFETY: the buffer was just made by this copy of ggml.
+        let (base, size, _) = unsafe { helpers.buffer(buffer) };
+        record::buffer_event(true, buffer, size, base, |r| {
+            name_of(r, helpers, buft, Owner::BufferType)
+        });
+    });
+}
+
+/// `ggml_backend_buffer_init` on x86-64 System V, where the interface struct lies in the
+/// caller's stack frame, right above the return address, and its size depends on the ggml
+/// version (11 words in ggml 0.25). The struct is never copied or read: the real function is
+/// entered by a jump with the caller's stack as it is, after the return address is swapped for
+/// ours; it returns to us, and we jump back to the caller. [`buffer_init_enter`] keeps the
+/// caller's return address meanwhile (before: the struct was taken as 16 words by value, reading
+/// 40 bytes past the caller's argument).
+///
+/// # Safety
+/// ggml's own contract: `ggml_backend_buffer_init(buft, iface, context, size)` of the caller's
+/// copy of ggml.
+#[cfg(all(target_arch = "x86_64", not(windows)))]
+#[unsafe(naked)]
+#[cfg_attr(not(target_os = "macos"), unsafe(no_mangle))]
+#[cfg_attr(
+    target_os = "macos",
+    unsafe(export_name = "ggml_viz_ggml_backend_buffer_init")
+)]
+pub unsafe extern "C" fn ggml_backend_buffer_init() {
+    core::arch::naked_asm!(
+        // rdi = buft, rsi = context, rdx = size; three pushes leave the stack 16-byte aligned.
+        "push rdi",
+        "push rsi",
+        "push rdx",
+        // buffer_init_enter(buft, context, size, return address) -> rax real, rdx swap or not
+        "mov rcx, [rsp + 24]",
+        "call {enter}",
+        "mov r11, rdx",
+        "pop rdx",
+        "pop rsi",
+        "pop rdi",
+        "test rax, rax",
+        "jz 3f",
+        "test r11, r11",
+        "jz 2f",
+        "lea r11, [rip + 1f]",
+        "mov [rsp], r11",
+        "2:",
+        "jmp rax",
+        // Back from the real function (rsp is 16-byte aligned here), with the buffer in rax.
+        "1:",
+        "push rax",
+        "sub rsp, 8",
+        "mov rdi, rax",
+        "call {exit}",
+        "mov r11, rax",
+        "add rsp, 8",
+        "pop rax",
+        "jmp r11",
+        // No loaded library defines it.
+        "3:",
+        "xor eax, eax",
+        "ret",
+        enter = sym buffer_init_enter,
+        exit = sym buffer_init_exit,
+    )
+}
+
+/// What [`buffer_init_enter`] tells the export: the real function (0: none), and whether to
+/// swap the return address (0: jump to it untraced, the caller's return address left as it is).
+#[cfg(all(target_arch = "x86_64", not(windows)))]
+#[repr(C)]
+struct BufferInitNext {
+    real: usize,
+    swap: usize,
+}
+
+/// A `ggml_backend_buffer_init` call under way on this thread.
+#[cfg(all(target_arch = "x86_64", not(windows)))]
+#[derive(Clone, Copy)]
+struct BufferInitCall {
+    return_address: usize,
+    buft: Ptr,
+    helpers: &'static Helpers,
+}
+
+#[cfg(all(target_arch = "x86_64", not(windows)))]
+thread_local! {
+    /// The calls under way on this thread, innermost last (ggml never nests them: 4 is room).
+    static BUFFER_INITS: std::cell::Cell<([Option<BufferInitCall>; 4], usize)> =
+        const { std::cell::Cell::new(([None; 4], 0)) };
+}
+
+#[cfg(all(target_arch = "x86_64", not(windows)))]
+extern "C" fn buffer_init_enter(
+    buft: Ptr,
+    _context: Ptr,
+    _size: usize,
+    return_address: usize,
+) -> BufferInitNext {
+    let Some(real) = real_function(Entry::BufferInit, return_address) else {
+        return BufferInitNext { real: 0, swap: 0 };
+    };
+    let mut swap = 0;
+    if !real.untraced {
+        BUFFER_INITS.with(|calls| {
+            let (mut stack, depth) = calls.get();
+            if depth < stack.len() {
+                stack[depth] = Some(BufferInitCall {
+                    return_address,
+                    buft,
+                    helpers: real.helpers,
+                });
+                calls.set((stack, depth + 1));
+                swap = 1;
+            }
+        });
+    }
+    BufferInitNext {
+        real: real.real,
+        swap,
+    }
+}
+
+/// After the real function: records the buffer, returns where the caller's call returns to.
+#[cfg(all(target_arch = "x86_64", not(windows)))]
+extern "C" fn buffer_init_exit(buffer: Ptr) -> usize {
+    let call = BUFFER_INITS.with(|calls| {
+        let (mut stack, depth) = calls.get();
+        let top = depth.checked_sub(1)?;
+        let call = stack[top].take();
+        calls.set((stack, top));
+        call
+    });
+    // Entered only after `buffer_init_enter` pushed this call (the swapped return address
+    // brought us here), so it is there.
+    let Some(call) = call else {
+        std::process::abort()
+    };
+    buffer_made(call.helpers, call.buft, buffer);
+    call.return_address
 }
 
 unsafe extern "C" fn buffer_free(buffer: Ptr, ret: usize) {
