@@ -456,3 +456,89 @@ fn a_failing_resolver_still_sends_every_call_to_ggml() {
         assert!(!stderr.contains("panicked"), "{stderr}");
     }
 }
+
+/// The size of `symbol` in the symbol table of `file`, as binutils' `nm -S` reads it.
+fn nm_size(file: &Path, symbol: &str) -> u64 {
+    let out = run({
+        let mut nm = Command::new("nm");
+        nm.arg("-S").arg(file);
+        nm
+    });
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    text(&out.stdout)
+        .lines()
+        .find_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            (f.len() == 4 && f[3] == symbol).then(|| u64::from_str_radix(f[1], 16).unwrap())
+        })
+        .unwrap_or_else(|| panic!("no {symbol} in nm -S {}", file.display()))
+}
+
+/// `ggml_op_name` is only asked about ops this ggml defines: the hook takes the op count from
+/// the size of the `GGML_OP_NAME` table in the symbol table of the file that defines
+/// `ggml_op_name` (the shared library, or a static executable), and from its version when the
+/// library is stripped; `verbose` says which. Expected: `nm -S`'s size of that table over 8
+/// (before: any op below 128 was looked up, while this ggml has 101).
+#[test]
+fn the_op_count_comes_from_the_op_name_table_or_the_version() {
+    let dir = scratch("op-count");
+    let shared = llama_bin().join("libggml-base.so.0");
+    let ops = nm_size(&shared, "GGML_OP_NAME") / 8;
+    let static_ops = nm_size(&llama_static_bin().join("llama-simple"), "GGML_OP_NAME") / 8;
+    assert_eq!(ops, static_ops);
+    // The same ggml with its symbol table stripped, found first on the library path.
+    let stripped = dir.join("stripped");
+    std::fs::create_dir_all(&stripped).unwrap();
+    let copy = stripped.join("libggml-base.so.0");
+    std::fs::copy(&shared, &copy).unwrap();
+    let out = run({
+        let mut strip = Command::new("strip");
+        strip.arg("--strip-all").arg(&copy);
+        strip
+    });
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    // The version, from the library's file name (libggml-base.so.0.25.3).
+    let real = std::fs::canonicalize(&shared).unwrap();
+    let version = real
+        .file_name()
+        .unwrap()
+        .to_str()
+        .unwrap()
+        .trim_start_matches("libggml-base.so.")
+        .to_string();
+    for (bin, library_path, said) in [
+        (
+            llama_bin(),
+            None,
+            format!("this ggml has {ops} ops (the size of its GGML_OP_NAME table)"),
+        ),
+        (
+            llama_static_bin(),
+            None,
+            format!("this ggml has {ops} ops (the size of its GGML_OP_NAME table)"),
+        ),
+        (
+            llama_bin(),
+            Some(&stripped),
+            format!("this ggml has {ops} ops (ggml {version})"),
+        ),
+    ] {
+        let mut cmd = llama_simple_in(&bin, 4);
+        if let Some(path) = library_path {
+            cmd.env("LD_LIBRARY_PATH", path);
+        }
+        let out = run(with_hook(
+            cmd,
+            &[
+                ("GGML_VIZ_OUTPUT", dir.join("t.ggmlviz").to_str().unwrap()),
+                ("GGML_VIZ_OP_TIMING", "sched"),
+                ("GGML_VIZ_VERBOSE", "1"),
+            ],
+        ));
+        let lines = hook_lines(&out.stderr);
+        assert!(out.status.success(), "{lines:?}");
+        let counts: Vec<&String> = lines.iter().filter(|l| l.contains(" ops (")).collect();
+        assert_eq!(counts.len(), 1, "{}: {lines:#?}", bin.display());
+        assert!(counts[0].ends_with(&said), "{}: {counts:?}", bin.display());
+    }
+}

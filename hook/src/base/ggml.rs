@@ -4,6 +4,11 @@
 //! ggml, and then the event carries 0 or no name.
 
 use std::ffi::{CStr, c_char, c_int, c_void};
+use std::sync::atomic::{AtomicU32, Ordering};
+
+#[cfg(target_os = "linux")]
+use super::objects;
+use super::{VERBOSE, say};
 
 type Ptr = *mut c_void;
 
@@ -54,7 +59,13 @@ const NAMES: [&CStr; 16] = [
 pub struct Helpers {
     /// Addresses, 0 where the function is missing.
     fns: [usize; NAMES.len()],
+    /// [`Helpers::op_count`], once found: 0 not yet looked for, `u32::MAX` unknown.
+    op_count: AtomicU32,
 }
+
+/// `GGML_OP_COUNT` of the ggml versions we know (`ggml_version()`), for a ggml whose symbol
+/// table does not have its `GGML_OP_NAME` table (a stripped library, macOS, Windows).
+const KNOWN_OP_COUNTS: [(&str, u32); 1] = [("0.25.3", 101)];
 
 /// # Safety
 /// `p` is null or a NUL-terminated string.
@@ -89,9 +100,12 @@ macro_rules! function {
 
 impl Helpers {
     /// No function: every helper answers 0 or an empty name.
-    pub const NONE: Helpers = Helpers {
-        fns: [0; NAMES.len()],
-    };
+    pub const fn none() -> Helpers {
+        Helpers {
+            fns: [0; NAMES.len()],
+            op_count: AtomicU32::new(u32::MAX),
+        }
+    }
 
     /// Looks every function up with `lookup` (in the scope of one copy of ggml).
     pub fn load(mut lookup: impl FnMut(&CStr) -> Option<usize>) -> Helpers {
@@ -99,7 +113,57 @@ impl Helpers {
         for (slot, name) in fns.iter_mut().zip(NAMES) {
             *slot = lookup(name).unwrap_or(0);
         }
-        Helpers { fns }
+        Helpers {
+            fns,
+            op_count: AtomicU32::new(0),
+        }
+    }
+
+    /// How many ops this ggml's `enum ggml_op` has (`GGML_OP_COUNT`, which ggml does not
+    /// export), so that `ggml_op_name` is never asked past its table: the size of that table
+    /// (`GGML_OP_NAME`) in the symbol table of the file that defines `ggml_op_name` (Linux), else
+    /// the count of a version we know; `None` when neither tells. Said with `verbose`.
+    pub fn op_count(&self) -> Option<u32> {
+        let known = match self.op_count.load(Ordering::Relaxed) {
+            0 => {
+                let (count, from) = match self.op_table_len() {
+                    Some(n) => (Some(n), "the size of its GGML_OP_NAME table".to_string()),
+                    None => {
+                        let version = self.version().unwrap_or_default();
+                        let known = KNOWN_OP_COUNTS.iter().find(|(v, _)| *v == version);
+                        (known.map(|k| k.1), format!("ggml {version}"))
+                    }
+                };
+                if VERBOSE.load(Ordering::Relaxed) {
+                    match count {
+                        Some(n) => say(format_args!("this ggml has {n} ops ({from})")),
+                        None => say(format_args!(
+                            "this ggml's op count is unknown ({from}, no GGML_OP_NAME symbol)"
+                        )),
+                    }
+                }
+                let count = count.unwrap_or(u32::MAX);
+                self.op_count.store(count, Ordering::Relaxed);
+                count
+            }
+            n => n,
+        };
+        (known != u32::MAX).then_some(known)
+    }
+
+    /// The entries of the `GGML_OP_NAME` table, from the symbol table of the file defining
+    /// `ggml_op_name`.
+    #[cfg(target_os = "linux")]
+    fn op_table_len(&self) -> Option<u32> {
+        let object = objects::object_of(self.op_name_fn()? as usize)?;
+        let bytes = objects::symbol_size(objects::file_of(&object.path), "GGML_OP_NAME")?;
+        let n = bytes / std::mem::size_of::<usize>() as u64;
+        u32::try_from(n).ok().filter(|&n| n > 0 && n < 65536)
+    }
+
+    #[cfg(not(target_os = "linux"))]
+    fn op_table_len(&self) -> Option<u32> {
+        None
     }
 
     function!(graph_n_nodes_fn, F::GraphNNodes, fn(Ptr) -> c_int);

@@ -5,6 +5,7 @@
 //! - [`os`], [`clock`]: per-OS thread ids, clocks, file locks, exit and fork handlers; ticks and
 //!   their conversion to epoch nanoseconds;
 //! - [`ring`]: the per-thread single-producer ring of raw events;
+//! - `objects` (Linux): the loaded objects, and their files' symbol tables;
 //! - [`names`]: interned backend, scheduler, buffer-type and thread names;
 //! - [`ggml`]: the ggml functions we call ourselves, looked up at run time; [`tensor`]: what we
 //!   read of a `struct ggml_tensor`;
@@ -18,6 +19,8 @@ pub mod fault;
 pub mod ggml;
 pub mod metadata;
 pub mod names;
+#[cfg(target_os = "linux")]
+pub mod objects;
 pub mod os;
 pub mod ring;
 pub mod tensor;

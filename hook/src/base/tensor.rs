@@ -22,6 +22,9 @@ const LAYOUT_OK: u8 = 1;
 const LAYOUT_WRONG: u8 = 2;
 /// Nodes checked before the struct offsets are trusted.
 const NODES_TO_CHECK: u64 = 32;
+/// Ops every ggml with `ggml_op_desc` (late 2023 on) defines.
+const OPS_IN_EVERY_GGML: u32 = 64;
+
 static LAYOUT: AtomicU8 = AtomicU8::new(LAYOUT_UNCHECKED);
 static CHECKED: AtomicU64 = AtomicU64::new(0);
 
@@ -45,12 +48,15 @@ unsafe fn layout_ok(h: &Helpers, tensor: Ptr, desc: &str) -> bool {
     }
     // SAFETY: per the contract.
     let op: u32 = unsafe { field(tensor, OP_AT) };
-    // Bounded before ggml_op_name indexes its table with it.
-    // SAFETY: op is bounded by the size of every ggml's op table so far.
-    let name = if op < 128 {
-        unsafe { h.op_name(op) }
-    } else {
-        String::new()
+    // Bounded before ggml_op_name indexes its table with it: by this ggml's op count, else by
+    // the count every ggml has had since 2023 (a node past it is left unchecked).
+    let name = match h.op_count() {
+        // SAFETY: below this ggml's op count.
+        Some(n) if op < n => unsafe { h.op_name(op) },
+        Some(_) => String::new(),
+        // SAFETY: below every ggml's op count.
+        None if op < OPS_IN_EVERY_GGML => unsafe { h.op_name(op) },
+        None => return false,
     };
     let agrees = !name.is_empty() && (name == desc || name == "UNARY" || name == "GLU");
     if !agrees {
@@ -133,8 +139,18 @@ pub unsafe fn read_tensor(h: &Helpers, tensor: Ptr) -> TensorInfo {
             field::<[i64; 4]>(tensor, NE_AT),
         )
     };
-    // SAFETY: `ty` and `op_type` were read from a live tensor whose layout was checked.
-    let (type_name, op_name) = unsafe { (h.type_name(ty), h.op_name(op_type)) };
+    // SAFETY: `ty` and `op_type` were read from a live tensor whose layout was checked, and
+    // `op_type` is below the op count where it is known.
+    let (type_name, op_name) = unsafe {
+        (
+            h.type_name(ty),
+            if h.op_count().is_some_and(|n| op_type >= n) {
+                String::new()
+            } else {
+                h.op_name(op_type)
+            },
+        )
+    };
     // SAFETY: a live MUL_MAT tensor (its op description says so) whose layout was checked.
     let flops = if op == "MUL_MAT" {
         unsafe { mul_mat_flops(tensor, ne) }

@@ -10,11 +10,14 @@
 
 use std::collections::HashMap;
 
+use std::path::Path;
+
 use object::{Object, ObjectSymbol, SymbolKind};
 
 use ggml_viz_config::{Config, Sources};
 
 use crate::base::entry::Entry;
+use crate::base::objects;
 use crate::base::say;
 use crate::intercept::{exports, inline};
 
@@ -69,26 +72,24 @@ fn install() {
 /// The executable's defined functions named `ggml_*` or `llama_*`, at their run-time addresses;
 /// `None` when it defines no entry point of ours (ggml comes from shared libraries, or none).
 fn executable_symbols() -> Option<HashMap<String, usize>> {
-    let file = std::fs::File::open("/proc/self/exe").ok()?;
-    // SAFETY: a running executable's file cannot be written (ETXTBSY); the map is read-only and
-    // dropped before we return.
-    let map = unsafe { memmap2::Mmap::map(&file) }.ok()?;
-    let elf = object::File::parse(&*map).ok()?;
     let bias = main_program_bias();
-    let mut found = HashMap::new();
-    for symbol in elf.symbols() {
-        if symbol.kind() != SymbolKind::Text || !symbol.is_definition() {
-            continue;
+    let found = objects::with_elf(Path::new("/proc/self/exe"), |elf| {
+        let mut found = HashMap::new();
+        for symbol in elf.symbols() {
+            if symbol.kind() != SymbolKind::Text || !symbol.is_definition() {
+                continue;
+            }
+            if let Ok(name) = symbol.name()
+                && (name.starts_with("ggml_") || name.starts_with("llama_"))
+            {
+                found.insert(
+                    name.to_string(),
+                    bias.wrapping_add(symbol.address() as usize),
+                );
+            }
         }
-        if let Ok(name) = symbol.name()
-            && (name.starts_with("ggml_") || name.starts_with("llama_"))
-        {
-            found.insert(
-                name.to_string(),
-                bias.wrapping_add(symbol.address() as usize),
-            );
-        }
-    }
+        found
+    })?;
     Entry::ALL
         .iter()
         .any(|e| found.contains_key(e.name()))

@@ -17,7 +17,7 @@
 //! from the scope of the object that defines the real function, so they belong to the same copy.
 
 use std::cell::UnsafeCell;
-use std::ffi::{CStr, CString, c_int, c_void};
+use std::ffi::{CStr, CString, c_void};
 use std::ptr;
 use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
 use std::sync::{Once, OnceLock};
@@ -26,6 +26,7 @@ use super::{Resolved, note_helpers, untraced};
 use crate::base::entry::Entry;
 use crate::base::fault::{self, Fault};
 use crate::base::ggml::Helpers;
+use crate::base::objects::{loaded_paths, object_of};
 use crate::base::say;
 use crate::intercept::inline;
 
@@ -351,32 +352,6 @@ impl Slow {
     }
 }
 
-/// The paths of the loaded objects, the main program's (empty) first.
-fn loaded_paths() -> Vec<CString> {
-    let mut paths: Vec<CString> = Vec::new();
-    unsafe extern "C" fn collect(
-        info: *mut libc::dl_phdr_info,
-        _size: usize,
-        data: *mut c_void,
-    ) -> c_int {
-        // SAFETY: dl_iterate_phdr passes a valid info and our `paths`.
-        let (info, paths) = unsafe { (&*info, &mut *(data as *mut Vec<CString>)) };
-        if !info.dlpi_name.is_null() {
-            // SAFETY: dlpi_name is a NUL-terminated string owned by the loader.
-            paths.push(unsafe { CStr::from_ptr(info.dlpi_name) }.to_owned());
-        }
-        0
-    }
-    // SAFETY: the callback only copies names into `paths`, which outlives the call.
-    unsafe {
-        libc::dl_iterate_phdr(
-            Some(collect),
-            &mut paths as *mut Vec<CString> as *mut c_void,
-        )
-    };
-    paths
-}
-
 /// Where a call goes when [`resolve`] failed (our code panicked): `dlsym(RTLD_NEXT)`, else the
 /// first loaded object other than ours that defines the function, else the executable's own
 /// (statically linked ggml) — without the cache, the slow
@@ -425,60 +400,6 @@ pub fn fallback_callee(callee: Callee) -> Option<&'static Resolved> {
         };
         Some(untraced(real))
     })
-}
-
-struct Object {
-    path: CString,
-    base: usize,
-}
-
-/// The loaded object that contains `address`. Found by walking the program headers rather than
-/// with `dladdr`, which also searches the object's symbol table for the nearest symbol: ~36,000
-/// instructions a call here, for a name we do not need.
-fn object_of(address: usize) -> Option<Object> {
-    if address == 0 {
-        return None;
-    }
-    struct Search {
-        address: usize,
-        found: Option<Object>,
-    }
-    unsafe extern "C" fn visit(
-        info: *mut libc::dl_phdr_info,
-        _size: usize,
-        data: *mut c_void,
-    ) -> c_int {
-        // SAFETY: dl_iterate_phdr passes a valid info and our `Search`.
-        let (info, search) = unsafe { (&*info, &mut *(data as *mut Search)) };
-        let base = info.dlpi_addr as usize;
-        // SAFETY: dlpi_phdr points to dlpi_phnum program headers.
-        let headers =
-            unsafe { std::slice::from_raw_parts(info.dlpi_phdr, info.dlpi_phnum as usize) };
-        let inside = headers.iter().any(|h| {
-            let start = base.wrapping_add(h.p_vaddr as usize);
-            h.p_type == libc::PT_LOAD
-                && search.address >= start
-                && search.address < start + h.p_memsz as usize
-        });
-        if !inside {
-            return 0;
-        }
-        let path = if info.dlpi_name.is_null() {
-            CString::default()
-        } else {
-            // SAFETY: dlpi_name is a NUL-terminated string owned by the loader.
-            unsafe { CStr::from_ptr(info.dlpi_name) }.to_owned()
-        };
-        search.found = Some(Object { path, base });
-        1
-    }
-    let mut search = Search {
-        address,
-        found: None,
-    };
-    // SAFETY: the callback only reads the headers and writes `search`, which outlives the call.
-    unsafe { libc::dl_iterate_phdr(Some(visit), &mut search as *mut Search as *mut c_void) };
-    search.found
 }
 
 fn our_base() -> usize {

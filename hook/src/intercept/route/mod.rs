@@ -51,7 +51,7 @@ fn note_helpers(helpers: &'static Helpers) {
 
 /// An untraced route to `real`, with no helpers (each answers 0 or an empty name).
 fn untraced(real: usize) -> &'static Resolved {
-    static NO_HELPERS: Helpers = Helpers::NONE;
+    static NO_HELPERS: Helpers = Helpers::none();
     Box::leak(Box::new(Resolved {
         real,
         helpers: &NO_HELPERS,
