@@ -8,6 +8,7 @@ use std::path::Path;
 use object::{Object as _, ObjectSymbol};
 
 /// A loaded object: its path (empty for the main program) and load address.
+#[derive(Clone)]
 pub struct Object {
     pub path: CString,
     pub base: usize,
@@ -62,30 +63,57 @@ pub fn object_of(address: usize) -> Option<Object> {
     search.found
 }
 
-/// The paths of the loaded objects, the main program's (empty) first.
-pub fn loaded_paths() -> Vec<CString> {
-    let mut paths: Vec<CString> = Vec::new();
+/// A loaded object and the address ranges of its loaded segments.
+pub struct Loaded {
+    pub object: Object,
+    segments: Vec<(usize, usize)>,
+}
+
+impl Loaded {
+    pub fn contains(&self, address: usize) -> bool {
+        self.segments
+            .iter()
+            .any(|&(start, end)| address >= start && address < end)
+    }
+}
+
+/// Every loaded object, the main program (empty path) first.
+pub fn loaded() -> Vec<Loaded> {
+    let mut all: Vec<Loaded> = Vec::new();
     unsafe extern "C" fn collect(
         info: *mut libc::dl_phdr_info,
         _size: usize,
         data: *mut c_void,
     ) -> c_int {
-        // SAFETY: dl_iterate_phdr passes a valid info and our `paths`.
-        let (info, paths) = unsafe { (&*info, &mut *(data as *mut Vec<CString>)) };
-        if !info.dlpi_name.is_null() {
+        // SAFETY: dl_iterate_phdr passes a valid info and our `all`.
+        let (info, all) = unsafe { (&*info, &mut *(data as *mut Vec<Loaded>)) };
+        let base = info.dlpi_addr as usize;
+        // SAFETY: dlpi_phdr points to dlpi_phnum program headers.
+        let headers =
+            unsafe { std::slice::from_raw_parts(info.dlpi_phdr, info.dlpi_phnum as usize) };
+        let segments = headers
+            .iter()
+            .filter(|h| h.p_type == libc::PT_LOAD)
+            .map(|h| {
+                let start = base.wrapping_add(h.p_vaddr as usize);
+                (start, start.wrapping_add(h.p_memsz as usize))
+            })
+            .collect();
+        let path = if info.dlpi_name.is_null() {
+            CString::default()
+        } else {
             // SAFETY: dlpi_name is a NUL-terminated string owned by the loader.
-            paths.push(unsafe { CStr::from_ptr(info.dlpi_name) }.to_owned());
-        }
+            unsafe { CStr::from_ptr(info.dlpi_name) }.to_owned()
+        };
+        all.push(Loaded {
+            object: Object { path, base },
+            segments,
+        });
         0
     }
-    // SAFETY: the callback only copies names into `paths`, which outlives the call.
-    unsafe {
-        libc::dl_iterate_phdr(
-            Some(collect),
-            &mut paths as *mut Vec<CString> as *mut c_void,
-        )
-    };
-    paths
+    // SAFETY: the callback only reads the headers and copies into `all`, which outlives the call.
+    unsafe { libc::dl_iterate_phdr(Some(collect), &mut all as *mut Vec<Loaded> as *mut c_void) };
+    all
 }
 
 /// The file of a loaded object's path (the main program's is `/proc/self/exe`).

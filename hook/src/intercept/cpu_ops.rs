@@ -258,6 +258,7 @@ unsafe extern "C" fn common() {
         "3:",
         "call {enter}",
         "mov r11, rax",
+        "mov [rsp + 56], rdx",
         "mov rdi, [rsp]",
         "mov rsi, [rsp + 8]",
         "mov rdx, [rsp + 16]",
@@ -274,6 +275,9 @@ unsafe extern "C" fn common() {
         "movaps xmm7, [rsp + 176]",
         "test r11, r11",
         "jz 4f",
+        // Nothing to do after it: the real function returns straight to our caller.
+        "cmp qword ptr [rsp + 56], 0",
+        "je 5f",
         "call r11",
         "2:",
         // Keep the return value (rax:rdx, xmm0:xmm1) across exit(row).
@@ -282,6 +286,7 @@ unsafe extern "C" fn common() {
         "movaps [rsp + 64], xmm0",
         "movaps [rsp + 80], xmm1",
         "mov rdi, [rsp + 48]",
+        "mov rsi, [rsp + 56]",
         "call {exit}",
         "mov rax, [rsp]",
         "mov rdx, [rsp + 8]",
@@ -294,6 +299,9 @@ unsafe extern "C" fn common() {
         "xor eax, eax",
         "leave",
         "ret",
+        "5:",
+        "leave",
+        "jmp r11",
         enter = sym enter,
         exit = sym exit,
     )
@@ -329,6 +337,9 @@ type CachedInfo = (usize, u64, usize, Option<OpInfo>);
 /// Entries of a thread's op-info cache (a power of two).
 const INFOS: usize = 256;
 
+/// Mixed into a fused call's fingerprint: its info is not its last node's.
+const FUSED: u64 = 0x5EED_F05E_D000_0001;
+
 impl Worker {
     /// The op info of `tensor`, from this thread's cache while its fingerprint is unchanged.
     ///
@@ -336,9 +347,36 @@ impl Worker {
     /// `tensor` is a live node of the copy `h` belongs to.
     unsafe fn node_info(&self, h: &Helpers, r: &Recorder, tensor: Ptr) -> OpInfo {
         // SAFETY: per the contract.
-        let Some(print) = (unsafe { tensor::fingerprint(h, tensor) }) else {
-            // SAFETY: per the contract.
-            return unsafe { node_info(h, r, tensor, std::ptr::null_mut()) };
+        let print = unsafe { tensor::fingerprint(h, tensor) };
+        // SAFETY: per the contract.
+        self.cached(r, tensor, print, || unsafe {
+            node_info(h, r, tensor, std::ptr::null_mut())
+        })
+    }
+
+    /// [`Worker::node_info`] of a fused call that computed `first` and then `last`.
+    ///
+    /// # Safety
+    /// Both are live nodes of the copy `h` belongs to.
+    unsafe fn fused_node_info(&self, h: &Helpers, r: &Recorder, first: Ptr, last: Ptr) -> OpInfo {
+        // SAFETY: per the contract.
+        let print = unsafe { tensor::fingerprint(h, last).zip(tensor::fingerprint(h, first)) }
+            .map(|(last, first)| last ^ first.rotate_left(17) ^ FUSED);
+        // SAFETY: per the contract.
+        self.cached(r, last, print, || unsafe { fused_info(h, r, first, last) })
+    }
+
+    /// The cached op info of `tensor` while its fingerprint is `print`, else `describe`d (and
+    /// cached when there is a fingerprint).
+    fn cached(
+        &self,
+        r: &Recorder,
+        tensor: Ptr,
+        print: Option<u64>,
+        describe: impl FnOnce() -> OpInfo,
+    ) -> OpInfo {
+        let Some(print) = print else {
+            return describe();
         };
         let slot = &self.infos[(tensor as usize >> 4).wrapping_mul(0x9E37_79B9) % INFOS];
         let recorder = r as *const Recorder as usize;
@@ -347,8 +385,7 @@ impl Worker {
         {
             return op;
         }
-        // SAFETY: per the contract.
-        let op = unsafe { node_info(h, r, tensor, std::ptr::null_mut()) };
+        let op = describe();
         slot.set((tensor as usize, print, recorder, Some(op)));
         op
     }
@@ -391,24 +428,56 @@ thread_local! {
     };
 }
 
-/// Before the real function: returns its address (0: none) and records what begins.
-extern "C" fn enter(row: usize, arg0: Ptr, arg1: Ptr, arg2: Ptr, site: usize) -> usize {
+/// What [`enter`] tells `common`: the real function (0: none), and this thread's [`Worker`] for
+/// [`exit`] (null: nothing to do after the call, which then returns straight to its caller).
+#[repr(C)]
+struct Next {
+    real: usize,
+    worker: *const Worker,
+}
+
+impl Next {
+    fn untraced(real: usize) -> Next {
+        Next {
+            real,
+            worker: std::ptr::null(),
+        }
+    }
+}
+
+/// Before the real function: records what begins.
+extern "C" fn enter(row: usize, arg0: Ptr, arg1: Ptr, arg2: Ptr, site: usize) -> Next {
     let Some(f) = FUNCTIONS.get(row) else {
-        return 0;
+        return Next::untraced(0);
     };
     let entered = contained(|| {
         WORKER.with(|w| {
             let site = if site == 0 { w.outer_site.get() } else { site };
             let Some(resolved) = resolve_cached(w, row, f.name, site) else {
                 say_no_function(f.name);
-                return 0;
+                return Next::untraced(0);
             };
             if resolved.untraced {
-                return resolved.real;
+                return Next::untraced(resolved.real);
             }
+            if record::thread_ops().is_none() {
+                // Not recording per thread (op timing off or by the eval callback, or not
+                // tracing): nothing to keep, but a share left open when that began is ended.
+                if w.depth.get() == 0 && w.node.get().is_some() {
+                    end_node(w);
+                }
+                return Next::untraced(resolved.real);
+            }
+            let worker = Next {
+                real: resolved.real,
+                worker: w as *const Worker,
+            };
             if f.kind == Kind::Barrier {
-                barrier_begins(w);
-                return resolved.real;
+                return if barrier_begins(w) {
+                    worker
+                } else {
+                    Next::untraced(resolved.real)
+                };
             }
             let depth = w.depth.get();
             w.depth.set(depth + 1);
@@ -416,24 +485,27 @@ extern "C" fn enter(row: usize, arg0: Ptr, arg1: Ptr, arg2: Ptr, site: usize) ->
                 w.outer_site.set(site);
                 node_begins(w, f.kind, resolved.helpers, arg0, arg1, arg2);
             }
-            resolved.real
+            worker
         })
     });
     // Our code failed: the call still goes to ggml, untraced.
-    entered.unwrap_or_else(|| fallback_callee(Callee::Cpu(row as u8, f.name)).map_or(0, |r| r.real))
+    entered.unwrap_or_else(|| {
+        Next::untraced(fallback_callee(Callee::Cpu(row as u8, f.name)).map_or(0, |r| r.real))
+    })
 }
 
-/// After the real function.
-extern "C" fn exit(row: usize) {
+/// After the real function, on the thread whose `worker` [`enter`] returned.
+extern "C" fn exit(row: usize, worker: *const Worker) {
     let Some(f) = FUNCTIONS.get(row) else { return };
+    // SAFETY: `enter` returned this thread's own `WORKER` (thread-local storage lives as long as
+    // the thread, which is still in the call), and only this thread uses it.
+    let w = unsafe { &*worker };
     contained(|| {
-        WORKER.with(|w| {
-            if f.kind == Kind::Barrier {
-                barrier_ends(w);
-            } else {
-                w.depth.set(w.depth.get().saturating_sub(1));
-            }
-        })
+        if f.kind == Kind::Barrier {
+            barrier_ends(w);
+        } else {
+            w.depth.set(w.depth.get().saturating_sub(1));
+        }
     });
 }
 
@@ -477,7 +549,7 @@ fn node_begins(w: &Worker, kind: Kind, h: &'static Helpers, params: Ptr, arg1: P
     // SAFETY: `tensor` is the node this call of the copy `h` belongs to computes: live.
     let op = unsafe {
         if kind == Kind::Fused {
-            fused_info(h, r, arg1, arg2)
+            w.fused_node_info(h, r, arg1, arg2)
         } else {
             w.node_info(h, r, tensor)
         }
@@ -520,7 +592,8 @@ unsafe fn fused_info(h: &Helpers, r: &Recorder, first: Ptr, last: Ptr) -> OpInfo
     op
 }
 
-fn barrier_begins(w: &Worker) {
+/// Whether the wait is recorded (else nothing is to be done when it ends).
+fn barrier_begins(w: &Worker) -> bool {
     // The node before this barrier is done, on this thread (barriers inside an op are calls
     // nested in its per-op function).
     if w.depth.get() == 0 {
@@ -529,6 +602,7 @@ fn barrier_begins(w: &Worker) {
     let recorded = w.nth.get() > 1 && record::thread_ops().is_some();
     w.barrier_start
         .set(if recorded { clock::now_ticks() } else { 0 });
+    recorded
 }
 
 fn barrier_ends(w: &Worker) {

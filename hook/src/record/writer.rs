@@ -62,9 +62,9 @@ pub struct TraceWriter {
     live_buffers: std::collections::BTreeMap<u64, (u64, String)>,
     /// Op types whose names were written.
     op_names_written: std::collections::HashSet<u32>,
-    /// Labels by entry point and name id (index `entry * NAME_IDS + name_id`): built once, not
-    /// per event; empty until built.
-    labels: Vec<Vec<u8>>,
+    /// Labels by entry point and name id (key `entry * NAME_IDS + name_id`): built once, not
+    /// per event.
+    labels: std::collections::HashMap<usize, Vec<u8>>,
     /// Names already written in a backend_names record.
     names_written: usize,
     counters_written: Counters,
@@ -103,7 +103,7 @@ impl TraceWriter {
             layout,
             tensor_names: config.tensor_names,
             buf: Vec::with_capacity(1 << 16),
-            labels: vec![Vec::new(); 256 * NAME_IDS],
+            labels: Default::default(),
             info_of_group: Vec::new(),
             info_json: Vec::new(),
             live_buffers: Default::default(),
@@ -239,15 +239,13 @@ impl TraceWriter {
                 value: self.clock.to_ns(e.d),
             },
         };
-        let label = &mut self.labels[e.entry as usize * NAME_IDS + (e.name_id as usize % NAME_IDS)];
-        if label.is_empty() {
-            *label = label_of(e.entry, e.name_id, d.names);
-        }
         // A worker thread's wait (threads-mode op timing) is recorded by no entry point.
         let label: &[u8] = if e.entry == 0 && e.type_code == EventType::BarrierWait.code() {
             b"ggml_barrier"
         } else {
-            label
+            self.labels
+                .entry(e.entry as usize * NAME_IDS + (e.name_id as usize % NAME_IDS))
+                .or_insert_with(|| label_of(e.entry, e.name_id, d.names))
         };
         format::encode_record(
             &mut self.buf,

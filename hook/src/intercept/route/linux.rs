@@ -17,6 +17,7 @@
 //! from the scope of the object that defines the real function, so they belong to the same copy.
 
 use std::cell::UnsafeCell;
+use std::collections::BTreeMap;
 use std::ffi::{CStr, CString, c_void};
 use std::ptr;
 use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
@@ -26,7 +27,7 @@ use super::{Resolved, note_helpers, untraced};
 use crate::base::entry::Entry;
 use crate::base::fault::{self, Fault};
 use crate::base::ggml::Helpers;
-use crate::base::objects::{loaded_paths, object_of};
+use crate::base::objects::{Loaded, Object, loaded, object_of};
 use crate::base::say;
 use crate::intercept::inline;
 
@@ -86,6 +87,11 @@ struct Slow {
     /// `dlopen(RTLD_NOLOAD)` handles by object path, kept open: each `dlopen` costs thousands of
     /// instructions, and holding a reference to a loaded object only keeps it loaded.
     handles: Vec<(CString, usize)>,
+    /// The loaded objects as last seen (walked again when an address is in none of them).
+    objects: Vec<Loaded>,
+    /// Where each function goes from each calling object (by its base; `usize::MAX`: an address
+    /// in no object): call sites of one object share it, so each is one lookup, not a `dlsym`.
+    routes: BTreeMap<(usize, usize), (usize, bool)>,
 }
 
 /// The slow path's state behind a pthread mutex that `fork` takes first (an atfork handler) and
@@ -104,6 +110,8 @@ static SLOW: SlowLock = SlowLock {
     slow: UnsafeCell::new(Slow {
         helpers: Vec::new(),
         handles: Vec::new(),
+        objects: Vec::new(),
+        routes: BTreeMap::new(),
     }),
 };
 
@@ -244,6 +252,13 @@ pub fn resolve_callee(callee: Callee, return_address: usize) -> Option<(&'static
 pub fn cpu_functions_reachable() -> Result<(), String> {
     let mut slow = SlowGuard::lock();
     for name in [c"ggml_barrier", c"ggml_compute_forward_mul_mat"] {
+        // The next definition after ours in the global scope, else (a ggml loaded
+        // `RTLD_LOCAL`) a search of every loaded object.
+        // SAFETY: dlsym with RTLD_NEXT and a valid C string.
+        let next = unsafe { libc::dlsym(libc::RTLD_NEXT, name.as_ptr()) } as usize;
+        if next != 0 && !slow.is_ours(next) {
+            continue;
+        }
         if slow.all_definitions(name).is_empty() {
             return Err(format!(
                 "no loaded library exports {} (a static executable, or a ggml whose CPU backend \
@@ -275,9 +290,23 @@ pub fn describe_route(entry: Entry, return_address: usize, resolved: &Resolved) 
 }
 
 impl Slow {
+    /// [`Slow::find_route`], once per calling object and function.
     fn find_real(&mut self, callee: Callee, return_address: usize) -> Option<(usize, bool)> {
+        let caller = self.object_of(return_address);
+        let key = (
+            caller.as_ref().map_or(usize::MAX, |o| o.base),
+            callee.code(),
+        );
+        if let Some(&found) = self.routes.get(&key) {
+            return Some(found);
+        }
+        let found = self.find_route(callee, caller)?;
+        self.routes.insert(key, found);
+        Some(found)
+    }
+
+    fn find_route(&mut self, callee: Callee, caller: Option<Object>) -> Option<(usize, bool)> {
         let name = callee.c_name();
-        let caller = object_of(return_address);
         // The main program (no path) calling its own statically linked ggml: the inline hook.
         if let Some(caller) = &caller
             && caller.path.is_empty()
@@ -293,7 +322,7 @@ impl Slow {
         }
         // SAFETY: dlsym with RTLD_NEXT and a valid C string.
         let next = unsafe { libc::dlsym(libc::RTLD_NEXT, name.as_ptr()) } as usize;
-        if next != 0 && !is_ours(next) {
+        if next != 0 && !self.is_ours(next) {
             return Some((next, false));
         }
         let all = self.all_definitions(name);
@@ -321,13 +350,36 @@ impl Slow {
         }
         // SAFETY: a valid handle and C string.
         let found = unsafe { libc::dlsym(handle as *mut c_void, name.as_ptr()) } as usize;
-        (found != 0 && !is_ours(found)).then_some(found)
+        (found != 0 && !self.is_ours(found)).then_some(found)
+    }
+
+    /// The loaded object containing `address`, from the snapshot, walked again on a miss (an
+    /// object loaded since).
+    fn object_of(&mut self, address: usize) -> Option<Object> {
+        if address == 0 {
+            return None;
+        }
+        let find = |objects: &[Loaded]| {
+            objects
+                .iter()
+                .find(|l| l.contains(address))
+                .map(|l| l.object.clone())
+        };
+        find(&self.objects).or_else(|| {
+            self.objects = loaded();
+            find(&self.objects)
+        })
+    }
+
+    fn is_ours(&mut self, address: usize) -> bool {
+        self.object_of(address)
+            .is_some_and(|o| o.base == our_base())
     }
 
     /// Every distinct definition of `name` in the loaded objects other than ours.
     fn all_definitions(&mut self, name: &CStr) -> Vec<usize> {
         let mut found = Vec::new();
-        for path in loaded_paths() {
+        for path in loaded().into_iter().map(|l| l.object.path) {
             if let Some(address) = self.lookup_in_scope(&path, name)
                 && !found.contains(&address)
             {
@@ -339,7 +391,7 @@ impl Slow {
 
     /// The helpers of the copy of ggml that defines `real`.
     fn helpers_for(&mut self, real: usize) -> &'static Helpers {
-        let Some(object) = object_of(real) else {
+        let Some(object) = self.object_of(real) else {
             return Box::leak(Box::default());
         };
         if let Some((_, helpers)) = self.helpers.iter().find(|(base, _)| *base == object.base) {
@@ -354,8 +406,8 @@ impl Slow {
 
 /// Where a call goes when [`resolve`] failed (our code panicked): `dlsym(RTLD_NEXT)`, else the
 /// first loaded object other than ours that defines the function, else the executable's own
-/// (statically linked ggml) — without the cache, the slow
-/// path's lock or its state, whatever of them the failure left behind. The call is untraced.
+/// (statically linked ggml) — without the cache, the slow path's lock or its state, whatever of
+/// them the failure left behind. The call is untraced.
 pub fn fallback(entry: Entry) -> Option<&'static Resolved> {
     fallback_callee(Callee::Entry(entry))
 }
@@ -370,8 +422,9 @@ pub fn fallback_callee(callee: Callee) -> Option<&'static Resolved> {
         let real = if next != 0 && !is_ours(next) {
             next
         } else {
-            loaded_paths()
+            loaded()
                 .into_iter()
+                .map(|l| l.object.path)
                 .find_map(|path| {
                     // SAFETY: RTLD_NOLOAD only returns a handle for an object that is already
                     // loaded; the main program's empty path is given as NULL, its own handle.
