@@ -404,3 +404,60 @@ fn a_file_truncated_while_mapped_is_an_error_not_a_crash() {
     let lines = out.stdout.iter().filter(|&&b| b == b'\n').count();
     assert!(lines > 100 && lines < 600_000, "{lines} lines");
 }
+
+/// A threads-mode trace in which a scheduler with other backends than the CPU was timed with
+/// its eval callback (its op pairs name their backend, the worker threads' do not): `info`
+/// says how many ops were timed that way (before: it said "threads" of them all, as the H100
+/// run of a CUDA llama-simple under `auto` showed).
+#[test]
+fn info_says_which_ops_of_a_threads_trace_the_eval_callback_timed() {
+    use ggml_viz_reader::format::{ExtensionKind, encode_event, encode_header, ext};
+    let mut bytes = Vec::new();
+    encode_header(&mut bytes);
+    let metadata = ext::Metadata {
+        writer: "test".into(),
+        settings: [("op_timing_mode".to_string(), Value::from("threads"))]
+            .into_iter()
+            .collect(),
+        ..Default::default()
+    };
+    ext::encode_extension(
+        &mut bytes,
+        Layout::Packed,
+        ExtensionKind::Metadata,
+        0,
+        0,
+        &metadata,
+    );
+    let op = |type_code: u8, ts: u64, backend_ptr: u64| Event {
+        type_code,
+        timestamp_ns: ts,
+        thread_id: 1,
+        payload: Payload::Op {
+            tensor_ptr: 0x10 + backend_ptr,
+            op_type: 29,
+            op_size: 0,
+            backend_ptr,
+        },
+        label: None,
+    };
+    // Two ops on a worker thread (no backend), three through the eval callback (a backend).
+    for (i, backend) in [0, 0, 0xb0, 0xb0, 0xb0].into_iter().enumerate() {
+        let ts = 100 * i as u64;
+        encode_event(&mut bytes, Layout::Packed, &op(2, ts, backend));
+        encode_event(&mut bytes, Layout::Packed, &op(3, ts + 50, backend));
+    }
+    let trace = temp_file("mixed-op-timing.ggmlviz", &bytes);
+    let out = ggml_viz(&["info", trace.to_str().unwrap()]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("op timing:       threads:")
+            && text.contains("except 3 ops of schedulers with other backends than the CPU"),
+        "{text}"
+    );
+}

@@ -31,6 +31,9 @@ pub struct TraceStats {
     pub unmatched_graph_ends: u64,
     /// Op begin events.
     pub ops: u64,
+    /// Op begin events that name a backend: timed through a scheduler's eval callback (in a
+    /// threads-mode trace, those of schedulers with other backends than the CPU).
+    pub ops_with_backend: u64,
     /// Op begin events per op type, and the names the trace gives the types (op_names records).
     pub ops_by_type: BTreeMap<u32, u64>,
     pub op_names: HashMap<u32, String>,
@@ -100,8 +103,14 @@ impl TraceStats {
             }
             Some(EventType::OpComputeBegin) => {
                 self.ops += 1;
-                if let Payload::Op { op_type, .. } = event.payload {
+                if let Payload::Op {
+                    op_type,
+                    backend_ptr,
+                    ..
+                } = event.payload
+                {
                     *self.ops_by_type.entry(op_type).or_default() += 1;
+                    self.ops_with_backend += u64::from(backend_ptr != 0);
                 }
             }
             Some(EventType::TensorAlloc) => {
