@@ -4,6 +4,7 @@ use std::path::Path;
 use std::process::Command;
 
 use ggml_viz_e2e::*;
+use ggml_viz_reader::format::{EventType, Payload};
 
 /// Graph-only mode (no op timing): the scheduler, backend and CPU computes nest as ggml makes them.
 #[test]
@@ -303,20 +304,23 @@ fn statically_linked_ggml_is_traced_through_inline_hooks() {
             && stderr.contains("goes to the executable's own (inline hook)"),
         "{stderr}"
     );
-    // The CPU backend's per-op functions are not reachable here: `auto` falls back to the
-    // scheduler's eval callback, and says so.
+    // The executable's own per-op functions are hooked inline too: `auto` times per thread.
     assert!(
-        stderr.contains(
-            "op timing: sched: GGML_VIZ_OP_TIMING=auto: no loaded library exports ggml_barrier"
-        ),
+        stderr.contains("op timing: threads: GGML_VIZ_OP_TIMING=auto"),
         "{stderr}"
     );
-    // Every entry point llama-simple defines is patched: the executable's symbol table says which.
-    let defined = static_entry_points(&bin.join("llama-simple"));
-    assert!(defined >= 8, "llama-simple defines {defined} entry points");
+    // Every entry point and per-op function llama-simple defines is patched: the executable's
+    // symbol table says which.
+    let (entries, per_op) = static_wrapped_functions(&bin.join("llama-simple"));
+    assert!(entries >= 8, "llama-simple defines {entries} entry points");
+    assert!(
+        per_op >= 100,
+        "llama-simple defines {per_op} per-op functions"
+    );
     assert!(
         stderr.contains(&format!(
-            "ggml is linked into the executable: {defined} of its entry points hooked inline"
+            "ggml is linked into the executable: {entries} of its entry points and {per_op} of \
+             its per-op functions hooked inline"
         )),
         "{stderr}"
     );
@@ -325,11 +329,26 @@ fn statically_linked_ggml_is_traced_through_inline_hooks() {
     assert_eq!(damage, None);
     check_nesting(&events);
     assert_eq!(stats.graph_computes, decoded_batches(&stderr));
-    // Op timing works through the hooked eval-callback setter and the executable's helpers.
+    // Each worker thread's shares of the nodes (threads-mode pairs name no backend), MUL_MAT
+    // among them.
     let ops = stats.op_type_counts();
     assert!(
         ops.iter().any(|(name, n)| name == "MUL_MAT" && *n > 0),
         "{ops:?}"
+    );
+    let op_threads: std::collections::HashSet<u32> = events
+        .iter()
+        .filter_map(|e| match (e.event_type(), e.payload) {
+            (Some(EventType::OpComputeBegin), Payload::Op { backend_ptr: 0, .. }) => {
+                Some(e.thread_id)
+            }
+            _ => None,
+        })
+        .collect();
+    assert!(
+        op_threads.len() >= 2 && stats.ops_with_backend == 0,
+        "shares on {op_threads:?}, {} eval-callback ops",
+        stats.ops_with_backend
     );
     let spans = ggml_viz_reader::format::ExtensionKind::SpanBegin;
     assert_eq!(
@@ -339,9 +358,10 @@ fn statically_linked_ggml_is_traced_through_inline_hooks() {
     );
 }
 
-/// The entry points the hook wraps (the ggml names the built hook exports, by `nm -D`) that the
-/// executable at `path` defines (by `nm`): read from the two binaries, not from the hook's code.
-fn static_entry_points(path: &Path) -> usize {
+/// How many of the entry points and of the per-op functions the hook wraps (the ggml names the
+/// built hook exports, by `nm -D`) the executable at `path` defines (by `nm`): read from the two
+/// binaries, not from the hook's code.
+fn static_wrapped_functions(path: &Path) -> (usize, usize) {
     let symbols = |args: &[&str], file: &Path| -> Vec<String> {
         let mut c = Command::new("nm");
         c.args(args).arg(file);
@@ -355,22 +375,67 @@ fn static_entry_points(path: &Path) -> usize {
             })
             .collect()
     };
-    // The entry points, not the CPU backend's per-op functions (threads-mode op timing reaches
-    // those through the PLT only; a static executable falls back to the eval callback).
-    let wrapped: Vec<String> = symbols(&["-D", "--defined-only"], &hook())
-        .into_iter()
-        .filter(|s| {
-            !s.starts_with("ggml_compute_forward_")
-                && !matches!(
-                    s.as_str(),
-                    "ggml_barrier" | "ggml_cpu_extra_compute_forward"
-                )
-        })
-        .collect();
-    assert!(wrapped.len() >= 10, "the hook exports {wrapped:?}");
+    let per_op = |s: &str| {
+        s.starts_with("ggml_compute_forward_")
+            || matches!(s, "ggml_barrier" | "ggml_cpu_extra_compute_forward")
+    };
+    let wrapped = symbols(&["-D", "--defined-only"], &hook());
+    assert!(wrapped.len() >= 100, "the hook exports {wrapped:?}");
     let defined: std::collections::HashSet<String> =
         symbols(&["--defined-only"], path).into_iter().collect();
-    wrapped.iter().filter(|w| defined.contains(*w)).count()
+    let count = |of_kind: bool| {
+        wrapped
+            .iter()
+            .filter(|w| per_op(w) == of_kind && defined.contains(*w))
+            .count()
+    };
+    (count(false), count(true))
+}
+
+/// A static executable whose symbol table lacks `ggml_barrier` (`objcopy --strip-symbol`): its
+/// per-op functions cannot all be reached, so `auto` falls back to the scheduler's eval callback
+/// and says why; the output is unchanged and the ops are the callback's (they name a backend).
+#[test]
+fn a_static_executable_without_ggml_barrier_in_its_symbols_falls_back_to_sched() {
+    let dir = scratch("llama-static-no-barrier");
+    let exe = dir.join("llama-simple");
+    let out = run({
+        let mut c = Command::new("objcopy");
+        c.arg("--strip-symbol=ggml_barrier")
+            .arg(llama_static_bin().join("llama-simple"))
+            .arg(&exe);
+        c
+    });
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let plain = run(llama_simple_in(&dir, 6));
+    assert!(plain.status.success(), "{}", text(&plain.stderr));
+    let trace = dir.join("t.ggmlviz");
+    let traced = run(with_hook(
+        llama_simple_in(&dir, 6),
+        &[
+            ("GGML_VIZ_OUTPUT", trace.to_str().unwrap()),
+            ("GGML_VIZ_OP_TIMING", "auto"),
+            ("GGML_VIZ_VERBOSE", "1"),
+        ],
+    ));
+    let stderr = text(&traced.stderr);
+    assert!(traced.status.success(), "{stderr}");
+    assert_eq!(text(&traced.stdout), text(&plain.stdout));
+    assert!(
+        stderr.contains(
+            "op timing: sched: GGML_VIZ_OP_TIMING=auto: no loaded library exports ggml_barrier \
+             and the executable has none of its own to hook"
+        ),
+        "{stderr}"
+    );
+    let (_, damage, stats) = read_trace(&trace);
+    assert_eq!(damage, None);
+    assert!(
+        stats.ops > 0 && stats.ops_with_backend == stats.ops,
+        "{} ops, {} through the eval callback",
+        stats.ops,
+        stats.ops_with_backend
+    );
 }
 
 /// Tracing disabled through the configuration — any spelling it accepts, or its JSON file —

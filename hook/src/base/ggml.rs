@@ -122,7 +122,7 @@ impl Helpers {
     /// How many ops this ggml's `enum ggml_op` has (`GGML_OP_COUNT`, which ggml does not
     /// export), so that `ggml_op_name` is never asked past its table: the size of that table
     /// (`GGML_OP_NAME`) in the symbol table of the file that defines `ggml_op_name` (Linux), else
-    /// the count of a version we know; `None` when neither tells. Said with `verbose`.
+    /// the count of a version we know; `None` when neither tells. Said once with `verbose`.
     pub fn op_count(&self) -> Option<u32> {
         let known = match self.op_count.load(Ordering::Relaxed) {
             0 => {
@@ -134,7 +134,9 @@ impl Helpers {
                         (known.map(|k| k.1), format!("ggml {version}"))
                     }
                 };
-                if VERBOSE.load(Ordering::Relaxed) {
+                static SAID: std::sync::atomic::AtomicBool =
+                    std::sync::atomic::AtomicBool::new(false);
+                if VERBOSE.load(Ordering::Relaxed) && !SAID.swap(true, Ordering::Relaxed) {
                     match count {
                         Some(n) => say(format_args!("this ggml has {n} ops ({from})")),
                         None => say(format_args!(

@@ -62,6 +62,8 @@ enum Kind {
 struct Function {
     name: &'static CStr,
     kind: Kind,
+    /// Our exported wrapper.
+    wrapper: unsafe extern "C" fn(),
 }
 
 /// Defines the exported wrappers and the table [`FUNCTIONS`] from one list of names, so that
@@ -82,6 +84,7 @@ macro_rules! cpu_functions {
                 Err(_) => panic!("a C name"),
             },
             kind: Kind::$kind,
+            wrapper: $name,
         },)*];
 
         $(
@@ -217,6 +220,15 @@ cpu_functions! {
     ggml_compute_forward_win_part: Second,
     ggml_compute_forward_win_unpart: Second,
     ggml_compute_forward_xielu: Second,
+}
+
+/// Every wrapped function: its row, C name and our wrapper (for inline hooks on an executable's
+/// own ggml).
+pub fn wrapped() -> impl Iterator<Item = (u8, &'static CStr, *const ())> {
+    FUNCTIONS
+        .iter()
+        .enumerate()
+        .map(|(row, f)| (row as u8, f.name, f.wrapper as *const ()))
 }
 
 /// The trampoline every wrapper jumps to, with its row in `r11`.

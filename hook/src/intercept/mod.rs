@@ -11,7 +11,7 @@
 
 mod batches;
 #[cfg(all(target_os = "linux", target_arch = "x86_64"))]
-mod cpu_ops;
+pub mod cpu_ops;
 mod eval_callback;
 pub mod exports;
 #[cfg(any(target_os = "linux", windows))]

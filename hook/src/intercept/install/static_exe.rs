@@ -1,7 +1,8 @@
 //! Statically linked ggml: when the executable itself defines the ggml entry points (llama.cpp
 //! built with `-DBUILD_SHARED_LIBS=OFF`), preloading cannot reach them — the executable calls
 //! its own functions directly, never through the dynamic loader. When its symbol table is
-//! present, each entry point it defines gets an inline hook ([`crate::intercept::inline`]) at start-up;
+//! present, each entry point it defines, and each of the CPU backend's per-op functions (for
+//! per-thread op timing), gets an inline hook ([`crate::intercept::inline`]) at start-up;
 //! [`crate::intercept::route`] then sends calls from the executable to the hook's trampoline.
 //!
 //! The patching happens in a constructor, before `main` and before any other thread exists. It
@@ -19,6 +20,8 @@ use ggml_viz_config::{Config, Sources};
 use crate::base::entry::Entry;
 use crate::base::objects;
 use crate::base::say;
+#[cfg(target_arch = "x86_64")]
+use crate::intercept::cpu_ops;
 use crate::intercept::{exports, inline};
 
 #[used]
@@ -61,12 +64,45 @@ fn install() {
             });
         }
     }
+    #[cfg(target_arch = "x86_64")]
+    let (cpu_hooked, cpu_failed) = hook_cpu_functions(&symbols);
+    #[cfg(not(target_arch = "x86_64"))]
+    let (cpu_hooked, cpu_failed) = (0, 0);
+    if cpu_failed > 0 {
+        say(format_args!(
+            "{cpu_failed} of the executable's own per-op functions could not be hooked; their \
+             calls are not timed per thread"
+        ));
+    }
     if config.verbose {
         say(format_args!(
-            "ggml is linked into the executable: {hooked} of its entry points hooked inline"
+            "ggml is linked into the executable: {hooked} of its entry points and \
+             {cpu_hooked} of its per-op functions hooked inline"
         ));
     }
     inline::set_helpers(|name| name.to_str().ok().and_then(|n| symbols.get(n)).copied());
+}
+
+/// Inline hooks on the executable's own CPU-backend per-op functions, `ggml_barrier` and
+/// `ggml_cpu_extra_compute_forward`, to our per-thread wrappers: ggml calls them directly
+/// there, never through a PLT. Returns how many were hooked and how many could not be.
+#[cfg(target_arch = "x86_64")]
+fn hook_cpu_functions(symbols: &HashMap<String, usize>) -> (usize, usize) {
+    let (mut hooked, mut failed) = (0, 0);
+    for (row, name, wrapper) in cpu_ops::wrapped() {
+        let Some(&target) = name.to_str().ok().and_then(|n| symbols.get(n)) else {
+            continue;
+        };
+        // SAFETY: `target` is the start of the executable's own function of this name (its
+        // symbol table says so), `wrapper` forwards every argument register and the return
+        // value to the original, and no other thread runs yet (this is a constructor).
+        if unsafe { inline::hook_cpu(row, name, target, wrapper) } {
+            hooked += 1;
+        } else {
+            failed += 1;
+        }
+    }
+    (hooked, failed)
 }
 
 /// The executable's defined functions named `ggml_*` or `llama_*`, at their run-time addresses;

@@ -245,13 +245,29 @@ pub fn resolve_callee(callee: Callee, return_address: usize) -> Option<(&'static
     Some((resolved, true))
 }
 
-/// Whether threads-mode op timing can work here: a loaded library other than ours exports
-/// `ggml_barrier` and `ggml_compute_forward_mul_mat` (calls to them then reach our wrappers
-/// through the PLT); `Err` says why not.
+/// The trampoline to the original of `callee` where the executable's own function was hooked
+/// inline.
+fn inline_original(callee: Callee) -> Option<usize> {
+    match callee {
+        Callee::Entry(entry) => inline::original(entry),
+        #[cfg(target_arch = "x86_64")]
+        Callee::Cpu(row, _) => inline::cpu_original(row),
+        #[cfg(not(target_arch = "x86_64"))]
+        Callee::Cpu(..) => None,
+    }
+}
+
+/// Whether threads-mode op timing can work here: `ggml_barrier` and
+/// `ggml_compute_forward_mul_mat` are exported by a loaded library other than ours (calls to
+/// them then reach our wrappers through the PLT) or were hooked inline in the executable's own
+/// ggml; `Err` says why not.
 #[cfg(target_arch = "x86_64")]
 pub fn cpu_functions_reachable() -> Result<(), String> {
     let mut slow = SlowGuard::lock();
     for name in [c"ggml_barrier", c"ggml_compute_forward_mul_mat"] {
+        if inline::cpu_hooked(name) {
+            continue;
+        }
         // The next definition after ours in the global scope, else (a ggml loaded
         // `RTLD_LOCAL`) a search of every loaded object.
         // SAFETY: dlsym with RTLD_NEXT and a valid C string.
@@ -261,8 +277,9 @@ pub fn cpu_functions_reachable() -> Result<(), String> {
         }
         if slow.all_definitions(name).is_empty() {
             return Err(format!(
-                "no loaded library exports {} (a static executable, or a ggml whose CPU backend \
-                 does not export its per-op functions)",
+                "no loaded library exports {} and the executable has none of its own to hook \
+                 (a ggml whose CPU backend neither exports its per-op functions nor has them \
+                 in a symbol table)",
                 name.to_string_lossy()
             ));
         }
@@ -310,8 +327,7 @@ impl Slow {
         // The main program (no path) calling its own statically linked ggml: the inline hook.
         if let Some(caller) = &caller
             && caller.path.is_empty()
-            && let Callee::Entry(entry) = callee
-            && let Some(original) = inline::original(entry)
+            && let Some(original) = inline_original(callee)
         {
             return Some((original, false));
         }
@@ -446,10 +462,7 @@ pub fn fallback_callee(callee: Callee) -> Option<&'static Resolved> {
                     (found != 0 && !is_ours(found)).then_some(found)
                 })
                 // The executable's own statically linked ggml, behind its inline hook.
-                .or_else(|| match callee {
-                    Callee::Entry(entry) => inline::original(entry),
-                    Callee::Cpu(..) => None,
-                })?
+                .or_else(|| inline_original(callee))?
         };
         Some(untraced(real))
     })
