@@ -71,7 +71,11 @@ struct Function {
 /// functions (`nm -D libggml-cpu.so`; the e2e tests check it against the build), less the
 /// helpers it only calls from inside another op (`mul_mat_tiled`, `mul_mat_id_tiled`,
 /// `add_non_quantized`, `fwht`: never the start of a node, and a wrapped call costs every
-/// node that makes it); a name that the running ggml lacks is never called.
+/// node that makes it), plus the names earlier ggml versions declared in `ggml-cpu/ops.h`
+/// since the CPU backend's split (ggml's history, November 2024 to v0.21.0: `map_unary`,
+/// `map_binary`, `map_custom{1,2,3}_f32`, and `view`, `reshape`, `permute`, `transpose`, which
+/// those versions' dispatchers still called for no-op nodes), all with the node second; a name
+/// that the running ggml lacks is never called.
 macro_rules! cpu_functions {
     ($($name:ident: $kind:ident,)*) => {
         #[allow(non_camel_case_types, clippy::enum_variant_names)]
@@ -163,9 +167,14 @@ cpu_functions! {
     ggml_compute_forward_leaky_relu: Second,
     ggml_compute_forward_lightning_indexer: Second,
     ggml_compute_forward_log: Second,
+    ggml_compute_forward_map_binary: Second,
     ggml_compute_forward_map_custom1: Second,
+    ggml_compute_forward_map_custom1_f32: Second,
     ggml_compute_forward_map_custom2: Second,
+    ggml_compute_forward_map_custom2_f32: Second,
     ggml_compute_forward_map_custom3: Second,
+    ggml_compute_forward_map_custom3_f32: Second,
+    ggml_compute_forward_map_unary: Second,
     ggml_compute_forward_mean: Second,
     ggml_compute_forward_mul: Second,
     ggml_compute_forward_mul_mat: Second,
@@ -176,12 +185,14 @@ cpu_functions! {
     ggml_compute_forward_out_prod: Second,
     ggml_compute_forward_pad: Second,
     ggml_compute_forward_pad_reflect_1d: Second,
+    ggml_compute_forward_permute: Second,
     ggml_compute_forward_pool_1d: Second,
     ggml_compute_forward_pool_2d: Second,
     ggml_compute_forward_pool_2d_back: Second,
     ggml_compute_forward_relu: Second,
     ggml_compute_forward_repeat: Second,
     ggml_compute_forward_repeat_back: Second,
+    ggml_compute_forward_reshape: Second,
     ggml_compute_forward_rms_norm: Second,
     ggml_compute_forward_rms_norm_back: Second,
     ggml_compute_forward_rms_norm_mul_fused: Fused,
@@ -213,10 +224,12 @@ cpu_functions! {
     ggml_compute_forward_tanh: Second,
     ggml_compute_forward_timestep_embedding: Second,
     ggml_compute_forward_top_k: Second,
+    ggml_compute_forward_transpose: Second,
     ggml_compute_forward_tri: Second,
     ggml_compute_forward_trunc: Second,
     ggml_compute_forward_unary: Second,
     ggml_compute_forward_upscale: Second,
+    ggml_compute_forward_view: Second,
     ggml_compute_forward_win_part: Second,
     ggml_compute_forward_win_unpart: Second,
     ggml_compute_forward_xielu: Second,
