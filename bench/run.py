@@ -156,9 +156,41 @@ def llama(quick, tmp):
             ops = statistics.median(results["sched op timing"][kind])
             metric(f"llama -t {threads} {label}, sched op timing vs a no-op eval callback", ops / noop, "ratio", f"no-op callback, {noop:.1f} tok/s", 1.0)
     if not quick:
-        # Minutes under callgrind: the full suite only.
+        # Minutes under callgrind, and a build of test-backend-ops: the full suite only.
         instructions(tmp, build, hook, model)
+        backend_ops(tmp, build, hook)
     fidelity(quick, tmp, build, hook, model)
+
+
+def backend_ops(tmp, build, hook):
+    """One MUL_MAT shape of llama.cpp's own op benchmark (`test-backend-ops perf`, built from
+    the same sources), against the node wall times threads-mode op timing records for it."""
+    src = next(l.split("=", 1)[1].strip() for l in open(f"{build}/CMakeCache.txt")
+               if l.startswith("CMAKE_HOME_DIRECTORY:INTERNAL="))
+    libs = ["-L" + f"{build}/bin", "-lggml", "-lggml-base", "-lggml-cpu", "-Wl,-rpath," + f"{build}/bin"]
+    includes = ["-I" + os.path.join(src, "ggml", "include")]
+    progress("test-backend-ops: building it from the llama.cpp sources (a minute or two)")
+    tbo = os.path.join(tmp, "test-backend-ops")
+    run(["c++", "-O2", "-std=c++17", *includes, os.path.join(src, "tests", "test-backend-ops.cpp"),
+         "-o", tbo, *libs, "-lpthread"])
+    shape = "type_a=q4_0,type_b=f32,m=4096,n=1,k=14336,"
+    # test-backend-ops gives the CPU backend half the hardware's threads.
+    threads = max(1, (os.cpu_count() or 2) // 2)
+    progress(f"test-backend-ops perf -o MUL_MAT -b CPU -p {shape} ({threads} thread(s)) vs a traced program")
+    out = run([tbo, "perf", "-o", "MUL_MAT", "-b", "CPU", "-p", shape]).stdout
+    us = [float(v) for v in re.findall(r"([0-9.]+) us/run", out)]
+    if len(us) != 1:
+        raise SystemExit(f"bench: expected one MUL_MAT case from test-backend-ops, got:\n{out}")
+    mm = os.path.join(tmp, "mul_mat_perf")
+    run(["cc", "-O2", *includes, "bench/mul_mat_perf.c", "-o", mm, *libs])
+    trace = os.path.join(tmp, "mm.ggmlviz")
+    run([mm, "30", str(threads)], env={"LD_PRELOAD": hook, "GGML_VIZ_OP_TIMING": "threads", "GGML_VIZ_OUTPUT": trace})
+    # Each graph compute holds the one node: its wall time is what the threads' shares cover.
+    walls = [c for _, c in graph_computes(trace)[1:]]
+    ours = statistics.median(walls) / 1000
+    metric(f"MUL_MAT q4_0 4096x14336 x f32 column, {threads} thread(s): node wall time (median)", ours, "µs",
+           "test-backend-ops perf, same shape", us[0])
+    metric("  its ratio to test-backend-ops", ours / us[0], "ratio", f"{len(walls)} computes traced", 1.0)
 
 
 def instructions(tmp, build, hook, big):
