@@ -177,20 +177,30 @@ def backend_ops(tmp, build, hook):
     # test-backend-ops gives the CPU backend half the hardware's threads.
     threads = max(1, (os.cpu_count() or 2) // 2)
     progress(f"test-backend-ops perf -o MUL_MAT -b CPU -p {shape} ({threads} thread(s)) vs a traced program")
-    out = run([tbo, "perf", "-o", "MUL_MAT", "-b", "CPU", "-p", shape]).stdout
-    us = [float(v) for v in re.findall(r"([0-9.]+) us/run", out)]
-    if len(us) != 1:
-        raise SystemExit(f"bench: expected one MUL_MAT case from test-backend-ops, got:\n{out}")
     mm = os.path.join(tmp, "mul_mat_perf")
     run(["cc", "-O2", *includes, "bench/mul_mat_perf.c", "-o", mm, *libs])
     trace = os.path.join(tmp, "mm.ggmlviz")
-    run([mm, "30", str(threads)], env={"LD_PRELOAD": hook, "GGML_VIZ_OP_TIMING": "threads", "GGML_VIZ_OUTPUT": trace})
-    # Each graph compute holds the one node: its wall time is what the threads' shares cover.
-    walls = [c for _, c in graph_computes(trace)[1:]]
-    ours = statistics.median(walls) / 1000
+    theirs, ours = [], []
+    # A memory-bound mat-vec on a noisy VM: 5 interleaved rounds, medians.
+    for r in range(5):
+        for who in (("theirs", "ours") if r % 2 == 0 else ("ours", "theirs")):
+            if who == "theirs":
+                out = run([tbo, "perf", "-o", "MUL_MAT", "-b", "CPU", "-p", shape]).stdout
+                us = [float(v) for v in re.findall(r"([0-9.]+) us/run", out)]
+                if len(us) != 1:
+                    raise SystemExit(f"bench: expected one MUL_MAT case from test-backend-ops, got:\n{out}")
+                theirs.append(us[0])
+            else:
+                run([mm, "30", str(threads)],
+                    env={"LD_PRELOAD": hook, "GGML_VIZ_OP_TIMING": "threads", "GGML_VIZ_OUTPUT": trace})
+                # Each graph compute holds the one node: its wall time is what the shares cover.
+                ours.append(statistics.median(c for _, c in graph_computes(trace)[1:]) / 1000)
+    ratios = sorted(o / t for o, t in zip(ours, theirs))
+    ours, theirs = statistics.median(ours), statistics.median(theirs)
     metric(f"MUL_MAT q4_0 4096x14336 x f32 column, {threads} thread(s): node wall time (median)", ours, "µs",
-           "test-backend-ops perf, same shape", us[0])
-    metric("  its ratio to test-backend-ops", ours / us[0], "ratio", f"{len(walls)} computes traced", 1.0)
+           "test-backend-ops perf, same shape", theirs)
+    metric("  its ratio to test-backend-ops", ours / theirs, "ratio",
+           f"rounds {ratios[0]:.3f}-{ratios[-1]:.3f}", 1.0)
 
 
 def instructions(tmp, build, hook, big):
