@@ -34,9 +34,10 @@ enum F {
     BufferGetBase,
     BufferGetSize,
     BufferGetType,
+    GraphNode,
 }
 
-const NAMES: [&CStr; 16] = [
+const NAMES: [&CStr; 17] = [
     c"ggml_graph_n_nodes",
     c"ggml_backend_name",
     c"ggml_backend_sched_get_n_backends",
@@ -53,6 +54,7 @@ const NAMES: [&CStr; 16] = [
     c"ggml_backend_buffer_get_base",
     c"ggml_backend_buffer_get_size",
     c"ggml_backend_buffer_get_type",
+    c"ggml_graph_node",
 ];
 
 #[derive(Debug, Default)]
@@ -192,6 +194,7 @@ impl Helpers {
     function!(buffer_base_fn, F::BufferGetBase, fn(Ptr) -> Ptr);
     function!(buffer_size_fn, F::BufferGetSize, fn(Ptr) -> usize);
     function!(buffer_type_fn, F::BufferGetType, fn(Ptr) -> Ptr);
+    function!(graph_node_fn, F::GraphNode, fn(Ptr, c_int) -> Ptr);
 
     /// `ggml_graph_n_nodes(graph)`, or 0.
     ///
@@ -235,12 +238,14 @@ impl Helpers {
             .join("+")
     }
 
-    /// Whether every backend of the scheduler is the CPU backend (named `CPU`): only then are
-    /// all its nodes computed by the CPU backend's per-op functions.
+    /// Whether the CPU backend (named `CPU`) computes every node of `graph` on `sched`: every
+    /// backend of the scheduler is the CPU, or the scheduler assigned every node of the graph
+    /// to it (a CUDA build running its layers on the CPU); a node not assigned yet counts as the
+    /// CPU's. Only then are all its nodes computed by the CPU backend's per-op functions.
     ///
     /// # Safety
-    /// `sched` must be a scheduler of this copy of ggml.
-    pub unsafe fn sched_only_cpu(&self, sched: Ptr) -> bool {
+    /// `sched` must be a scheduler of this copy of ggml, `graph` a graph being computed on it.
+    pub unsafe fn sched_graph_only_cpu(&self, sched: Ptr, graph: Ptr) -> bool {
         let (Some(count), Some(get), Some(name)) = (
             self.sched_n_backends_fn(),
             self.sched_backend_fn(),
@@ -250,10 +255,29 @@ impl Helpers {
         };
         // SAFETY: the functions belong to the copy that owns `sched` (the contract); indices
         // are below its backend count; backend names are static strings.
-        unsafe {
-            (0..count(sched).clamp(0, 16))
-                .all(|i| borrowed(Some(name(get(sched, i)))).to_bytes() == b"CPU")
+        let is_cpu = |backend: Ptr| unsafe { borrowed(Some(name(backend))).to_bytes() == b"CPU" };
+        // SAFETY: as above.
+        if unsafe { (0..count(sched).clamp(0, 16)).all(|i| is_cpu(get(sched, i))) } {
+            return true;
         }
+        let (Some(node), Some(backend_of)) = (self.graph_node_fn(), self.tensor_backend_fn())
+        else {
+            return false;
+        };
+        // The CPU backends of the scheduler, by address (a node's backend is one of them).
+        let mut cpu = [std::ptr::null_mut(); 16];
+        // SAFETY: as above.
+        for i in 0..unsafe { count(sched) }.clamp(0, 16) {
+            let backend = unsafe { get(sched, i) };
+            if is_cpu(backend) {
+                cpu[i as usize] = backend;
+            }
+        }
+        // SAFETY: indices below the graph's node count, nodes of the caller's graph on `sched`.
+        (0..unsafe { self.n_nodes(graph) } as c_int).all(|i| {
+            let backend = unsafe { backend_of(sched, node(graph, i)) };
+            backend.is_null() || cpu.contains(&backend)
+        })
     }
 
     /// `ggml_version()`, where this ggml has it.

@@ -274,8 +274,7 @@ fn object_compute(entry: Entry, owner: Owner, object: Ptr, graph: Ptr, ret: usiz
                 && eval_callback::app_callback_known(object)
                 && scope.is_some_and(|s| {
                     s.wants_sched_op_timing(|| {
-                        // SAFETY: the scheduler passed to this copy of ggml.
-                        let only_cpu = unsafe { real.helpers.sched_only_cpu(object) };
+                        let only_cpu = graph_only_cpu(real.helpers, object, graph);
                         if !only_cpu {
                             say_once_sched_for_devices();
                         }
@@ -295,6 +294,28 @@ fn object_compute(entry: Entry, owner: Owner, object: Ptr, graph: Ptr, ret: usiz
     )
 }
 
+/// [`Helpers::sched_graph_only_cpu`], remembered on this thread for the last (scheduler, graph,
+/// node count) and asked again every 64th compute: llama.cpp computes the same graph object
+/// token after token, and a scan of a graph's nodes costs a hash lookup each.
+fn graph_only_cpu(helpers: &Helpers, sched: Ptr, graph: Ptr) -> bool {
+    thread_local! {
+        static LAST: std::cell::Cell<(usize, usize, u32, bool, u32)> =
+            const { std::cell::Cell::new((0, 0, 0, false, 0)) };
+    }
+    // SAFETY: the caller's graph of this copy of ggml.
+    let n_nodes = unsafe { helpers.n_nodes(graph) };
+    let key = (sched as usize, graph as usize, n_nodes);
+    let (s, g, n, answer, uses) = LAST.with(|l| l.get());
+    if (s, g, n) == key && uses < 64 {
+        LAST.with(|l| l.set((s, g, n, answer, uses + 1)));
+        return answer;
+    }
+    // SAFETY: the scheduler and graph passed to this copy of ggml for this compute.
+    let answer = unsafe { helpers.sched_graph_only_cpu(sched, graph) };
+    LAST.with(|l| l.set((key.0, key.1, key.2, answer, 1)));
+    answer
+}
+
 /// Said the first time `auto` times a scheduler's nodes with the eval callback because it has
 /// other backends than the CPU.
 fn say_once_sched_for_devices() {
@@ -302,8 +323,8 @@ fn say_once_sched_for_devices() {
     say_once(
         &SAID,
         format_args!(
-            "op timing: a scheduler with other backends than the CPU: its nodes are timed with the \
-             eval callback (each node computed and synchronized on its own)"
+            "op timing: a graph with nodes on other backends than the CPU: its nodes are timed with \
+             the eval callback (each node computed and synchronized on its own)"
         ),
     );
 }

@@ -290,9 +290,10 @@ impl GraphScope {
     /// mode, and it is recorded, outermost (a nested scheduler call is timed by the outer one)
     /// and the one in `op_sample` that is sampled.
     ///
-    /// In threads mode chosen by `auto`, a scheduler that has other backends than the CPU
-    /// (`not_only_cpu`: a GPU computes some of its nodes, which no CPU worker thread sees) is
-    /// timed with the eval callback too, and the CPU worker threads record nothing meanwhile.
+    /// In threads mode chosen by `auto`, a graph some of whose nodes the scheduler put on other
+    /// backends than the CPU (`not_only_cpu`: a GPU computes them, which no CPU worker thread
+    /// sees) is timed with the eval callback too, and the CPU worker threads record nothing
+    /// meanwhile.
     pub fn wants_sched_op_timing(&self, not_only_cpu: impl FnOnce() -> bool) -> bool {
         let r = self.recorder;
         match r.op_mode() {
