@@ -196,15 +196,15 @@ fn write_extensions(out: &mut impl Write, stats: &TraceStats) -> io::Result<()> 
         )?;
         if let Some(note) = ggml_viz_reader::op_timing_note(&m.settings) {
             writeln!(out, "op timing:       {note}")?;
-            // `auto` and `threads` time a scheduler with other backends than the CPU with its
-            // eval callback: its op pairs name their backend, threads-mode ones do not.
+            // `auto` times a graph with nodes on other backends than the CPU with the eval
+            // callback: its op pairs name their backend, threads-mode ones do not.
             if m.settings.get("op_timing_mode").and_then(|v| v.as_str()) == Some("threads")
                 && stats.ops_with_backend > 0
             {
                 writeln!(
                     out,
-                    "                 except {} ops of schedulers with other backends than the \
-                     CPU: each node computed and synchronized on its own by the eval callback",
+                    "                 except {} ops of graphs with nodes on other backends than \
+                     the CPU: each node computed and synchronized on its own by the eval callback",
                     stats.ops_with_backend
                 )?;
             }

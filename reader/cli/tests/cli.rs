@@ -405,8 +405,8 @@ fn a_file_truncated_while_mapped_is_an_error_not_a_crash() {
     assert!(lines > 100 && lines < 600_000, "{lines} lines");
 }
 
-/// A threads-mode trace in which a scheduler with other backends than the CPU was timed with
-/// its eval callback (its op pairs name their backend, the worker threads' do not): `info`
+/// A threads-mode trace in which a graph with nodes on other backends than the CPU was timed
+/// with the eval callback (its op pairs name their backend, the worker threads' do not): `info`
 /// says how many ops were timed that way (before: it said "threads" of them all, as the H100
 /// run of a CUDA llama-simple under `auto` showed).
 #[test]
@@ -457,7 +457,7 @@ fn info_says_which_ops_of_a_threads_trace_the_eval_callback_timed() {
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(
         text.contains("op timing:       threads:")
-            && text.contains("except 3 ops of schedulers with other backends than the CPU"),
+            && text.contains("except 3 ops of graphs with nodes on other backends than the CPU"),
         "{text}"
     );
 }

@@ -32,7 +32,7 @@ pub struct TraceStats {
     /// Op begin events.
     pub ops: u64,
     /// Op begin events that name a backend: timed through a scheduler's eval callback (in a
-    /// threads-mode trace, those of schedulers with other backends than the CPU).
+    /// threads-mode trace, those of graphs with nodes on other backends than the CPU).
     pub ops_with_backend: u64,
     /// Op begin events per op type, and the names the trace gives the types (op_names records).
     pub ops_by_type: BTreeMap<u32, u64>,
