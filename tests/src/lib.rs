@@ -310,3 +310,14 @@ pub fn spawn_forever(bin: &Path, trace: &Path, flush_ms: &str) -> std::process::
     assert!(computed, "the fixture ended before computing a graph");
     child
 }
+
+/// The sizes of the trace's buffer allocations (`TENSOR_ALLOC`), in order.
+pub fn alloc_sizes(events: &[Event<'_>]) -> Vec<u64> {
+    events
+        .iter()
+        .filter_map(|e| match (e.event_type(), e.payload) {
+            (Some(EventType::TensorAlloc), Payload::Memory { size, .. }) => Some(size),
+            _ => None,
+        })
+        .collect()
+}

@@ -6,10 +6,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use ggml_viz_e2e::*;
-use ggml_viz_reader::format::{EventType, Payload};
 
-/// `source`, a C program, built against the llama.cpp build's ggml.
-fn build_c(dir: &Path, name: &str, source: &str) -> PathBuf {
+/// `source`, a C program, built against the llama.cpp build's ggml (`flags`: more for `cc`).
+fn build_c(dir: &Path, name: &str, source: &str, flags: &[String]) -> PathBuf {
     let file = dir.join(format!("{name}.c"));
     std::fs::write(&file, source).unwrap();
     let bin = llama_bin();
@@ -20,6 +19,7 @@ fn build_c(dir: &Path, name: &str, source: &str) -> PathBuf {
             .arg(&file)
             .arg("-o")
             .arg(&exe)
+            .args(flags)
             .arg(format!("-L{}", bin.display()))
             .args(["-lggml-cpu", "-lggml-base", "-lpthread"])
             .arg(format!("-Wl,-rpath,{}", bin.display()));
@@ -53,7 +53,7 @@ fn many_call_sites(dir: &Path, sites: usize, rounds: usize) -> PathBuf {
          printf(\"calls=%d\\n\", {rounds} * {sites});\n  ggml_backend_free(b);\n  return 0;\n}}\n",
         call_sites(sites)
     );
-    build_c(dir, &format!("sites{sites}"), &source)
+    build_c(dir, &format!("sites{sites}"), &source, &[])
 }
 
 /// Every call site is resolved once, however many times it calls: with `verbose`, each fresh
@@ -136,7 +136,7 @@ fn children_forked_while_another_thread_resolves_never_hang() {
          printf(\"forks=%d during=%d hung=%d\\n\", forks, during, hung);\n  return 0;\n}}\n",
         table.join(", ")
     );
-    let exe = build_c(&dir, "fork_resolving", &source);
+    let exe = build_c(&dir, "fork_resolving", &source, &[]);
     // Runs until 5 forks in all fell inside the resolving, 5 runs at most.
     let (mut during, mut runs) = (0, 0);
     while during < 5 && runs < 5 {
@@ -238,24 +238,15 @@ int main(void) {
     return 0;
 }
 "#;
-    let file = dir.join("edge.c");
-    std::fs::write(&file, source).unwrap();
-    let bin = llama_bin();
-    let exe = dir.join("edge");
-    let built = run({
-        let mut cc = Command::new("cc");
-        cc.arg("-O1")
-            .arg(&file)
-            .arg("-o")
-            .arg(&exe)
-            .arg(format!("-I{}", ggml.join("include").display()))
-            .arg(format!("-I{}", ggml.join("src").display()))
-            .arg(format!("-L{}", bin.display()))
-            .args(["-lggml-cpu", "-lggml-base"])
-            .arg(format!("-Wl,-rpath,{}", bin.display()));
-        cc
-    });
-    assert!(built.status.success(), "{}", text(&built.stderr));
+    let exe = build_c(
+        &dir,
+        "edge",
+        source,
+        &[
+            format!("-I{}", ggml.join("include").display()),
+            format!("-I{}", ggml.join("src").display()),
+        ],
+    );
     let plain = run(Command::new(&exe));
     assert!(plain.status.success(), "{}", text(&plain.stderr));
     let trace = dir.join("t.ggmlviz");
@@ -277,12 +268,5 @@ int main(void) {
     assert!(stdout.contains("base_ok=1 size=64 freed=1"), "{stdout}");
     let (events, damage, _) = read_trace(&trace);
     assert_eq!(damage, None);
-    let sizes: Vec<u64> = events
-        .iter()
-        .filter_map(|e| match (e.event_type(), e.payload) {
-            (Some(EventType::TensorAlloc), Payload::Memory { size, .. }) => Some(size),
-            _ => None,
-        })
-        .collect();
-    assert_eq!(sizes, [64]);
+    assert_eq!(alloc_sizes(&events), [64]);
 }

@@ -504,13 +504,7 @@ fn the_telemetry_v2_export_passes_the_reference_validator() {
     let validated: usize = text(&check.stdout).trim().parse().unwrap();
 
     let (events, _, _) = read_trace(&trace);
-    let sizes: Vec<u64> = events
-        .iter()
-        .filter_map(|e| match (e.event_type(), e.payload) {
-            (Some(EventType::TensorAlloc), Payload::Memory { size, .. }) => Some(size),
-            _ => None,
-        })
-        .collect();
+    let sizes = alloc_sizes(&events);
     let frees = events
         .iter()
         .filter(|e| e.event_type() == Some(EventType::TensorFree))
