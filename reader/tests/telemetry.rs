@@ -51,7 +51,7 @@ fn ge_logs_agree_with_ada_pa_where_nothing_nests_by_name() {
         let theirs = ada_pa_summary(csv);
         assert_eq!(s.rows.len(), theirs.len(), "{log}");
         for (name, (count, total_us)) in theirs {
-            let row = &s.rows[&name];
+            let row = &s.rows[name.as_str()];
             assert_eq!(row.count, count, "{log} {name}");
             assert!(
                 (row.total_ns as f64 / 1000.0 - total_us).abs() < 0.01,
@@ -292,4 +292,36 @@ fn a_bad_comma_line_is_an_error_naming_it() {
     )
     .unwrap_err();
     assert!(err.contains("x.jsonl: line 2"), "{err}");
+}
+
+/// The streamed import (events borrowing the reader's buffer, read in pieces) and the mapped one
+/// deliver the same records, the warnings' byte offsets included, whole and cut mid-record.
+#[test]
+fn streamed_and_mapped_imports_agree_on_every_record() {
+    let bytes = std::fs::read(sample("ggml-viz/test_trace.ggmlviz")).unwrap();
+    let mut probe = ggml_viz_reader::StreamReader::new(&bytes[..], None);
+    probe.next();
+    let layout = probe.layout().unwrap().layout;
+    let dir = std::env::temp_dir().join(format!("ggml-viz-stream-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for len in [bytes.len(), bytes.len() * 2 / 3 + 7] {
+        let path = dir.join(format!("cut-{len}.ggmlviz"));
+        std::fs::write(&path, &bytes[..len]).unwrap();
+        let mut streamed = Collected::default();
+        import_path(&path, None, None, &mut Ids::default(), &mut streamed).unwrap();
+        let mut mapped = Collected::default();
+        let name = path.display().to_string();
+        ggmlviz::import(
+            &bytes[..len],
+            layout,
+            &name,
+            &mut Ids::default(),
+            &mut mapped,
+        );
+        assert!(streamed.spans.len() > 20, "{} spans", streamed.spans.len());
+        assert_eq!(streamed.spans, mapped.spans, "cut at {len}");
+        assert_eq!(streamed.warnings, mapped.warnings, "cut at {len}");
+        assert_eq!(streamed.processes, mapped.processes, "cut at {len}");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
 }

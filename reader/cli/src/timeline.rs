@@ -12,7 +12,7 @@ use ggml_viz_reader::telemetry::export::parquet::ParquetWriter;
 use ggml_viz_reader::telemetry::export::summary::{Row, Summary, csv_cell};
 use ggml_viz_reader::telemetry::export::telemetry_v2;
 use ggml_viz_reader::telemetry::{ChromeJsonWriter, PerfettoWriter};
-use ggml_viz_reader::telemetry::{Format, RecordSink, import_path};
+use ggml_viz_reader::telemetry::{Format, RecordSink, Text, import_path};
 
 use crate::Failure;
 use crate::dump::parse_layout;
@@ -166,7 +166,7 @@ pub fn diff(args: DiffArgs) -> Result<(), Failure> {
     let rb = import_all(std::slice::from_ref(&args.b), &args.input, &mut b);
     say_warnings(&a.warnings);
     say_warnings(&b.warnings);
-    let mut names: Vec<&String> = a.rows.keys().chain(b.rows.keys()).collect();
+    let mut names: Vec<&Text> = a.rows.keys().chain(b.rows.keys()).collect();
     names.sort();
     names.dedup();
     names.sort_by_key(|n| {

@@ -16,6 +16,9 @@ pub struct Decoder {
     buf: Vec<u8>,
     /// Start of the unread part of `buf`.
     start: usize,
+    /// Length of the event last returned borrowed, still in front of `start`: skipped at the
+    /// next call.
+    returned: usize,
     /// File offset of `buf[0]`.
     base: u64,
     header_done: bool,
@@ -33,6 +36,7 @@ impl Decoder {
         Decoder {
             buf: Vec::new(),
             start: 0,
+            returned: 0,
             base: 0,
             header_done: false,
 
@@ -48,6 +52,7 @@ impl Decoder {
 
     /// Appends newly arrived bytes.
     pub fn push(&mut self, bytes: &[u8]) {
+        self.skip_returned();
         if self.start > 0 && self.start >= self.buf.len() / 2 {
             self.base += self.start as u64;
             self.buf.drain(..self.start);
@@ -63,12 +68,16 @@ impl Decoder {
 
     /// File offset of the first byte not yet returned as part of an event.
     pub fn offset(&self) -> u64 {
-        self.base + self.start as u64
+        self.base + (self.start + self.returned) as u64
     }
 
     /// Bytes pushed but not yet returned as events.
     pub fn buffered(&self) -> usize {
-        self.buf.len() - self.start
+        self.buf.len() - self.start - self.returned
+    }
+
+    fn skip_returned(&mut self) {
+        self.start += std::mem::take(&mut self.returned);
     }
 
     /// Decides the layout from whatever is buffered when the first record is due, instead of
@@ -86,6 +95,23 @@ impl Decoder {
     /// The next complete event; `None` when more bytes are needed (or after damage). Call
     /// [`Decoder::finish`] at the end of the input to learn about a truncated tail.
     pub fn next_event(&mut self) -> Option<Result<Event<'static>, Damage>> {
+        let item = self.next_event_borrowed()?;
+        Some(item.map(Event::into_owned))
+    }
+
+    /// [`Decoder::next_event`] without copying the label: the event borrows the decoder's
+    /// buffer until the next call.
+    pub fn next_event_borrowed(&mut self) -> Option<Result<Event<'_>, Damage>> {
+        match self.advance()? {
+            Ok(layout) => Some(Ok(self.returned_event(layout))),
+            Err(damage) => Some(Err(damage)),
+        }
+    }
+
+    /// Moves past the next complete record (the one [`Decoder::returned_event`] then decodes),
+    /// giving the layout it is in; `None` when more bytes are needed (or after damage).
+    pub fn advance(&mut self) -> Option<Result<Layout, Damage>> {
+        self.skip_returned();
         if self.failed {
             return None;
         }
@@ -114,18 +140,26 @@ impl Decoder {
                 self.layout?.layout
             }
         };
-        let rest = &self.buf[self.start..];
-        match format::decode_record(rest, layout) {
-            Ok(Some((event, len))) => {
-                let event = event.into_owned();
-                self.start += len;
-                Some(Ok(event))
+        match format::decode_record(&self.buf[self.start..], layout) {
+            Ok(Some((_, len))) => {
+                self.returned = len;
+                Some(Ok(layout))
             }
             Ok(None) => None,
             Err(err) => {
                 let damage = Damage::record(self.offset(), err);
                 self.fail(damage)
             }
+        }
+    }
+
+    /// The record [`Decoder::advance`] moved past, decoded where it lies.
+    pub fn returned_event(&self, layout: Layout) -> Event<'_> {
+        let record = &self.buf[self.start..self.start + self.returned];
+        match format::decode_record(record, layout) {
+            Ok(Some((event, _))) => event,
+            // `advance` decoded these very bytes.
+            _ => unreachable!("a record advance decoded"),
         }
     }
 
@@ -148,7 +182,7 @@ impl Decoder {
         })
     }
 
-    fn fail(&mut self, damage: Damage) -> Option<Result<Event<'static>, Damage>> {
+    fn fail<T>(&mut self, damage: Damage) -> Option<Result<T, Damage>> {
         self.failed = true;
         Some(Err(damage))
     }

@@ -67,21 +67,25 @@ impl<R: Read> StreamReader<R> {
     }
 }
 
-impl<R: Read> Iterator for StreamReader<R> {
-    type Item = Result<Event<'static>, StreamError>;
-
-    fn next(&mut self) -> Option<Self::Item> {
+impl<R: Read> StreamReader<R> {
+    /// The next event without copying its label (it borrows the reader until the next call),
+    /// with the byte offset where it begins: what [`Iterator::next`] returns, owned.
+    pub fn next_borrowed(&mut self) -> Option<Result<(u64, Event<'_>), StreamError>> {
         if self.done {
             return None;
         }
         loop {
-            if let Some(item) = self.decoder.next_event() {
-                self.done = item.is_err();
-                if let (Ok(event), Some(choice)) = (&item, self.decoder.layout()) {
-                    self.last_offset =
-                        self.decoder.offset() - event.encoded_len(choice.layout) as u64;
+            match self.decoder.advance() {
+                Some(Ok(layout)) => {
+                    let event = self.decoder.returned_event(layout);
+                    self.last_offset = self.decoder.offset() - event.encoded_len(layout) as u64;
+                    return Some(Ok((self.last_offset, event)));
                 }
-                return Some(item.map_err(StreamError::Damage));
+                Some(Err(damage)) => {
+                    self.done = true;
+                    return Some(Err(StreamError::Damage(damage)));
+                }
+                None => {}
             }
             if self.ended {
                 self.done = true;
@@ -100,5 +104,13 @@ impl<R: Read> Iterator for StreamReader<R> {
                 }
             }
         }
+    }
+}
+
+impl<R: Read> Iterator for StreamReader<R> {
+    type Item = Result<Event<'static>, StreamError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        Some(self.next_borrowed()?.map(|(_, event)| event.into_owned()))
     }
 }

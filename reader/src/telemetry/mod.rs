@@ -11,13 +11,16 @@
 
 pub mod export;
 pub mod import;
+mod text;
 
 pub use export::chrome_json::ChromeJsonWriter;
 pub use export::perfetto::PerfettoWriter;
 pub use export::summary::Summary;
 pub use import::{Format, ImportError, detect, import_path};
+pub use text::{Text, Texts};
 
 use std::fmt;
+use std::sync::Arc;
 
 /// A typed argument of a span.
 #[derive(Clone, Debug, PartialEq)]
@@ -25,8 +28,11 @@ pub enum Arg {
     Int(i64),
     UInt(u64),
     Float(f64),
-    Str(String),
+    Str(Text),
 }
+
+/// A span's arguments: shared by the spans of one tensor, one graph, one call.
+pub type Args = Arc<[(Text, Arg)]>;
 
 impl fmt::Display for Arg {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -93,13 +99,13 @@ pub struct Span {
     pub parent: Option<u64>,
     pub depth: u32,
     pub lane: u32,
-    pub name: String,
-    pub category: String,
+    pub name: Text,
+    pub category: Text,
     pub start_ns: u64,
     pub end_ns: u64,
     /// Duration minus the duration of its children.
     pub self_ns: u64,
-    pub args: Vec<(String, Arg)>,
+    pub args: Args,
 }
 
 impl Span {
@@ -188,10 +194,10 @@ pub struct SpanStack {
 #[derive(Debug)]
 pub struct OpenSpan {
     pub id: u64,
-    pub name: String,
-    pub category: String,
+    pub name: Text,
+    pub category: Text,
     pub start_ns: u64,
-    pub args: Vec<(String, Arg)>,
+    pub args: Args,
     children_ns: u64,
 }
 
@@ -208,14 +214,7 @@ impl SpanStack {
         self.open.is_empty()
     }
 
-    pub fn open(
-        &mut self,
-        id: u64,
-        name: String,
-        category: String,
-        start_ns: u64,
-        args: Vec<(String, Arg)>,
-    ) {
+    pub fn open(&mut self, id: u64, name: Text, category: Text, start_ns: u64, args: Args) {
         self.open.push(OpenSpan {
             id,
             name,
@@ -301,8 +300,8 @@ mod tests {
     #[test]
     fn self_time_is_duration_minus_children() {
         let mut stack = SpanStack::default();
-        stack.open(1, "graph".into(), "graph".into(), 0, vec![]);
-        stack.open(2, "op".into(), "op".into(), 10, vec![]);
+        stack.open(1, "graph".into(), "graph".into(), 0, Args::default());
+        stack.open(2, "op".into(), "op".into(), 10, Args::default());
         let child = stack.close(0, 40).unwrap();
         assert_eq!((child.parent, child.depth, child.self_ns), (Some(1), 1, 30));
         let parent = stack.close(0, 100).unwrap();

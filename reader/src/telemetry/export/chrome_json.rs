@@ -69,8 +69,8 @@ impl<W: Write> ChromeJsonWriter<W> {
         let dur = s.duration_ns() as f64 / 1000.0;
         let pid = self.lanes.get(&s.lane).map_or(0, |l| l.process);
         let mut args = Map::new();
-        for (k, v) in &s.args {
-            args.insert(k.clone(), arg_json(v));
+        for (k, v) in s.args.iter() {
+            args.insert(k.to_string(), arg_json(v));
         }
         self.emit(json!({
             "ph": "X", "name": s.name, "cat": s.category, "pid": pid, "tid": s.lane,

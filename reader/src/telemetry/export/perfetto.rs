@@ -18,6 +18,8 @@
 use std::collections::HashMap;
 use std::io::{self, Write};
 
+use rustc_hash::FxHashMap;
+
 use super::protobuf::Message;
 use crate::telemetry::{Arg, Lane, Process, Record, RecordSink, Span};
 
@@ -46,7 +48,7 @@ fn counter_track(n: u64) -> u64 {
 /// Interned strings of one kind: iid by string, and the new ones to send with the next packet.
 #[derive(Default)]
 struct Interned {
-    iids: HashMap<String, u64>,
+    iids: FxHashMap<String, u64>,
     fresh: Vec<(u64, String)>,
 }
 

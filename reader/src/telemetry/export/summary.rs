@@ -14,12 +14,26 @@
 //! state kept only for spans still open: memory is bounded by nesting depth × distinct names,
 //! whatever the input's size. Percentiles come from a log histogram (buckets 1 % wide).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 
-use crate::telemetry::{Record, RecordSink, Span};
+use rustc_hash::FxHashMap;
 
-/// Per name, within one subtree: spans counted (no same-name descendant) and time covered.
-type Coverage = HashMap<String, (u64, u64)>;
+use crate::telemetry::{Record, RecordSink, Span, Text};
+
+/// Per name, within one subtree: spans counted (no same-name descendant) and time covered. A
+/// subtree holds few names: a list, searched.
+type Coverage = Vec<(Text, (u64, u64))>;
+
+/// Adds `count` spans covering `covered` of `name` to `coverage`.
+fn cover(coverage: &mut Coverage, name: &Text, count: u64, covered: u64) {
+    match coverage.iter_mut().find(|(n, _)| n == name) {
+        Some((_, e)) => {
+            e.0 += count;
+            e.1 = e.1.saturating_add(covered);
+        }
+        None => coverage.push((name.clone(), (count, covered))),
+    }
+}
 
 /// Durations in buckets 1 % wide: bounded memory, percentiles within 1 %.
 #[derive(Clone, Debug, Default)]
@@ -130,9 +144,9 @@ impl Row {
 /// The summary sink.
 #[derive(Debug, Default)]
 pub struct Summary {
-    pub rows: BTreeMap<String, Row>,
+    pub rows: BTreeMap<Text, Row>,
     /// Coverage gathered from the closed children of spans still open.
-    pending: HashMap<u64, Coverage>,
+    pending: FxHashMap<u64, Coverage>,
     pub first_ns: Option<u64>,
     pub last_ns: u64,
     pub warnings: Vec<String>,
@@ -145,7 +159,7 @@ impl Summary {
     }
 
     /// Rows, most total time first.
-    pub fn sorted(&self) -> Vec<(&String, &Row)> {
+    pub fn sorted(&self) -> Vec<(&Text, &Row)> {
         let mut rows: Vec<_> = self.rows.iter().collect();
         rows.sort_by(|a, b| b.1.total_ns.cmp(&a.1.total_ns).then_with(|| a.0.cmp(b.0)));
         rows
@@ -155,33 +169,49 @@ impl Summary {
         let dur = s.duration_ns();
         self.first_ns = Some(self.first_ns.map_or(s.start_ns, |f| f.min(s.start_ns)));
         self.last_ns = self.last_ns.max(s.end_ns);
-        let row = self.rows.entry(s.name.clone()).or_default();
+        let row = match self.rows.get_mut(s.name.as_str()) {
+            Some(row) => row,
+            None => self.rows.entry(s.name.clone()).or_default(),
+        };
         row.self_ns = row.self_ns.saturating_add(s.self_ns);
-        let mut coverage = self.pending.remove(&s.id).unwrap_or_default();
-        match coverage.get_mut(&s.name) {
+        // Leaves (most spans) have no coverage of their own: nothing is allocated for them.
+        let mut coverage = self.pending.remove(&s.id);
+        let counted = match coverage.iter_mut().flatten().find(|(n, _)| *n == s.name) {
             // A same-name descendant: this span is not counted, but covers its time.
-            Some(entry) => entry.1 = dur,
+            Some((_, entry)) => {
+                entry.1 = dur;
+                false
+            }
             None => {
                 row.durations.add(dur);
                 row.counted_ns = row.counted_ns.saturating_add(dur);
-                coverage.insert(s.name.clone(), (1, dur));
+                true
             }
+        };
+        if counted {
+            self.merge(s.parent, &s.name, 1, dur);
         }
-        match s.parent {
-            Some(parent) => {
-                let into = self.pending.entry(parent).or_default();
-                for (name, (count, covered)) in coverage {
-                    let e = into.entry(name).or_default();
-                    e.0 += count;
-                    e.1 = e.1.saturating_add(covered);
-                }
-            }
+        for (name, (count, covered)) in coverage.iter().flatten() {
+            self.merge(s.parent, name, *count, *covered);
+        }
+    }
+
+    /// Hands a closed subtree's coverage of `name` to its parent's, or to the rows at the top.
+    fn merge(&mut self, parent: Option<u64>, name: &Text, count: u64, covered: u64) {
+        match parent {
+            Some(parent) => cover(
+                self.pending.entry(parent).or_default(),
+                name,
+                count,
+                covered,
+            ),
             None => {
-                for (name, (count, covered)) in coverage {
-                    let row = self.rows.entry(name).or_default();
-                    row.count += count;
-                    row.total_ns = row.total_ns.saturating_add(covered);
-                }
+                let row = match self.rows.get_mut(name.as_str()) {
+                    Some(row) => row,
+                    None => self.rows.entry(name.clone()).or_default(),
+                };
+                row.count += count;
+                row.total_ns = row.total_ns.saturating_add(covered);
             }
         }
     }
@@ -223,10 +253,10 @@ mod tests {
         let mut stack = SpanStack::default();
         let mut summary = Summary::default();
         let us = 1000;
-        stack.open(1, "Tiling".into(), "ge".into(), 0, vec![]);
-        stack.open(2, "Tiling".into(), "ge".into(), 0, vec![]);
+        stack.open(1, "Tiling".into(), "ge".into(), 0, Default::default());
+        stack.open(2, "Tiling".into(), "ge".into(), 0, Default::default());
         summary.record(Record::Span(stack.close(0, 10 * us).unwrap()));
-        stack.open(3, "Tiling".into(), "ge".into(), 10 * us, vec![]);
+        stack.open(3, "Tiling".into(), "ge".into(), 10 * us, Default::default());
         summary.record(Record::Span(stack.close(0, 20 * us).unwrap()));
         summary.record(Record::Span(stack.close(0, 20 * us).unwrap()));
         let row = &summary.rows["Tiling"];
@@ -243,10 +273,10 @@ mod tests {
         let mut stack = SpanStack::default();
         let mut summary = Summary::default();
         let us = 1000;
-        stack.open(1, "Tiling".into(), "ge".into(), 0, vec![]);
-        stack.open(2, "Tiling".into(), "ge".into(), 5 * us, vec![]);
+        stack.open(1, "Tiling".into(), "ge".into(), 0, Default::default());
+        stack.open(2, "Tiling".into(), "ge".into(), 5 * us, Default::default());
         summary.record(Record::Span(stack.close(0, 15 * us).unwrap()));
-        stack.open(3, "Tiling".into(), "ge".into(), 16 * us, vec![]);
+        stack.open(3, "Tiling".into(), "ge".into(), 16 * us, Default::default());
         summary.record(Record::Span(stack.close(0, 26 * us).unwrap()));
         summary.record(Record::Span(stack.close(0, 30 * us).unwrap()));
         let row = &summary.rows["Tiling"];
@@ -260,9 +290,15 @@ mod tests {
     fn different_names_nest_without_interference() {
         let mut stack = SpanStack::default();
         let mut summary = Summary::default();
-        stack.open(1, "graph".into(), "g".into(), 0, vec![]);
+        stack.open(1, "graph".into(), "g".into(), 0, Default::default());
         for i in 0..3u64 {
-            stack.open(10 + i, "MUL_MAT".into(), "op".into(), i * 100, vec![]);
+            stack.open(
+                10 + i,
+                "MUL_MAT".into(),
+                "op".into(),
+                i * 100,
+                Default::default(),
+            );
             summary.record(Record::Span(stack.close(0, i * 100 + 50).unwrap()));
         }
         summary.record(Record::Span(stack.close(0, 400).unwrap()));

@@ -12,7 +12,7 @@ use std::collections::HashMap;
 
 use serde_json::{Map, Value};
 
-use crate::telemetry::{Arg, Clock, Ids, Lane, Process, Record, RecordSink, Span};
+use crate::telemetry::{Arg, Clock, Ids, Lane, Process, Record, RecordSink, Span, Text};
 
 struct Importer<'s, S: RecordSink> {
     sink: &'s mut S,
@@ -123,7 +123,7 @@ impl<S: RecordSink> Importer<'_, S> {
         category: &str,
         start: u64,
         end: u64,
-        args: Vec<(String, Arg)>,
+        args: Vec<(Text, Arg)>,
     ) -> u64 {
         self.ids.next_span += 1;
         let id = self.ids.next_span;
@@ -137,7 +137,7 @@ impl<S: RecordSink> Importer<'_, S> {
             start_ns: start,
             end_ns: end.max(start),
             self_ns: end.saturating_sub(start),
-            args,
+            args: args.into(),
         }));
         id
     }
@@ -165,7 +165,7 @@ impl<S: RecordSink> Importer<'_, S> {
             .and_then(|a| a.get("size"))
             .and_then(Value::as_u64)
         {
-            args.push(("size".to_string(), Arg::UInt(size)));
+            args.push(("size".into(), Arg::UInt(size)));
         }
         for key in ["comm_hash", "algo", "proto"] {
             if let Some(v) = r.get(key).and_then(Value::as_str) {
@@ -221,7 +221,7 @@ impl<S: RecordSink> Importer<'_, S> {
         };
         let lane_name = format!("proxy peer {peer} {direction}");
         let lane = self.lane(process, lane_name.clone());
-        let mut args = vec![("peer".to_string(), Arg::Int(peer))];
+        let mut args = vec![("peer".into(), Arg::Int(peer))];
         for key in ["chunk_size", "n_steps"] {
             if let Some(v) = p.get(key).and_then(Value::as_i64) {
                 args.push((key.into(), Arg::Int(v)));
@@ -257,7 +257,7 @@ impl<S: RecordSink> Importer<'_, S> {
             let step_lane = self.lane(process, format!("{lane_name} steps #{}", slot + 1));
             let mut step_args = Vec::new();
             if let Some(size) = step.get("size").and_then(Value::as_i64) {
-                step_args.push(("size".to_string(), Arg::Int(size)));
+                step_args.push(("size".into(), Arg::Int(size)));
             }
             let number = step.get("step").and_then(Value::as_i64).unwrap_or(0);
             self.span(

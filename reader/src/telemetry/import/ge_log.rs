@@ -176,11 +176,11 @@ fn flush<S: RecordSink>(
             // A span that outlives its enclosing one is cut at the enclosing end.
             let end = ends.last().map_or(i.end, |&outer| i.end.min(outer));
             let args = if i.node.starts_with("UNKNOWN") {
-                vec![]
+                Default::default()
             } else {
-                vec![("node".to_string(), Arg::Str(i.node))]
+                vec![("node".into(), Arg::Str(i.node.into()))].into()
             };
-            stack.open(ids.next_span, i.event, "ge".into(), i.start, args);
+            stack.open(ids.next_span, i.event.into(), "ge".into(), i.start, args);
             ends.push(end);
         }
         while let Some(end) = ends.pop() {

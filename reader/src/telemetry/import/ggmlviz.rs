@@ -7,13 +7,15 @@
 //! B): such an end is paired with its own begin by tensor, and reported with its byte offset.
 //! Ends without a begin and begins never ended are reported too, never dropped silently.
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap as HashMap;
 
 use crate::format::Damage;
 use crate::format::ext::{self, BackendNames, OpNames, TensorInfo};
 use crate::format::{Event, EventType, ExtensionKind, Payload};
 use crate::read::Events;
-use crate::telemetry::{Arg, Clock, Ids, Lane, Process, Record, RecordSink, SpanStack, clock_of};
+use crate::telemetry::{
+    Arg, Args, Clock, Ids, Lane, Process, Record, RecordSink, SpanStack, Text, Texts, clock_of,
+};
 
 #[derive(Default)]
 struct Thread {
@@ -22,6 +24,9 @@ struct Thread {
     /// For each open span: graph/op/other, and the op's tensor pointer.
     kinds: Vec<(Kind, u64)>,
 }
+
+/// A span's name and arguments.
+type Described = (Text, Args);
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Kind {
@@ -42,6 +47,15 @@ struct Importer<'s, S: RecordSink> {
     buffers: HashMap<u64, (String, u64)>,
     last_ns: u64,
     clock_said: bool,
+    texts: Texts,
+    /// By label, the name and arguments made for each distinct graph or op begin payload (the op's
+    /// tensor address left out): forgotten when a record they were made from changes.
+    described: HashMap<Box<[u8]>, Vec<(Payload, Described)>>,
+    graph_category: Text,
+    op_category: Text,
+    wait_category: Text,
+    call_category: Text,
+    no_args: Args,
 }
 
 /// Imports the trace in `file` (header included) read with `layout`. `name` names the process
@@ -55,61 +69,90 @@ pub fn import<S: RecordSink>(
     sink: &mut S,
 ) -> Option<Damage> {
     let mut events = Events::new(file, layout);
-    let with_offsets = std::iter::from_fn(|| {
+    let mut import = Import::new(name, ids, sink);
+    loop {
         let offset = events.offset();
-        events.next().map(|item| (offset, item))
-    });
-    import_events(with_offsets, name, ids, sink)
+        let Some(item) = events.next() else { break };
+        if !import.item(offset, item.as_ref().map_err(Clone::clone)) {
+            break;
+        }
+    }
+    import.finish()
 }
 
-/// Imports events given with the byte offset where each begins (a mapped file, or a stream read
-/// with bounded memory).
-pub fn import_events<'a, S: RecordSink>(
-    events: impl Iterator<Item = (u64, Result<Event<'a>, Damage>)>,
-    name: &str,
-    ids: &mut Ids,
-    sink: &mut S,
-) -> Option<Damage> {
-    let process = ids.process();
-    let mut imp = Importer {
-        sink,
-        ids,
-        process,
-        threads: HashMap::new(),
-        op_names: HashMap::new(),
-        infos: HashMap::new(),
-        backends: HashMap::new(),
-        live: HashMap::new(),
-        buffers: HashMap::new(),
-        last_ns: 0,
-        clock_said: false,
-    };
-    let mut named = false;
-    let mut damage = None;
-    for (offset, item) in events {
+/// One trace's import, fed event by event (from a mapped file, or a stream read with bounded
+/// memory, whose events borrow the reader's buffer).
+pub struct Import<'s, S: RecordSink> {
+    imp: Importer<'s, S>,
+    name: &'s str,
+    named: bool,
+    damage: Option<Damage>,
+}
+
+impl<'s, S: RecordSink> Import<'s, S> {
+    pub fn new(name: &'s str, ids: &'s mut Ids, sink: &'s mut S) -> Import<'s, S> {
+        let process = ids.process();
+        let imp = Importer {
+            sink,
+            ids,
+            process,
+            threads: HashMap::default(),
+            op_names: HashMap::default(),
+            infos: HashMap::default(),
+            backends: HashMap::default(),
+            live: HashMap::default(),
+            buffers: HashMap::default(),
+            last_ns: 0,
+            clock_said: false,
+            texts: Texts::default(),
+            described: HashMap::default(),
+            graph_category: "graph".into(),
+            op_category: "op".into(),
+            wait_category: "wait".into(),
+            call_category: "llama".into(),
+            no_args: Args::default(),
+        };
+        Import {
+            imp,
+            name,
+            named: false,
+            damage: None,
+        }
+    }
+
+    /// The event (or damage) that begins at byte `offset`; false once nothing more is to be read.
+    pub fn item(&mut self, offset: u64, item: Result<&Event<'_>, Damage>) -> bool {
+        let name = self.name;
         match item {
             Err(d) => {
-                imp.sink.record(Record::Warning(format!("{name}: {d}")));
-                damage = Some(d);
-                break;
+                self.imp
+                    .sink
+                    .record(Record::Warning(format!("{name}: {d}")));
+                self.damage = Some(d);
+                false
             }
             Ok(e) => {
-                if !named
+                if !self.named
                     && !matches!(e.payload, Payload::Extension(x) if x.kind == ExtensionKind::Metadata)
                 {
-                    imp.sink.record(Record::Process(Process {
-                        id: process,
+                    self.imp.sink.record(Record::Process(Process {
+                        id: self.imp.process,
                         name: name.into(),
                         ..Process::default()
                     }));
                 }
-                named = true;
-                imp.event(&e, offset, name);
+                self.named = true;
+                self.imp.event(e, offset, name);
+                true
             }
         }
     }
-    imp.finish(name);
-    damage
+
+    /// Closes what is still open; the damage that ended the read, if any.
+    pub fn finish(mut self) -> Option<Damage> {
+        self.imp.finish(self.name);
+        self.damage
+    }
 }
 
 impl<S: RecordSink> Importer<'_, S> {
@@ -134,8 +177,8 @@ impl<S: RecordSink> Importer<'_, S> {
     }
 
     fn event(&mut self, e: &Event<'_>, offset: u64, name: &str) {
-        let label = e.label_str().unwrap_or_default().into_owned();
         if let Payload::Extension(x) = e.payload {
+            let label = e.label_str().unwrap_or_default();
             self.extension(x.kind, e, &label);
             return;
         }
@@ -152,77 +195,18 @@ impl<S: RecordSink> Importer<'_, S> {
         }
         self.last_ns = self.last_ns.max(e.timestamp_ns);
         let ts = e.timestamp_ns;
+        let label: &[u8] = e.label.as_deref().unwrap_or_default();
         match (e.event_type(), e.payload) {
-            (
-                Some(EventType::GraphComputeBegin),
-                Payload::Graph {
-                    graph_ptr,
-                    n_nodes,
-                    n_threads,
-                    backend_ptr,
-                },
-            ) => {
-                let mut words = label.splitn(2, ' ');
-                let entry = words
-                    .next()
-                    .filter(|w| !w.is_empty())
-                    .unwrap_or("graph_compute")
-                    .to_string();
-                let mut args = vec![
-                    ("n_nodes".to_string(), Arg::UInt(n_nodes as u64)),
-                    ("n_threads".to_string(), Arg::UInt(n_threads as u64)),
-                    ("graph".to_string(), Arg::Str(format!("{graph_ptr:#x}"))),
-                ];
-                if let Some(backend) = words
-                    .next()
-                    .map(str::to_string)
-                    .or_else(|| self.backends.get(&backend_ptr).cloned())
-                {
-                    args.push(("backend".into(), Arg::Str(backend)));
-                }
-                self.open(e.thread_id, Kind::Graph, 0, entry, "graph", ts, args);
-            }
-            (
-                Some(EventType::OpComputeBegin),
-                Payload::Op {
-                    tensor_ptr,
-                    op_type,
-                    op_size,
-                    backend_ptr,
-                },
-            ) => {
-                let info = self
-                    .infos
-                    .get(&label)
-                    .filter(|i| i.op_type.is_none_or(|o| o == op_type));
-                let op = match info {
-                    Some(i) if !i.op.is_empty() => i.op.clone(),
-                    _ => self
-                        .op_names
-                        .get(&op_type)
-                        .cloned()
-                        .unwrap_or_else(|| format!("op {op_type}")),
-                };
-                let mut args = vec![
-                    ("tensor".to_string(), Arg::Str(label.clone())),
-                    ("bytes".to_string(), Arg::UInt(op_size)),
-                ];
-                if let Some(i) = info {
-                    args.push(("shape".into(), Arg::Str(format!("{:?}", i.ne))));
-                    args.push(("type".into(), Arg::Str(i.type_name.clone())));
-                    if let Some(f) = i.flops {
-                        args.push(("flops".into(), Arg::UInt(f)));
+            (Some(EventType::GraphComputeBegin), Payload::Graph { .. })
+            | (Some(EventType::OpComputeBegin), Payload::Op { .. }) => {
+                let (span_name, args) = self.described(label, e.payload);
+                let (kind, tensor, category) = match e.payload {
+                    Payload::Op { tensor_ptr, .. } => {
+                        (Kind::Op, tensor_ptr, self.op_category.clone())
                     }
-                }
-                // A backend the trace never named is still told apart from the others; none at
-                // all is a CPU worker thread's share (threads-mode op timing, FORMAT.md).
-                let backend = match self.backends.get(&backend_ptr) {
-                    Some(b) => b.clone(),
-                    None if backend_ptr == 0 => "CPU".into(),
-                    None => format!("backend {backend_ptr:#x}"),
+                    _ => (Kind::Graph, 0, self.graph_category.clone()),
                 };
-                args.push(("backend".into(), Arg::Str(backend)));
-                self.open(e.thread_id, Kind::Op, tensor_ptr, op, "op", ts, args);
+                self.open(e.thread_id, kind, tensor, span_name, category, ts, args);
             }
             (Some(EventType::GraphComputeEnd), _) => {
                 self.close(e.thread_id, Kind::Graph, 0, ts, offset, name)
@@ -231,24 +215,27 @@ impl<S: RecordSink> Importer<'_, S> {
                 self.close(e.thread_id, Kind::Op, tensor_ptr, ts, offset, name)
             }
             (Some(EventType::BarrierWait), Payload::Thread { value, .. }) => {
+                let label = String::from_utf8_lossy(label);
                 let entry = label
                     .split(' ')
                     .next()
                     .filter(|w| !w.is_empty())
-                    .unwrap_or("barrier_wait")
-                    .to_string();
+                    .unwrap_or("barrier_wait");
+                let entry = self.texts.get(entry);
+                let (category, args) = (self.wait_category.clone(), self.no_args.clone());
                 self.open(
                     e.thread_id,
                     Kind::Call,
                     0,
                     entry,
-                    "wait",
+                    category,
                     ts.saturating_sub(value),
-                    vec![],
+                    args,
                 );
                 self.close(e.thread_id, Kind::Call, 0, ts, offset, name);
             }
             (Some(EventType::TensorAlloc), Payload::Memory { ptr, size }) => {
+                let label = String::from_utf8_lossy(label);
                 let buft = label.split('@').next().unwrap_or_default().to_string();
                 let live = self.live.entry(buft.clone()).or_default();
                 *live = live.saturating_add(size.min(i64::MAX as u64) as i64);
@@ -269,7 +256,7 @@ impl<S: RecordSink> Importer<'_, S> {
                         id: lane,
                         process: self.process,
                         tid: Some(e.thread_id as u64),
-                        name: label,
+                        name: String::from_utf8_lossy(label).into_owned(),
                     };
                     self.sink.record(Record::Lane(lane));
                 }
@@ -281,6 +268,117 @@ impl<S: RecordSink> Importer<'_, S> {
                 }));
             }
             _ => {}
+        }
+    }
+
+    /// The name and arguments of the span a graph or op begin with `label` and `payload` opens:
+    /// made once per distinct begin (the same node every graph), then shared.
+    fn described(&mut self, label: &[u8], payload: Payload) -> Described {
+        let key = match payload {
+            Payload::Op {
+                op_type,
+                op_size,
+                backend_ptr,
+                ..
+            } => Payload::Op {
+                tensor_ptr: 0,
+                op_type,
+                op_size,
+                backend_ptr,
+            },
+            other => other,
+        };
+        if let Some(known) = self.described.get(label)
+            && let Some((_, made)) = known.iter().find(|(p, _)| *p == key)
+        {
+            return made.clone();
+        }
+        let made = self.describe(&String::from_utf8_lossy(label), payload);
+        self.described
+            .entry(label.into())
+            .or_default()
+            .push((key, made.clone()));
+        made
+    }
+
+    fn describe(&mut self, label: &str, payload: Payload) -> Described {
+        match payload {
+            Payload::Graph {
+                graph_ptr,
+                n_nodes,
+                n_threads,
+                backend_ptr,
+            } => {
+                let mut words = label.splitn(2, ' ');
+                let entry = words
+                    .next()
+                    .filter(|w| !w.is_empty())
+                    .unwrap_or("graph_compute");
+                let mut args = vec![
+                    (self.texts.get("n_nodes"), Arg::UInt(n_nodes as u64)),
+                    (self.texts.get("n_threads"), Arg::UInt(n_threads as u64)),
+                    (
+                        self.texts.get("graph"),
+                        Arg::Str(self.texts.get(&format!("{graph_ptr:#x}"))),
+                    ),
+                ];
+                if let Some(backend) = words
+                    .next()
+                    .map(str::to_string)
+                    .or_else(|| self.backends.get(&backend_ptr).cloned())
+                {
+                    args.push((
+                        self.texts.get("backend"),
+                        Arg::Str(self.texts.get(&backend)),
+                    ));
+                }
+                (self.texts.get(entry), args.into())
+            }
+            Payload::Op {
+                op_type,
+                op_size,
+                backend_ptr,
+                ..
+            } => {
+                let info = self
+                    .infos
+                    .get(label)
+                    .filter(|i| i.op_type.is_none_or(|o| o == op_type));
+                let op = match info {
+                    Some(i) if !i.op.is_empty() => i.op.clone(),
+                    _ => self
+                        .op_names
+                        .get(&op_type)
+                        .cloned()
+                        .unwrap_or_else(|| format!("op {op_type}")),
+                };
+                let mut args = vec![
+                    (self.texts.get("tensor"), Arg::Str(self.texts.get(label))),
+                    (self.texts.get("bytes"), Arg::UInt(op_size)),
+                ];
+                if let Some(i) = info {
+                    let (shape, type_name, flops) =
+                        (format!("{:?}", i.ne), i.type_name.clone(), i.flops);
+                    args.push((self.texts.get("shape"), Arg::Str(self.texts.get(&shape))));
+                    args.push((self.texts.get("type"), Arg::Str(self.texts.get(&type_name))));
+                    if let Some(f) = flops {
+                        args.push((self.texts.get("flops"), Arg::UInt(f)));
+                    }
+                }
+                // A backend the trace never named is still told apart from the others; none at
+                // all is a CPU worker thread's share (threads-mode op timing, FORMAT.md).
+                let backend = match self.backends.get(&backend_ptr) {
+                    Some(b) => b.clone(),
+                    None if backend_ptr == 0 => "CPU".into(),
+                    None => format!("backend {backend_ptr:#x}"),
+                };
+                args.push((
+                    self.texts.get("backend"),
+                    Arg::Str(self.texts.get(&backend)),
+                ));
+                (self.texts.get(&op), args.into())
+            }
+            _ => (self.texts.get(label), self.no_args.clone()),
         }
     }
 
@@ -314,9 +412,11 @@ impl<S: RecordSink> Importer<'_, S> {
                         self.op_names.insert(k, v);
                     }
                 }
+                self.described.clear();
             }
             ExtensionKind::TensorInfo => {
                 if let Some(info) = ext::parse_payload::<TensorInfo>(bytes) {
+                    self.described.remove(info.name.as_bytes());
                     self.infos.insert(info.name.clone(), info);
                 }
             }
@@ -327,19 +427,21 @@ impl<S: RecordSink> Importer<'_, S> {
                 {
                     self.backends.insert(b.ptr, b.name);
                 }
+                self.described.clear();
             }
             ExtensionKind::SpanBegin => {
                 let span = ext::parse_payload::<ext::SpanBoundary>(bytes).unwrap_or_default();
-                let args = span
-                    .n_tokens
-                    .map(|n| vec![("n_tokens".to_string(), Arg::UInt(n as u64))])
-                    .unwrap_or_default();
+                let args = match span.n_tokens {
+                    Some(n) => vec![(self.texts.get("n_tokens"), Arg::UInt(n as u64))].into(),
+                    None => self.no_args.clone(),
+                };
+                let (name, category) = (self.texts.get(&span.name), self.call_category.clone());
                 self.open(
                     e.thread_id,
                     Kind::Call,
                     0,
-                    span.name,
-                    "llama",
+                    name,
+                    category,
                     e.timestamp_ns,
                     args,
                 );
@@ -355,14 +457,14 @@ impl<S: RecordSink> Importer<'_, S> {
         tid: u32,
         kind: Kind,
         tensor: u64,
-        name: String,
-        category: &str,
+        name: Text,
+        category: Text,
         ts: u64,
-        args: Vec<(String, Arg)>,
+        args: Args,
     ) {
         let id = self.ids.span();
         let t = self.thread(tid);
-        t.stack.open(id, name, category.into(), ts, args);
+        t.stack.open(id, name, category, ts, args);
         t.kinds.push((kind, tensor));
     }
 
@@ -416,7 +518,8 @@ impl<S: RecordSink> Importer<'_, S> {
         let mut open = 0;
         for t in self.threads.values_mut() {
             while let Some(mut span) = t.stack.close(t.lane, end) {
-                span.args.push(("unfinished".into(), Arg::UInt(1)));
+                let unfinished = ("unfinished".into(), Arg::UInt(1));
+                span.args = span.args.iter().cloned().chain([unfinished]).collect();
                 open += 1;
                 self.sink.record(Record::Span(span));
             }

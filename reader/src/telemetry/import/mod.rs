@@ -95,20 +95,27 @@ pub fn import_path<S: RecordSink>(
     };
     match format {
         Format::Ggmlviz => {
-            // Streamed, not mapped: memory stays bounded whatever the trace's size.
+            // Streamed, not mapped: memory stays bounded whatever the trace's size. Events borrow
+            // the reader's buffer: nothing is allocated per event.
             let file = std::fs::File::open(path).map_err(fail)?;
-            let mut reader =
-                crate::StreamReader::new(std::io::BufReader::with_capacity(1 << 20, file), layout);
+            let mut reader = crate::StreamReader::new(file, layout);
             let mut io_error = None;
-            let events = std::iter::from_fn(|| match reader.next()? {
-                Ok(event) => Some((reader.last_offset(), Ok(event))),
-                Err(crate::StreamError::Damage(d)) => Some((d.offset, Err(d))),
-                Err(crate::StreamError::Io(e)) => {
-                    io_error = Some(e);
-                    None
+            let mut import = ggmlviz::Import::new(&name, ids, sink);
+            loop {
+                let go_on = match reader.next_borrowed() {
+                    None => break,
+                    Some(Ok((offset, event))) => import.item(offset, Ok(&event)),
+                    Some(Err(crate::StreamError::Damage(d))) => import.item(d.offset, Err(d)),
+                    Some(Err(crate::StreamError::Io(e))) => {
+                        io_error = Some(e);
+                        false
+                    }
+                };
+                if !go_on {
+                    break;
                 }
-            });
-            let damage = ggmlviz::import_events(events, &name, ids, sink);
+            }
+            let damage = import.finish();
             if let Some(e) = io_error {
                 return Err(fail(e));
             }
