@@ -4,6 +4,7 @@ the alternatives, on this machine, in one go.
 
     python3 bench/run.py            # the full suite (~25 minutes on 2 cores once built: callgrind)
     python3 bench/run.py --quick    # most metrics on less work, no callgrind (~4 minutes)
+    python3 bench/run.py --only readers   # one section (figures go to bench/results-readers.json)
 
 Prints one table and writes the same figures to bench/results.json: one object per metric with
 name, value, unit, the reference it is compared with, and the reference's value. Timings are noisy
@@ -326,32 +327,42 @@ def inert(quick):
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="less work per metric: under 3 minutes once built")
-    p.add_argument("--out", default=os.path.join(ROOT, "bench", "results.json"))
+    p.add_argument("--out", default=None,
+                   help="where to write the figures (default: bench/results.json, or with --only "
+                        "bench/results-SECTION.json, so that a partial run never replaces the full one)")
+    p.add_argument("--only", choices=SECTIONS, action="append",
+                   help="run this section only (repeatable)")
     args = p.parse_args()
+    sections = args.only or list(SECTIONS)
+    out = args.out or os.path.join(ROOT, "bench", "results.json" if not args.only
+                                   else f"results-{'-'.join(args.only)}.json")
     started = time.time()
     progress("building (release)")
     run(["cargo", "build", "-q", "--release", "--workspace"])
     print(f"{'metric':<52} {'value':>14} {'unit':<10} {'compared with':<34} reference")
     tmp = tempfile.mkdtemp(prefix="ggml-viz-bench-")
     try:
-        producer(args.quick)
-        decode(args.quick)
-        readers(args.quick, tmp)
-        live(args.quick, tmp)
-        inert(args.quick)
-        llama(args.quick, tmp)
+        for name in sections:
+            if name in ("producer", "decode", "inert"):
+                SECTIONS[name](args.quick)
+            else:
+                SECTIONS[name](args.quick, tmp)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     machine = {
         "cpu": next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "unknown"),
         "cores": os.cpu_count(),
         "quick": args.quick,
+        "sections": sections,
         "seconds": round(time.time() - started),
     }
-    with open(args.out, "w") as f:
+    with open(out, "w") as f:
         json.dump({"machine": machine, "metrics": RESULTS}, f, indent=2)
-    progress(f"wrote {len(RESULTS)} metrics to {os.path.relpath(args.out, ROOT)} in {machine['seconds']} s")
+    progress(f"wrote {len(RESULTS)} metrics to {os.path.relpath(out, ROOT)} in {machine['seconds']} s")
 
+
+SECTIONS = {"producer": producer, "decode": decode, "readers": readers, "live": live, "inert": inert,
+            "llama": llama}
 
 if __name__ == "__main__":
     main()
