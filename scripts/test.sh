@@ -13,6 +13,7 @@ command -v cc >/dev/null || missing+=(gcc)
 [ -x /usr/bin/chromium ] || missing+=(chromium)          # the report's browser tests
 [ -x /usr/bin/chromedriver ] || missing+=(chromium-driver)
 command -v tmux >/dev/null || missing+=(tmux)              # the live view's terminal test
+command -v java >/dev/null || missing+=(openjdk-17-jre-headless)  # Spark, over our Parquet
 if [ ${#missing[@]} -gt 0 ]; then
   echo "test.sh: installing ${missing[*]}" >&2
   export DEBIAN_FRONTEND=noninteractive
@@ -36,6 +37,12 @@ fi
 if ! python3 -c "import duckdb" 2>/dev/null; then
   echo "test.sh: installing duckdb" >&2
   python3 -m pip install -q "duckdb==2.0.0"
+fi
+# Apache Spark in local mode (pyspark, ~450 MB installed; runs on the JRE above): reads a
+# directory of several ranks' Parquet exports in the tests.
+if ! python3 -c "import pyspark" 2>/dev/null; then
+  echo "test.sh: installing pyspark" >&2
+  python3 -m pip install -q "pyspark==4.0.1"
 fi
 # The WebDriver client the report's browser tests drive Chromium with.
 if ! python3 -c "import selenium" 2>/dev/null; then

@@ -7,6 +7,7 @@ mod inject;
 mod input;
 mod live;
 mod ops;
+mod progress;
 mod record;
 mod report;
 mod timeline;

@@ -12,11 +12,12 @@ use ggml_viz_reader::telemetry::export::parquet::ParquetWriter;
 use ggml_viz_reader::telemetry::export::summary::{Row, Summary, csv_cell};
 use ggml_viz_reader::telemetry::export::telemetry_v2;
 use ggml_viz_reader::telemetry::{ChromeJsonWriter, PerfettoWriter};
-use ggml_viz_reader::telemetry::{Format, RecordSink, Text, import_path};
+use ggml_viz_reader::telemetry::{Format, RecordSink, Text};
 
 use crate::Failure;
 use crate::dump::parse_layout;
 use crate::info::fmt_ns;
+use crate::progress::Reading;
 
 /// Options every telemetry command takes.
 #[derive(Args)]
@@ -27,6 +28,9 @@ pub struct InputOpts {
     /// GGMLVIZ event layout instead of detecting it.
     #[arg(long, value_parser = parse_layout)]
     pub layout: Option<Layout>,
+    /// No progress bar (one shows on a terminal while large inputs are read).
+    #[arg(short, long)]
+    pub quiet: bool,
 }
 
 fn parse_format(s: &str) -> Result<Format, String> {
@@ -41,11 +45,11 @@ fn import_all<S: RecordSink>(
     sink: &mut S,
 ) -> Result<(), Failure> {
     let mut ids = Ids::default();
-    for path in paths {
-        import_path(path, opts.format, opts.layout, &mut ids, sink)
-            .map_err(|e| Failure::Data(e.0))?;
-    }
-    Ok(())
+    let mut reading = Reading::new(paths, 1, opts.quiet);
+    paths
+        .iter()
+        .try_for_each(|path| reading.import(path, opts, &mut ids, sink))
+        .map_err(|e| Failure::Data(e.0))
 }
 
 fn say_warnings(warnings: &[String]) {
@@ -304,6 +308,7 @@ fn parquet(args: &ExportArgs) -> Result<(), Failure> {
     let mut ids = Ids::default();
     let mut stems: Vec<String> = Vec::new();
     let mut rows = 0;
+    let mut reading = Reading::new(&args.files, 1, args.input.quiet);
     for path in &args.files {
         // Each input's own name, made unique within this export.
         let base = path
@@ -318,17 +323,13 @@ fn parquet(args: &ExportArgs) -> Result<(), Failure> {
         stems.push(stem.clone());
         let mut writer = ParquetWriter::create(dir, &stem)
             .map_err(|e| Failure::Data(format!("cannot write under {}: {e}", dir.display())))?;
-        let result = import_path(
-            path,
-            args.input.format,
-            args.input.layout,
-            &mut ids,
-            &mut writer,
-        )
-        .map_err(|e| Failure::Data(e.0));
+        let result = reading
+            .import(path, &args.input, &mut ids, &mut writer)
+            .map_err(|e| Failure::Data(e.0));
         rows += writer.finish()?;
         result?;
     }
+    drop(reading);
     eprintln!(
         "ggml-viz: wrote {rows} rows for {} input(s) under {}",
         stems.len(),

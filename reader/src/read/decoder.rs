@@ -140,8 +140,9 @@ impl Decoder {
                 self.layout?.layout
             }
         };
-        match format::decode_record(&self.buf[self.start..], layout) {
-            Ok(Some((_, len))) => {
+        // The framing alone here: the record is decoded once, by `returned_event`.
+        match format::record_len(&self.buf[self.start..], layout) {
+            Ok(Some(len)) => {
                 self.returned = len;
                 Some(Ok(layout))
             }

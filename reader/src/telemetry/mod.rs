@@ -16,7 +16,7 @@ mod text;
 pub use export::chrome_json::ChromeJsonWriter;
 pub use export::perfetto::PerfettoWriter;
 pub use export::summary::Summary;
-pub use import::{Format, ImportError, detect, import_path};
+pub use import::{Format, ImportError, detect, import_path, import_path_reporting};
 pub use text::{Text, Texts};
 
 use std::fmt;

@@ -7,16 +7,17 @@ mod page;
 mod series;
 
 use std::fs::File;
-use std::io::{BufWriter, IsTerminal, Write};
+use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 
 use clap::Args;
 use ggml_viz_reader::TraceStats;
 use ggml_viz_reader::telemetry::Ids;
-use ggml_viz_reader::telemetry::{Format, detect, import_path};
+use ggml_viz_reader::telemetry::{Format, detect};
 
 use crate::Failure;
 use crate::input::Input;
+use crate::progress::Reading;
 use crate::timeline::InputOpts;
 use data::{ReportBuilder, SpanCount};
 use page::write_html;
@@ -58,7 +59,6 @@ pub fn run(args: ReportArgs) -> Result<(), Failure> {
             .map_or("report".into(), |s| s.to_string_lossy().into_owned());
         PathBuf::from(format!("{stem}.html"))
     });
-    let progress = std::io::stderr().is_terminal();
     let names: Vec<String> = args.files.iter().map(|p| p.display().to_string()).collect();
     let title = args.title.clone().unwrap_or_else(|| {
         args.files
@@ -69,22 +69,14 @@ pub fn run(args: ReportArgs) -> Result<(), Failure> {
     });
 
     // Pass 1: how many spans, to choose what the timeline draws; the origin of time.
-    if progress {
-        eprint!("ggml-viz: reading {} input(s) (1/2)…\r", args.files.len());
-    }
+    let mut reading = Reading::new(&args.files, 2, args.input.quiet);
     let mut count = SpanCount::default();
     let mut ids = Ids::default();
     let mut items = Vec::new();
     for path in &args.files {
         let before = count.items;
         // Failures are reported by pass 2, which sees the same input.
-        let _ = import_path(
-            path,
-            args.input.format,
-            args.input.layout,
-            &mut ids,
-            &mut count,
-        );
+        let _ = reading.import(path, &args.input, &mut ids, &mut count);
         items.push(count.items - before);
     }
     let origin = if count.first_ns == u64::MAX {
@@ -94,20 +86,11 @@ pub fn run(args: ReportArgs) -> Result<(), Failure> {
     };
 
     // Pass 2: the page's data.
-    if progress {
-        eprint!("ggml-viz: reading {} input(s) (2/2)…\r", args.files.len());
-    }
     let mut builder = ReportBuilder::new(title, names.clone(), origin, count.op_stride());
     let mut ids = Ids::default();
     let mut failure = None;
     for ((path, name), items) in args.files.iter().zip(&names).zip(items) {
-        let imported = import_path(
-            path,
-            args.input.format,
-            args.input.layout,
-            &mut ids,
-            &mut builder,
-        );
+        let imported = reading.import(path, &args.input, &mut ids, &mut builder);
         let format = args.input.format.map_or_else(|| detect(path).ok(), Some);
         if format == Some(Format::Ggmlviz) {
             let (stats, damage) = trace_stats(path, name, args.input.layout)?;
@@ -130,6 +113,7 @@ pub fn run(args: ReportArgs) -> Result<(), Failure> {
             failure.get_or_insert(Failure::Data(e.0));
         }
     }
+    drop(reading);
     let data = builder.finish();
 
     let file = File::create(&output)

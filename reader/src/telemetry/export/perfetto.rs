@@ -11,22 +11,36 @@
 //!   its outermost open span closes, then written in begin order, each end before anything that
 //!   begins after it, so that every track is nested in file order even where a child begins or
 //!   ends at its parent's very nanosecond (a stable sort by time alone would invert them).
-//! - Event names, categories, argument names and string argument values are interned
-//!   (incremental state on one packet sequence): a repeated op or tensor name costs a varint.
+//! - Each lane's slices are a packet sequence of their own (as a tracer writes one per thread):
+//!   its defaults name the lane's track, so that no event carries it, and its timestamps are on
+//!   a sequence-scoped incremental clock (`ClockSnapshot.Clock.is_incremental`: each packet's
+//!   timestamp is the delta from the sequence's previous one, mapped to the trace clock by the
+//!   sequence's snapshot), a few bytes instead of nine. Descriptions, counters and instants are
+//!   one more sequence, with absolute timestamps.
+//! - A span's arguments are one debug annotation, `args`, whose value is their `key=value` pairs
+//!   joined with `; ` (`tensor=attn_out-5; bytes=2048; shape=[512, 1, 1, 1]; type=f32; …`),
+//!   interned: the same node every token costs a varint, not six annotations. (The Parquet
+//!   export keeps every argument a column of its own, for queries.)
+//! - Event names, categories and annotation names and values are interned per sequence
+//!   (incremental state): a repeated op or tensor name costs a varint.
 //! - Timestamps are the model's nanoseconds, whole: no origin, no rounding.
 
 use std::collections::HashMap;
 use std::io::{self, Write};
+use std::sync::Arc;
 
 use rustc_hash::FxHashMap;
 
 use super::protobuf::Message;
-use crate::telemetry::{Arg, Lane, Process, Record, RecordSink, Span};
+use crate::telemetry::{Arg, Args, Lane, Process, Record, RecordSink, Span, Text};
 
-/// The one packet sequence the writer uses.
-const SEQUENCE: u64 = 1;
+/// The sequence of descriptions, counters and instants; lane `l`'s slices are sequence `l + 2`.
+const GLOBAL_SEQUENCE: u64 = 1;
 const SEQ_INCREMENTAL_STATE_CLEARED: u64 = 1;
-const SEQ_NEEDS_INCREMENTAL_STATE: u64 = 2;
+/// `BUILTIN_CLOCK_BOOTTIME`, the trace clock our absolute timestamps are on.
+const BOOTTIME: u64 = 6;
+/// The first sequence-scoped clock id: each lane sequence's incremental clock.
+const LANE_CLOCK: u64 = 64;
 
 const SLICE_BEGIN: u64 = 1;
 const SLICE_END: u64 = 2;
@@ -64,51 +78,45 @@ impl Interned {
     }
 }
 
-pub struct PerfettoWriter<W: Write> {
-    out: W,
-    counters: HashMap<(u32, String), u64>,
-    /// Per lane, the closed spans of its outermost open span.
-    pending: HashMap<u32, Vec<Span>>,
+/// One packet sequence: its interned strings and, for a lane's, its clock.
+#[derive(Default)]
+struct Sequence {
+    id: u64,
+    started: bool,
+    /// Lane sequences: the timestamp of the last packet on the incremental clock.
+    clock_ns: Option<u64>,
     names: Interned,
     categories: Interned,
     arg_names: Interned,
     arg_values: Interned,
-    started: bool,
+}
+
+/// Where packets go: the output, its first error, and the count.
+struct Output<W: Write> {
+    out: W,
     error: Option<io::Error>,
-    /// Packets written.
     packets: u64,
 }
 
-impl<W: Write> PerfettoWriter<W> {
-    pub fn new(out: W) -> PerfettoWriter<W> {
-        PerfettoWriter {
-            out,
-            counters: HashMap::new(),
-            pending: HashMap::new(),
-            names: Interned::default(),
-            categories: Interned::default(),
-            arg_names: Interned::default(),
-            arg_values: Interned::default(),
-            started: false,
-            error: None,
-            packets: 0,
+impl Sequence {
+    fn new(id: u64) -> Sequence {
+        Sequence {
+            id,
+            ..Sequence::default()
         }
     }
 
-    /// Writes `packet` as one `Trace.packet`, on the writer's sequence, with the strings
-    /// interned since the last packet; `interned_refs`: it refers to interned strings.
-    fn emit(&mut self, mut packet: Message, interned_refs: bool) {
-        if self.error.is_some() {
+    /// Writes `packet` on this sequence, with the strings interned since its last packet. The
+    /// first packet clears the sequence's incremental state; later ones do not say that they
+    /// need it (`SEQ_NEEDS_INCREMENTAL_STATE` only lets a reader skip packets of a sequence whose
+    /// state was lost, which cannot happen in a file written whole: two bytes a packet saved).
+    fn emit<W: Write>(&mut self, out: &mut Output<W>, packet: &mut Message) {
+        if out.error.is_some() {
             return;
         }
-        packet.uint(10, SEQUENCE);
+        packet.uint(10, self.id);
         if !self.started {
-            packet.uint(
-                13,
-                SEQ_INCREMENTAL_STATE_CLEARED | SEQ_NEEDS_INCREMENTAL_STATE,
-            );
-        } else if interned_refs {
-            packet.uint(13, SEQ_NEEDS_INCREMENTAL_STATE);
+            packet.uint(13, SEQ_INCREMENTAL_STATE_CLEARED);
         }
         self.started = true;
         let fresh = [
@@ -128,16 +136,109 @@ impl<W: Write> PerfettoWriter<W> {
                 }
             });
         }
-        self.packets += 1;
-        if let Err(err) = packet.write_as_field(1, &mut self.out) {
-            self.error = Some(err);
+        out.packets += 1;
+        if let Err(err) = packet.write_as_field(1, &mut out.out) {
+            out.error = Some(err);
+        }
+    }
+
+    /// The packet's timestamp: on a lane sequence the delta on its incremental clock (absolute
+    /// on the trace clock, where a time runs backwards); elsewhere absolute.
+    fn stamp(&mut self, packet: &mut Message, time_ns: u64) {
+        match self.clock_ns {
+            Some(last) if time_ns >= last => {
+                packet.uint(8, time_ns - last);
+                self.clock_ns = Some(time_ns);
+            }
+            Some(_) => {
+                packet.uint(8, time_ns).uint(58, BOOTTIME);
+            }
+            None => {
+                packet.uint(8, time_ns);
+            }
+        }
+    }
+}
+
+/// Argument lists whose text is kept.
+const JOINED_KEPT: usize = 1 << 16;
+
+/// A span's arguments as one text: `key=value` pairs joined with `; `.
+fn join(args: &[(Text, Arg)]) -> String {
+    let pairs: Vec<String> = args.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    pairs.join("; ")
+}
+
+/// Lane `lane`'s sequence; begun, the first time, with its defaults (the lane's track, the
+/// incremental clock) and the clock's snapshot at `time_ns`.
+fn lane_sequence<'a, W: Write>(
+    lanes: &'a mut FxHashMap<u32, Sequence>,
+    out: &mut Output<W>,
+    lane: u32,
+    time_ns: u64,
+) -> &'a mut Sequence {
+    lanes.entry(lane).or_insert_with(|| {
+        let mut seq = Sequence::new(u64::from(lane) + 2);
+        let mut defaults = Message::default();
+        defaults.nested(59, |d| {
+            d.uint(58, LANE_CLOCK).nested(11, |track_event| {
+                track_event.uint(11, lane_track(lane));
+            });
+        });
+        seq.emit(out, &mut defaults);
+        let mut snapshot = Message::default();
+        snapshot.nested(6, |clocks| {
+            clocks
+                .nested(1, |clock| {
+                    clock.uint(1, LANE_CLOCK).uint(2, 0).uint(3, 1);
+                })
+                .nested(1, |clock| {
+                    clock.uint(1, BOOTTIME).uint(2, time_ns);
+                });
+        });
+        seq.emit(out, &mut snapshot);
+        seq.clock_ns = Some(time_ns);
+        seq
+    })
+}
+
+pub struct PerfettoWriter<W: Write> {
+    out: Output<W>,
+    counters: HashMap<(u32, String), u64>,
+    /// Per lane, the closed spans of its outermost open span.
+    pending: HashMap<u32, Vec<Span>>,
+    global: Sequence,
+    lanes: FxHashMap<u32, Sequence>,
+    /// The packet being built, its buffer reused.
+    packet: Message,
+    /// Each distinct argument list's `args` text, by the list's address (the importers share one
+    /// list among the spans of a node; the list is kept, so the address is not reused).
+    joined: FxHashMap<usize, (Args, String)>,
+}
+
+impl<W: Write> PerfettoWriter<W> {
+    pub fn new(out: W) -> PerfettoWriter<W> {
+        PerfettoWriter {
+            out: Output {
+                out,
+                error: None,
+                packets: 0,
+            },
+            counters: HashMap::new(),
+            pending: HashMap::new(),
+            global: Sequence::new(GLOBAL_SEQUENCE),
+            lanes: FxHashMap::default(),
+            joined: FxHashMap::default(),
+            packet: Message::default(),
         }
     }
 
     fn describe(&mut self, build: impl FnOnce(&mut Message)) {
-        let mut packet = Message::default();
+        let mut packet = std::mem::take(&mut self.packet);
+        packet.clear();
         packet.nested(60, build);
-        self.emit(packet, false);
+        self.global.emit(&mut self.out, &mut packet);
+        self.packet = packet;
     }
 
     fn process(&mut self, p: &Process) {
@@ -169,14 +270,23 @@ impl<W: Write> PerfettoWriter<W> {
         });
     }
 
-    /// A track event at `time_ns`, built by `build` after its type and track.
-    fn event(&mut self, time_ns: u64, ty: u64, track: u64, build: impl FnOnce(&mut Message)) {
-        let mut packet = Message::default();
-        packet.uint(8, time_ns).nested(11, |event| {
+    /// A counter sample or instant at `time_ns` on `track`, on the global sequence.
+    fn global_event(
+        &mut self,
+        time_ns: u64,
+        ty: u64,
+        track: u64,
+        build: impl FnOnce(&mut Message),
+    ) {
+        let mut packet = std::mem::take(&mut self.packet);
+        packet.clear();
+        self.global.stamp(&mut packet, time_ns);
+        packet.nested(11, |event| {
             event.uint(9, ty).uint(11, track);
             build(event);
         });
-        self.emit(packet, ty != SLICE_END && ty != COUNTER);
+        self.global.emit(&mut self.out, &mut packet);
+        self.packet = packet;
     }
 
     /// Holds `s` until its lane's outermost span closes; then writes that span's tree.
@@ -211,38 +321,46 @@ impl<W: Write> PerfettoWriter<W> {
     }
 
     fn begin(&mut self, s: &Span) {
-        let name = self.names.iid(&s.name);
-        let category = self.categories.iid(&s.category);
-        let args: Vec<(u64, &Arg, Option<u64>)> = s
-            .args
-            .iter()
-            .map(|(k, v)| {
-                let value = match v {
-                    Arg::Str(text) => Some(self.arg_values.iid(text)),
-                    _ => None,
-                };
-                (self.arg_names.iid(k), v, value)
-            })
-            .collect();
-        self.event(s.start_ns, SLICE_BEGIN, lane_track(s.lane), |event| {
-            event.uint(3, category).uint(10, name);
-            for (iid, value, string_iid) in args {
+        if self.joined.len() >= JOINED_KEPT {
+            // Lists not shared (an importer that makes one per span): memory stays bounded.
+            self.joined.clear();
+        }
+        let joined = (!s.args.is_empty()).then(|| {
+            let (_, text) = self
+                .joined
+                .entry(Arc::as_ptr(&s.args) as *const () as usize)
+                .or_insert_with(|| (s.args.clone(), join(&s.args)));
+            text.as_str()
+        });
+        let seq = lane_sequence(&mut self.lanes, &mut self.out, s.lane, s.start_ns);
+        let name = seq.names.iid(&s.name);
+        let category = seq.categories.iid(&s.category);
+        let args = joined.map(|text| (seq.arg_names.iid("args"), seq.arg_values.iid(text)));
+        let mut packet = std::mem::take(&mut self.packet);
+        packet.clear();
+        seq.stamp(&mut packet, s.start_ns);
+        packet.nested(11, |event| {
+            event.uint(9, SLICE_BEGIN).uint(3, category).uint(10, name);
+            if let Some((key, value)) = args {
                 event.nested(4, |annotation| {
-                    annotation.uint(1, iid);
-                    match (value, string_iid) {
-                        (_, Some(string_iid)) => annotation.uint(17, string_iid),
-                        (Arg::Int(v), _) => annotation.int(4, *v),
-                        (Arg::UInt(v), _) => annotation.uint(3, *v),
-                        (Arg::Float(v), _) => annotation.double(5, *v),
-                        (Arg::Str(v), None) => annotation.string(6, v),
-                    };
+                    annotation.uint(1, key).uint(17, value);
                 });
             }
         });
+        seq.emit(&mut self.out, &mut packet);
+        self.packet = packet;
     }
 
     fn end(&mut self, s: &Span) {
-        self.event(s.end_ns, SLICE_END, lane_track(s.lane), |_| {});
+        let seq = lane_sequence(&mut self.lanes, &mut self.out, s.lane, s.end_ns);
+        let mut packet = std::mem::take(&mut self.packet);
+        packet.clear();
+        seq.stamp(&mut packet, s.end_ns);
+        packet.nested(11, |event| {
+            event.uint(9, SLICE_END);
+        });
+        seq.emit(&mut self.out, &mut packet);
+        self.packet = packet;
     }
 
     fn counter_track(&mut self, process: u32, name: &str) -> u64 {
@@ -272,11 +390,11 @@ impl<W: Write> PerfettoWriter<W> {
             let tree = self.pending.remove(&lane).unwrap_or_default();
             self.tree(tree);
         }
-        if let Some(err) = self.error.take() {
+        if let Some(err) = self.out.error.take() {
             return Err(err);
         }
-        self.out.flush()?;
-        Ok((self.out, self.packets))
+        self.out.out.flush()?;
+        Ok((self.out.out, self.out.packets))
     }
 }
 
@@ -288,13 +406,13 @@ impl<W: Write> RecordSink for PerfettoWriter<W> {
             Record::Span(s) => self.span(s),
             Record::Counter(c) => {
                 let track = self.counter_track(c.process, &c.name);
-                self.event(c.time_ns, COUNTER, track, |event| {
+                self.global_event(c.time_ns, COUNTER, track, |event| {
                     event.double(44, c.value);
                 });
             }
             Record::Instant(i) => {
-                let name = self.names.iid(&i.name);
-                self.event(i.time_ns, INSTANT, lane_track(i.lane), |event| {
+                let name = self.global.names.iid(&i.name);
+                self.global_event(i.time_ns, INSTANT, lane_track(i.lane), |event| {
                     event.uint(10, name);
                 });
             }

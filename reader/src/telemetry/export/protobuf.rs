@@ -49,6 +49,7 @@ impl Message {
         self.bytes_field(field, s.as_bytes())
     }
 
+    #[cfg(test)]
     pub fn message(&mut self, field: u32, m: &Message) -> &mut Self {
         self.bytes_field(field, &m.bytes)
     }
@@ -56,11 +57,25 @@ impl Message {
     /// Writes this message to `out` as field `field` of an enclosing message (a `Trace`'s
     /// packets), without copying it into one.
     pub fn write_as_field(&self, field: u32, out: &mut impl std::io::Write) -> std::io::Result<()> {
-        let mut header = Message::default();
-        header.tag(field, LEN);
-        varint(&mut header.bytes, self.bytes.len() as u64);
-        out.write_all(&header.bytes)?;
+        let mut header = [0u8; 20];
+        let mut at = 0;
+        for v in [(u64::from(field) << 3) | LEN, self.bytes.len() as u64] {
+            let mut v = v;
+            while v >= 0x80 {
+                header[at] = (v as u8) | 0x80;
+                v >>= 7;
+                at += 1;
+            }
+            header[at] = v as u8;
+            at += 1;
+        }
+        out.write_all(&header[..at])?;
         out.write_all(&self.bytes)
+    }
+
+    /// Empties the message, keeping its buffer.
+    pub fn clear(&mut self) {
+        self.bytes.clear();
     }
 
     fn bytes_field(&mut self, field: u32, b: &[u8]) -> &mut Self {
@@ -70,11 +85,22 @@ impl Message {
         self
     }
 
-    /// A message built by `build`, as field `field` of this one.
+    /// A message built by `build`, as field `field` of this one: built in place after a
+    /// one-byte length (most are shorter than 128 bytes), which grows if it must.
     pub fn nested(&mut self, field: u32, build: impl FnOnce(&mut Message)) -> &mut Self {
-        let mut m = Message::default();
-        build(&mut m);
-        self.message(field, &m)
+        self.tag(field, LEN);
+        let at = self.bytes.len();
+        self.bytes.push(0);
+        build(self);
+        let len = self.bytes.len() - at - 1;
+        if len < 0x80 {
+            self.bytes[at] = len as u8;
+        } else {
+            let mut prefix = Vec::with_capacity(10);
+            varint(&mut prefix, len as u64);
+            self.bytes.splice(at..at + 1, prefix);
+        }
+        self
     }
 }
 
@@ -101,6 +127,19 @@ mod tests {
         let mut nested = Message::default();
         nested.message(1, &m);
         assert_eq!(written, nested.bytes, "the same bytes as a nested message");
+        // Nested in place, shorter and longer than one length byte holds.
+        for len in [3, 127, 128, 300] {
+            let body = "x".repeat(len);
+            let mut in_place = Message::default();
+            in_place.uint(1, 7).nested(2, |m| {
+                m.string(3, &body);
+            });
+            let mut inner = Message::default();
+            inner.string(3, &body);
+            let mut copied = Message::default();
+            copied.uint(1, 7).message(2, &inner);
+            assert_eq!(in_place.bytes, copied.bytes, "{len}");
+        }
         let mut d = Message::default();
         d.double(5, 1.0);
         assert_eq!(d.bytes[0], (5 << 3) | 1);

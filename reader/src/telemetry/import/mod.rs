@@ -87,6 +87,42 @@ pub fn import_path<S: RecordSink>(
     ids: &mut Ids,
     sink: &mut S,
 ) -> Result<(), ImportError> {
+    import_path_reporting(path, format, layout, ids, sink, &mut |_| {})
+}
+
+/// Bytes read between two calls of an import's progress callback.
+const REPORT_EVERY: u64 = 4 << 20;
+
+/// A reader that tells `report` how many bytes it has read, every [`REPORT_EVERY`] bytes.
+struct Counting<'a, R> {
+    inner: R,
+    read: u64,
+    reported: u64,
+    report: &'a mut dyn FnMut(u64),
+}
+
+impl<R: std::io::Read> std::io::Read for Counting<'_, R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.read += n as u64;
+        if self.read - self.reported >= REPORT_EVERY || n == 0 {
+            self.reported = self.read;
+            (self.report)(self.read);
+        }
+        Ok(n)
+    }
+}
+
+/// [`import_path`], telling `progress` how many bytes of the file were read so far (for a
+/// progress bar): every few megabytes, and at the end.
+pub fn import_path_reporting<S: RecordSink>(
+    path: &std::path::Path,
+    format: Option<Format>,
+    layout: Option<crate::format::Layout>,
+    ids: &mut Ids,
+    sink: &mut S,
+    progress: &mut dyn FnMut(u64),
+) -> Result<(), ImportError> {
     let name = path.display().to_string();
     let fail = |e: std::io::Error| ImportError(format!("cannot read {name}: {e}"));
     let format = match format {
@@ -98,7 +134,13 @@ pub fn import_path<S: RecordSink>(
             // Streamed, not mapped: memory stays bounded whatever the trace's size. Events borrow
             // the reader's buffer: nothing is allocated per event.
             let file = std::fs::File::open(path).map_err(fail)?;
-            let mut reader = crate::StreamReader::new(file, layout);
+            let counted = Counting {
+                inner: file,
+                read: 0,
+                reported: 0,
+                report: progress,
+            };
+            let mut reader = crate::StreamReader::new(counted, layout);
             let mut io_error = None;
             let mut import = ggmlviz::Import::new(&name, ids, sink);
             loop {
@@ -126,14 +168,22 @@ pub fn import_path<S: RecordSink>(
         }
         Format::GeLog => {
             let file = std::fs::File::open(path).map_err(fail)?;
-            ge_log::import(std::io::BufReader::new(file), &name, ids, sink).map_err(fail)
+            let counted = Counting {
+                inner: file,
+                read: 0,
+                reported: 0,
+                report: progress,
+            };
+            ge_log::import(std::io::BufReader::new(counted), &name, ids, sink).map_err(fail)
         }
         Format::TelemetryV2 => {
             let text = std::fs::read_to_string(path).map_err(fail)?;
+            progress(text.len() as u64);
             event_v2::import(&text, &name, ids, sink).map_err(ImportError)
         }
         Format::Comma => {
             let text = std::fs::read_to_string(path).map_err(fail)?;
+            progress(text.len() as u64);
             comma::import(&text, &name, ids, sink).map_err(ImportError)
         }
     }
