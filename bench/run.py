@@ -98,16 +98,18 @@ def peak_rss(cmd):
 
 def readers(quick, tmp):
     events = 2_000_000 if quick else 10_000_000
-    progress(f"summary and the Perfetto and Chrome JSON exports of a {events}-event trace")
+    progress(f"summary and the Perfetto, Chrome JSON and Parquet exports of a {events}-event trace")
     run(["cargo", "build", "-q", "--release", "-p", "ggml-viz-examples", "--example", "synthesize"])
     trace = os.path.join(tmp, "synthetic.ggmlviz")
     run([os.path.join(ROOT, "target/release/examples/synthesize"), trace, str(events)])
     size_mb = os.path.getsize(trace) / 1e6
     viz = os.path.join(ROOT, "target/release/ggml-viz")
     proto, json_out = os.path.join(tmp, "t.pftrace"), os.path.join(tmp, "t.json")
+    dataset = os.path.join(tmp, "dataset")
     for name, cmd in (("summary", [viz, "summary", trace]),
                       ("export --to perfetto", [viz, "export", "--to", "perfetto", trace, "-o", proto]),
-                      ("export --to chrome-json", [viz, "export", "--to", "chrome-json", trace, "-o", json_out])):
+                      ("export --to chrome-json", [viz, "export", "--to", "chrome-json", trace, "-o", json_out]),
+                      ("export --to parquet", [viz, "export", "--to", "parquet", trace, "-o", dataset])):
         start = time.perf_counter()
         rss = peak_rss(cmd)
         secs = time.perf_counter() - start

@@ -23,16 +23,22 @@ use std::io::{self, BufWriter};
 use std::path::Path;
 use std::sync::Arc;
 
+use rustc_hash::FxHashMap;
+
 use parquet::basic::{Compression, Repetition, Type as Physical};
 use parquet::data_type::{ByteArray, ByteArrayType, DoubleType, Int32Type, Int64Type};
-use parquet::file::properties::WriterProperties;
+use parquet::file::properties::{EnabledStatistics, WriterProperties};
 use parquet::file::writer::SerializedFileWriter;
 use parquet::schema::parser::parse_message_type;
+use parquet::schema::types::ColumnPath;
 
 use crate::telemetry::{Arg, Lane, Process, Record, RecordSink, Span};
 
-/// Rows per row group.
-pub const ROW_GROUP: usize = 1 << 20;
+/// Rows per row group: what is held in memory before it is written (~30 MB of spans).
+pub const ROW_GROUP: usize = 1 << 16;
+
+/// Distinct strings a text column keeps made (names, tensors, hosts repeat on every row).
+const KEPT_TEXTS: usize = 1 << 16;
 
 const SPANS: &str = "message spans {
   REQUIRED BYTE_ARRAY input (UTF8); REQUIRED INT32 process; REQUIRED INT64 pid;
@@ -87,6 +93,21 @@ struct Column {
     values: Values,
     /// Definition levels of an OPTIONAL column (1 = present).
     levels: Option<Vec<i16>>,
+    /// A text column's values made so far: a repeated string is shared, not copied per row.
+    texts: FxHashMap<Box<str>, ByteArray>,
+}
+
+/// `s` as a column value, shared with the rows before that hold it.
+fn shared(texts: &mut FxHashMap<Box<str>, ByteArray>, s: &str) -> ByteArray {
+    if let Some(b) = texts.get(s) {
+        return b.clone();
+    }
+    if texts.len() >= KEPT_TEXTS {
+        texts.clear();
+    }
+    let b = ByteArray::from(s);
+    texts.insert(s.into(), b.clone());
+    b
 }
 
 fn err(e: parquet::errors::ParquetError) -> io::Error {
@@ -114,13 +135,24 @@ impl Table {
                     _ => Values::Text(Vec::new()),
                 },
                 levels: (f.get_basic_info().repetition() == Repetition::OPTIONAL).then(Vec::new),
+                texts: FxHashMap::default(),
             })
             .collect();
-        let props = Arc::new(
-            WriterProperties::builder()
-                .set_compression(Compression::SNAPPY)
-                .build(),
-        );
+        // Min/max statistics for the numbers (times, ids: what a reader skips row groups by),
+        // not for the text columns, where computing them per value costs more than all else.
+        let props = schema
+            .get_fields()
+            .iter()
+            .filter(|f| f.get_physical_type() == Physical::BYTE_ARRAY)
+            .fold(
+                WriterProperties::builder().set_compression(Compression::SNAPPY),
+                |props, f| {
+                    let column = ColumnPath::from(f.name());
+                    props.set_column_statistics_enabled(column, EnabledStatistics::None)
+                },
+            )
+            .build();
+        let props = Arc::new(props);
         let out = BufWriter::with_capacity(1 << 20, File::create(path)?);
         let file = SerializedFileWriter::new(out, schema, props).map_err(err)?;
         Ok(Table {
@@ -142,7 +174,7 @@ impl Table {
                 (Values::Int32(v), Cell::I32(x)) => v.push(*x),
                 (Values::Int64(v), Cell::I64(x)) => v.push(*x),
                 (Values::Double(v), Cell::F64(x)) => v.push(*x),
-                (Values::Text(v), Cell::Text(x)) => v.push(ByteArray::from(*x)),
+                (Values::Text(v), Cell::Text(x)) => v.push(shared(&mut column.texts, x)),
                 _ => return Err(io::Error::other("a cell of the wrong type for its column")),
             }
         }
@@ -342,5 +374,62 @@ impl RecordSink for ParquetWriter {
         {
             self.error = Some(e);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::telemetry::{Arg, Args, Text};
+    use parquet::file::reader::{FileReader, SerializedFileReader};
+    use parquet::record::RowAccessor;
+
+    /// Spans enough for several row groups, read back by the parquet crate's own reader: every
+    /// row, in groups of at most `ROW_GROUP`, the text columns' shared values intact.
+    #[test]
+    fn many_spans_make_several_row_groups_with_every_row() {
+        let dir = std::env::temp_dir().join(format!("ggml-viz-parquet-{}", std::process::id()));
+        let mut writer = ParquetWriter::create(&dir, "t").unwrap();
+        writer.record(Record::Lane(Lane {
+            id: 1,
+            process: 0,
+            tid: Some(7),
+            name: "thread 7".into(),
+        }));
+        let n = 2 * ROW_GROUP as u64 + 123;
+        let names: [Text; 3] = ["MUL_MAT".into(), "ADD".into(), "ROPE".into()];
+        let args: Args = vec![("tensor".into(), Arg::Str("attn_out-5".into()))].into();
+        for i in 0..n {
+            writer.record(Record::Span(Span {
+                id: i + 1,
+                parent: None,
+                depth: 0,
+                lane: 1,
+                name: names[(i % 3) as usize].clone(),
+                category: "op".into(),
+                start_ns: 10 * i,
+                end_ns: 10 * i + i % 7,
+                self_ns: i % 7,
+                args: args.clone(),
+            }));
+        }
+        assert_eq!(writer.finish().unwrap(), n);
+        let file = File::open(dir.join("spans/t.parquet")).unwrap();
+        let reader = SerializedFileReader::new(file).unwrap();
+        let groups = reader.metadata().row_groups();
+        assert_eq!(groups.len(), 3);
+        assert!(groups.iter().all(|g| g.num_rows() as usize <= ROW_GROUP));
+        let (mut rows, mut total, mut adds) = (0u64, 0i64, 0u64);
+        for row in reader.get_row_iter(None).unwrap() {
+            let row = row.unwrap();
+            rows += 1;
+            total += row.get_long(17).unwrap();
+            assert_eq!(row.get_string(14).unwrap(), "attn_out-5");
+            adds += u64::from(row.get_string(11).unwrap() == "ADD");
+        }
+        assert_eq!(rows, n);
+        assert_eq!(total as u64, (0..n).map(|i| i % 7).sum::<u64>());
+        assert_eq!(adds, (0..n).filter(|i| i % 3 == 1).count() as u64);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }
