@@ -10,5 +10,6 @@ mod llama;
 mod ops;
 mod record;
 mod report;
+mod server;
 mod threads;
 mod windows;

@@ -1,0 +1,218 @@
+//! llama-server, as people run it: several slots, concurrent clients, continuous batching, traced
+//! with the hook and checked against what the server itself says it did.
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use ggml_viz_e2e::*;
+use ggml_viz_reader::telemetry::{Arg, Collected, Ids, import_path};
+use serde_json::Value;
+
+/// A loopback port nobody listens on now.
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// `llama-server` on the tiny model: 4 slots, 2 threads, the Prometheus endpoint, no warm-up.
+fn server(port: u16, log: &Path) -> Command {
+    let mut cmd = Command::new(llama_bin().join("llama-server"));
+    cmd.arg("-m")
+        .arg(tiny_model())
+        .args(["--host", "127.0.0.1", "--port", &port.to_string()])
+        .args([
+            "-np",
+            "4",
+            "-c",
+            "2048",
+            "-t",
+            "2",
+            "--metrics",
+            "--no-warmup",
+        ])
+        .stdout(Stdio::from(std::fs::File::create(log).unwrap()))
+        .stderr(Stdio::from(
+            std::fs::OpenOptions::new().append(true).open(log).unwrap(),
+        ));
+    cmd
+}
+
+/// The body of `GET path`, or `None` while nothing answers.
+fn get(port: u16, path: &str) -> Option<String> {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut reply = String::new();
+    s.read_to_string(&mut reply).ok()?;
+    reply
+        .split_once("\r\n\r\n")
+        .map(|(_, body)| body.to_string())
+}
+
+/// Starts the server and waits (at most a minute) until it says it is ready.
+fn start(cmd: Command, port: u16, log: &Path) -> Child {
+    let mut cmd = cmd;
+    let mut child = cmd.spawn().expect("llama-server starts");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !get(port, "/health").is_some_and(|b| b.contains("ok")) {
+        if let Ok(Some(status)) = child.try_wait() {
+            panic!(
+                "llama-server exited ({status}):\n{}",
+                std::fs::read_to_string(log).unwrap_or_default()
+            );
+        }
+        assert!(
+            Instant::now() < deadline,
+            "llama-server not ready in a minute"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    child
+}
+
+/// Stops the server as a user would (SIGINT), and waits for it to exit (at most 30 s).
+fn stop(mut child: Child) {
+    let sent = Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(sent.success());
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while child.try_wait().unwrap().is_none() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("llama-server did not stop within 30 s of SIGINT");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// `clients` clients sending `requests` completions each (`tests/fixtures/load_server.py`).
+fn load(port: u16, clients: u32, requests: u32) -> Value {
+    let out = run({
+        let mut c = Command::new("python3");
+        c.arg(fixture("load_server.py")).args([
+            port.to_string(),
+            clients.to_string(),
+            requests.to_string(),
+        ]);
+        c
+    });
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let load: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(load["errors"], Value::Array(vec![]), "{load}");
+    assert_eq!(
+        load["results"].as_array().unwrap().len(),
+        (clients * requests) as usize
+    );
+    load
+}
+
+/// 8 clients x 3 completions, half of them streamed, on 4 slots: the trace's decode spans begun
+/// after the load started are exactly the server's own count of decodes (`/metrics`
+/// `n_decode_total`), and the tokens they carry exactly what the responses say was decoded:
+/// per request `prompt_n + predicted_n - 1` (the last sampled token is never decoded).
+#[test]
+fn llama_server_under_concurrent_load_decodes_what_it_reports() {
+    let dir = scratch("server-load");
+    let (trace, log) = (dir.join("server.ggmlviz"), dir.join("server.log"));
+    let port = free_port();
+    let cmd = with_hook(
+        server(port, &log),
+        &[("GGML_VIZ_OUTPUT", trace.to_str().unwrap())],
+    );
+    let child = start(cmd, port, &log);
+    let started_ns = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as u64;
+    let load = load(port, 8, 3);
+    stop(child);
+
+    let results = load["results"].as_array().unwrap();
+    let decoded: u64 = results
+        .iter()
+        .map(|r| r["prompt_n"].as_u64().unwrap() + r["predicted_n"].as_u64().unwrap() - 1)
+        .sum();
+    assert!(
+        results
+            .iter()
+            .all(|r| r["cache_n"] == 0 && r["id_slot"].as_u64().unwrap() < 4),
+        "{results:?}"
+    );
+    let metric = |name: &str| {
+        load["metrics"][name]
+            .as_f64()
+            .unwrap_or_else(|| panic!("{name}"))
+    };
+    assert_eq!(
+        metric("llamacpp:prompt_tokens_total") + metric("llamacpp:tokens_predicted_total")
+            - results.len() as f64,
+        decoded as f64,
+        "the responses and /metrics agree"
+    );
+
+    let mut c = Collected::default();
+    import_path(&trace, None, None, &mut Ids::default(), &mut c).unwrap();
+    let decodes: Vec<u64> = c
+        .spans
+        .iter()
+        .filter(|s| s.category == "llama" && s.name == "llama_decode" && s.start_ns >= started_ns)
+        .map(|s| {
+            s.args
+                .iter()
+                .find_map(|(k, v)| match (k.as_str(), v) {
+                    ("n_tokens", Arg::UInt(n)) => Some(*n),
+                    _ => None,
+                })
+                .unwrap_or_else(|| panic!("a decode without n_tokens: {s:?}"))
+        })
+        .collect();
+    assert_eq!(decodes.len() as f64, metric("llamacpp:n_decode_total"));
+    assert_eq!(decodes.iter().sum::<u64>(), decoded);
+    assert!(
+        c.spans.iter().any(|s| s.category == "op"),
+        "op timing in the server"
+    );
+}
+
+/// One client, the same completions (temperature 0, fixed seed) with and without the hook: the
+/// same answers.
+#[test]
+fn llama_server_answers_the_same_with_the_hook() {
+    let dir = scratch("server-same");
+    let mut answers = Vec::new();
+    for hooked in [false, true] {
+        let log = dir.join(format!("server-{hooked}.log"));
+        let port = free_port();
+        let cmd = server(port, &log);
+        let cmd = if hooked {
+            let trace = dir.join("server.ggmlviz");
+            with_hook(cmd, &[("GGML_VIZ_OUTPUT", trace.to_str().unwrap())])
+        } else {
+            cmd
+        };
+        let child = start(cmd, port, &log);
+        let load = load(port, 1, 5);
+        stop(child);
+        let contents: Vec<String> = load["results"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["content"].as_str().unwrap().to_string())
+            .collect();
+        answers.push(contents);
+    }
+    assert!(answers[0].iter().all(|a| !a.is_empty()), "{answers:?}");
+    assert_eq!(answers[0], answers[1]);
+}
