@@ -24,10 +24,14 @@ fn node(op: usize) -> OpInfo {
     }
 }
 
+/// A decode's batch: 7 tokens of sequences 3 (two), 0 (four) and 65534 (the largest id a span
+/// event carries), plus one of sequences beyond those it names.
+const SEQS: [(i32, u32); 3] = [(3, 2), (0, 4), (65534, 0)];
+
 /// One thread's work: GRAPHS graph computes of OPS ops each, inside a decode span, each graph
 /// followed by a synchronize wait.
 fn work(thread: usize) {
-    ggml_viz_hook::span(Entry::LlamaDecode, true, 7);
+    ggml_viz_hook::span(Entry::LlamaDecode, true, 7, &SEQS, 1);
     for g in 0..GRAPHS {
         let graph = (0x10_000 * (thread + 1) + g) as *mut _;
         let scope = ggml_viz_hook::graph_begin(Entry::GraphCompute, |_| GraphInfo {
@@ -48,7 +52,7 @@ fn work(thread: usize) {
             .expect("waits outside graph computes are recorded without a capture window");
         ggml_viz_hook::wait_end(wait);
     }
-    ggml_viz_hook::span(Entry::LlamaDecode, false, 7);
+    ggml_viz_hook::span(Entry::LlamaDecode, false, 7, &SEQS, 1);
 }
 
 /// A thread-pool worker's work (threads-mode op timing): its shares of nodes and its barrier
@@ -197,7 +201,7 @@ fn what_threads_record_is_in_the_trace_in_order() {
     for (tid, events) in &per_thread {
         assert_eq!(events, &expected, "thread {tid}");
     }
-    // A decode span opens and closes each thread's work, with its token count.
+    // A decode span opens and closes each thread's work, with its token count and sequences.
     let threads: HashSet<u32> = per_thread.keys().copied().collect();
     assert_eq!(spans.len(), 2 * THREADS);
     for (kind, tid, span) in &spans {
@@ -206,6 +210,8 @@ fn what_threads_record_is_in_the_trace_in_order() {
             (span.name.as_str(), span.n_tokens),
             ("llama_decode", Some(7))
         );
+        assert_eq!(span.seqs, SEQS);
+        assert_eq!(span.other_seq_tokens, 1);
     }
     std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -264,6 +264,7 @@ fn a_million_event_trace_is_drawn_in_part_and_says_so() {
         let span = ext::SpanBoundary {
             name: "llama_decode".into(),
             n_tokens: Some(if graphs < 2 { 16 } else { 1 }),
+            ..Default::default()
         };
         ext::encode_extension(
             &mut bytes,

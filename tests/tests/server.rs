@@ -1,6 +1,7 @@
 //! llama-server, as people run it: several slots, concurrent clients, continuous batching, traced
 //! with the hook and checked against what the server itself says it did.
 
+use std::collections::BTreeMap;
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::Path;
@@ -164,22 +165,57 @@ fn llama_server_under_concurrent_load_decodes_what_it_reports() {
 
     let mut c = Collected::default();
     import_path(&trace, None, None, &mut Ids::default(), &mut c).unwrap();
-    let decodes: Vec<u64> = c
+    let decodes: Vec<(u64, BTreeMap<u64, u64>)> = c
         .spans
         .iter()
         .filter(|s| s.category == "llama" && s.name == "llama_decode" && s.start_ns >= started_ns)
         .map(|s| {
-            s.args
-                .iter()
-                .find_map(|(k, v)| match (k.as_str(), v) {
-                    ("n_tokens", Arg::UInt(n)) => Some(*n),
-                    _ => None,
+            let arg = |key: &str| s.args.iter().find(|(k, _)| k == key).map(|(_, v)| v);
+            let Some(Arg::UInt(n)) = arg("n_tokens") else {
+                panic!("a decode without n_tokens: {s:?}")
+            };
+            let Some(Arg::Str(seqs)) = arg("seq_tokens") else {
+                panic!("a decode without its sequences: {s:?}")
+            };
+            let seqs = seqs
+                .split(' ')
+                .map(|pair| {
+                    let (id, n) = pair.split_once(':').unwrap_or_else(|| panic!("{seqs}"));
+                    (id.parse().unwrap(), n.parse().unwrap())
                 })
-                .unwrap_or_else(|| panic!("a decode without n_tokens: {s:?}"))
+                .collect();
+            (*n, seqs)
         })
         .collect();
     assert_eq!(decodes.len() as f64, metric("llamacpp:n_decode_total"));
-    assert_eq!(decodes.iter().sum::<u64>(), decoded);
+    assert_eq!(decodes.iter().map(|(n, _)| n).sum::<u64>(), decoded);
+    // Per sequence: a server's slot is the sequence its tokens are added to (`id_slot`), so each
+    // slot's tokens over all decodes are what its requests say they decoded.
+    let mut by_slot: BTreeMap<u64, u64> = BTreeMap::new();
+    for r in results {
+        *by_slot.entry(r["id_slot"].as_u64().unwrap()).or_default() +=
+            r["prompt_n"].as_u64().unwrap() + r["predicted_n"].as_u64().unwrap() - 1;
+    }
+    let mut traced: BTreeMap<u64, u64> = BTreeMap::new();
+    for (n, seqs) in &decodes {
+        assert_eq!(
+            seqs.values().sum::<u64>(),
+            *n,
+            "a batch's sequences hold all its tokens"
+        );
+        for (seq, tokens) in seqs {
+            *traced.entry(*seq).or_default() += tokens;
+        }
+    }
+    assert_eq!(traced, by_slot);
+    // Continuous batching: the server's own average of busy slots per decode is the trace's
+    // average of sequences per batch.
+    let per_batch =
+        decodes.iter().map(|(_, seqs)| seqs.len()).sum::<usize>() as f64 / decodes.len() as f64;
+    assert!(
+        (per_batch - metric("llamacpp:n_busy_slots_per_decode")).abs() < 1e-3,
+        "{per_batch} sequences per batch"
+    );
     assert!(
         c.spans.iter().any(|s| s.category == "op"),
         "op timing in the server"

@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use ggml_viz_config::{Config, Sources};
 
-use super::batches;
+use super::batches::{self, Composition};
 use super::eval_callback::{self, OpDriver};
 use super::route::{Resolved, describe_route, fallback, first_helpers, resolve};
 use crate::base::entry::Entry;
@@ -477,19 +477,23 @@ pub struct LlamaBatch {
     logits: Ptr,
 }
 
-/// A span around one llama call (`name` says which), with `n_tokens` (`u32::MAX`: unknown).
+/// A span around one llama call (`name` says which), with `n_tokens` (`u32::MAX`: unknown) and
+/// the batch's sequences where known.
 fn traced_span(
     name: Entry,
     n_tokens: u32,
+    composition: Option<Composition>,
     real: &Resolved,
     call: impl FnOnce(usize) -> i32,
 ) -> i32 {
     if real.untraced {
         return call(real.real);
     }
-    guarded(|| record::span(name, true, n_tokens));
+    let c = composition.unwrap_or_default();
+    let seqs = &c.seqs[..c.n_seqs];
+    guarded(|| record::span(name, true, n_tokens, seqs, c.other_tokens));
     let status = call(real.real);
-    guarded(|| record::span(name, false, n_tokens));
+    guarded(|| record::span(name, false, n_tokens, seqs, c.other_tokens));
     status
 }
 
@@ -503,6 +507,7 @@ unsafe extern "C" fn llama_decode_impl(ctx: Ptr, batch: LlamaBatch, ret: usize) 
     traced_span(
         Entry::LlamaDecode,
         batch.n_tokens.max(0) as u32,
+        None,
         real,
         |f| unsafe { std::mem::transmute::<usize, LlamaFn>(f)(ctx, batch) },
     )
@@ -516,6 +521,7 @@ unsafe extern "C" fn llama_encode_impl(ctx: Ptr, batch: LlamaBatch, ret: usize) 
     traced_span(
         Entry::LlamaEncode,
         batch.n_tokens.max(0) as u32,
+        None,
         real,
         |f| unsafe { std::mem::transmute::<usize, LlamaFn>(f)(ctx, batch) },
     )
@@ -535,9 +541,10 @@ unsafe extern "C" fn llama_process_impl(ctx: Ptr, kind: c_int, batch: Ptr, ret: 
     let n_tokens = guarded(|| batches::batch_tokens(batch))
         .flatten()
         .unwrap_or(u32::MAX);
+    let composition = guarded(|| batches::batch_composition(batch)).flatten();
     type ProcessFn = unsafe extern "C" fn(Ptr, c_int, Ptr) -> i32;
     // SAFETY: the real llama_process, with the caller's arguments.
-    traced_span(name, n_tokens, real, |f| unsafe {
+    traced_span(name, n_tokens, composition, real, |f| unsafe {
         std::mem::transmute::<usize, ProcessFn>(f)(ctx, kind, batch)
     })
 }
@@ -550,7 +557,7 @@ unsafe extern "C" fn batch_ext_add(batch: Ptr, seq_id: i32, ret: usize) -> i32 {
     // SAFETY: the real llama_batch_ext_add, with the caller's arguments.
     let index = unsafe { std::mem::transmute::<usize, AddFn>(real.real)(batch, seq_id) };
     if !real.untraced {
-        guarded(|| batches::token_added(batch, index));
+        guarded(|| batches::token_added(batch, index, seq_id));
     }
     index
 }
@@ -564,7 +571,7 @@ unsafe extern "C" fn batch_ext_add_token(batch: Ptr, seq_id: i32, token: i32, re
     let index =
         unsafe { std::mem::transmute::<usize, AddTokenFn>(real.real)(batch, seq_id, token) };
     if !real.untraced {
-        guarded(|| batches::token_added(batch, index));
+        guarded(|| batches::token_added(batch, index, seq_id));
     }
     index
 }

@@ -388,18 +388,44 @@ pub fn barrier_wait(
     local(r, |l| push(l, r, event));
 }
 
+/// Sequences a span event names with their tokens (the rest are counted together).
+pub const SPAN_SEQS: usize = 6;
+
 /// An application-level span (`llama_decode`, `llama_encode`): begin or end, with the batch's
-/// tokens (`u32::MAX`: unknown) in `b`.
-pub fn span(entry: Entry, begin: bool, count: u32) {
+/// tokens (`u32::MAX`: unknown) in `b` and, where known, its sequences: up to [`SPAN_SEQS`]
+/// (sequence id, tokens) pairs packed two to a word in `a`, `d` and `size` (see
+/// [`span_seqs`]), the tokens of the others in `name_id`.
+pub fn span(entry: Entry, begin: bool, count: u32, seqs: &[(i32, u32)], other_tokens: u32) {
     let Some(r) = current(1) else { return };
+    let mut words = [0u64; 3];
+    for (i, &(seq, tokens)) in seqs.iter().take(SPAN_SEQS).enumerate() {
+        // Sequence id + 1 (0: no pair) and tokens, 16 bits each.
+        let pair = (u64::from((seq.clamp(0, 0xfffe) + 1) as u16) << 16)
+            | u64::from(tokens.min(0xffff) as u16);
+        words[i / 2] |= pair << (32 * (i % 2));
+    }
     let event = RawEvent {
         type_code: EXTENSION_TYPE_CODE,
         entry: entry as u8,
         b: count,
         c: u32::from(begin),
+        a: words[0],
+        d: words[1],
+        size: words[2],
+        name_id: other_tokens.min(u32::from(u16::MAX)) as u16,
         ..RawEvent::default()
     };
     local(r, |l| push(l, r, event));
+}
+
+/// The (sequence id, tokens) pairs [`span`] packed into `event`.
+pub fn span_seqs(event: &RawEvent) -> Vec<(i32, u32)> {
+    [event.a, event.d, event.size]
+        .iter()
+        .flat_map(|w| [w & 0xffff_ffff, w >> 32])
+        .filter(|pair| pair >> 16 != 0)
+        .map(|pair| (((pair >> 16) - 1) as i32, (pair & 0xffff) as u32))
+        .collect()
 }
 
 /// After the real call: the end event. A node still open in a recorded graph compute (ggml

@@ -23,8 +23,8 @@ mod tensors;
 mod writer;
 
 pub use events::{
-    GraphInfo, GraphScope, OpInfo, WaitScope, barrier_wait, buffer_event, graph_begin, graph_end,
-    name_id, op_begin, op_end, span, thread_op, thread_ops, wait_begin, wait_end,
+    GraphInfo, GraphScope, OpInfo, SPAN_SEQS, WaitScope, barrier_wait, buffer_event, graph_begin,
+    graph_end, name_id, op_begin, op_end, span, thread_op, thread_ops, wait_begin, wait_end,
 };
 pub use recorder::Recorder;
 pub use session::{Setup, active, finish, start_once};

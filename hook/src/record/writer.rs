@@ -374,6 +374,8 @@ impl TraceWriter {
         let span = ext::SpanBoundary {
             name: name.into(),
             n_tokens: (e.b != u32::MAX).then_some(e.b),
+            seqs: super::events::span_seqs(e),
+            other_seq_tokens: u32::from(e.name_id),
         };
         ext::encode_extension(
             &mut self.buf,

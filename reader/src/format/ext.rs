@@ -155,6 +155,17 @@ pub struct SpanBoundary {
     pub name: String,
     /// Tokens in the batch, for llama_decode / llama_encode.
     pub n_tokens: Option<u32>,
+    /// The batch's tokens by sequence: (sequence id, tokens), for up to six sequences, where the
+    /// batch was built through `llama_batch_ext_add[_token]` (a server's slots are sequences).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub seqs: Vec<(i32, u32)>,
+    /// Tokens of sequences beyond those in `seqs`.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub other_seq_tokens: u32,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 /// What a node is: applies to the op events with this tensor name (their label) that follow it,

@@ -431,9 +431,33 @@ impl<S: RecordSink> Importer<'_, S> {
             }
             ExtensionKind::SpanBegin => {
                 let span = ext::parse_payload::<ext::SpanBoundary>(bytes).unwrap_or_default();
-                let args = match span.n_tokens {
-                    Some(n) => vec![(self.texts.get("n_tokens"), Arg::UInt(n as u64))].into(),
-                    None => self.no_args.clone(),
+                let mut args = Vec::new();
+                if let Some(n) = span.n_tokens {
+                    args.push((self.texts.get("n_tokens"), Arg::UInt(n as u64)));
+                }
+                if !span.seqs.is_empty() {
+                    // `seq_tokens`: `id:tokens` per sequence, `+n` for sequences beyond those.
+                    let mut text: Vec<String> = span
+                        .seqs
+                        .iter()
+                        .map(|(id, n)| format!("{id}:{n}"))
+                        .collect();
+                    if span.other_seq_tokens > 0 {
+                        text.push(format!("+{}", span.other_seq_tokens));
+                    }
+                    args.push((
+                        self.texts.get("sequences"),
+                        Arg::UInt(span.seqs.len() as u64),
+                    ));
+                    args.push((
+                        self.texts.get("seq_tokens"),
+                        Arg::Str(self.texts.get(&text.join(" "))),
+                    ));
+                }
+                let args = if args.is_empty() {
+                    self.no_args.clone()
+                } else {
+                    args.into()
                 };
                 let (name, category) = (self.texts.get(&span.name), self.call_category.clone());
                 self.open(
