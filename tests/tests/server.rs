@@ -208,6 +208,31 @@ fn llama_server_under_concurrent_load_decodes_what_it_reports() {
         }
     }
     assert_eq!(traced, by_slot);
+    // Prompt and generated tokens, as the trace infers them (several tokens of a sequence in a
+    // batch: its prompt; one: a generation step), against the responses: every prompt here is
+    // longer than one token and fits one batch.
+    let arg_sum = |key: &str| -> u64 {
+        c.spans
+            .iter()
+            .filter(|s| s.category == "llama" && s.start_ns >= started_ns)
+            .filter_map(|s| s.args.iter().find(|(k, _)| k == key))
+            .map(|(_, v)| match v {
+                Arg::UInt(n) => *n,
+                other => panic!("{key}: {other:?}"),
+            })
+            .sum()
+    };
+    let sum = |key: &str| {
+        results
+            .iter()
+            .map(|r| r[key].as_u64().unwrap())
+            .sum::<u64>()
+    };
+    assert_eq!(arg_sum("prefill_tokens"), sum("prompt_n"));
+    assert_eq!(
+        arg_sum("generation_tokens"),
+        sum("predicted_n") - results.len() as u64
+    );
     // Continuous batching: the server's own average of busy slots per decode is the trace's
     // average of sequences per batch.
     let per_batch =

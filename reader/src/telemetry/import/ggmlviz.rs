@@ -453,6 +453,18 @@ impl<S: RecordSink> Importer<'_, S> {
                         self.texts.get("seq_tokens"),
                         Arg::Str(self.texts.get(&text.join(" "))),
                     ));
+                    // Inferred, not read: a batch does not say whether a token is prompt or
+                    // generated. A sequence with several tokens in one batch is prefilling (or
+                    // checking a speculative draft); one token is a generation step.
+                    let (prefill, generation): (Vec<u32>, Vec<u32>) =
+                        span.seqs.iter().map(|&(_, n)| n).partition(|&n| n > 1);
+                    for (key, tokens) in [
+                        ("prefill_tokens", prefill),
+                        ("generation_tokens", generation),
+                    ] {
+                        let total = tokens.iter().map(|&n| u64::from(n)).sum();
+                        args.push((self.texts.get(key), Arg::UInt(total)));
+                    }
                 }
                 let args = if args.is_empty() {
                     self.no_args.clone()
