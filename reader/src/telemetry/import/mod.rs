@@ -101,6 +101,17 @@ struct Counting<'a, R> {
     report: &'a mut dyn FnMut(u64),
 }
 
+impl<'a, R> Counting<'a, R> {
+    fn new(inner: R, report: &'a mut dyn FnMut(u64)) -> Self {
+        Counting {
+            inner,
+            read: 0,
+            reported: 0,
+            report,
+        }
+    }
+}
+
 impl<R: std::io::Read> std::io::Read for Counting<'_, R> {
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
         let n = self.inner.read(buf)?;
@@ -134,13 +145,7 @@ pub fn import_path_reporting<S: RecordSink>(
             // Streamed, not mapped: memory stays bounded whatever the trace's size. Events borrow
             // the reader's buffer: nothing is allocated per event.
             let file = std::fs::File::open(path).map_err(fail)?;
-            let counted = Counting {
-                inner: file,
-                read: 0,
-                reported: 0,
-                report: progress,
-            };
-            let mut reader = crate::StreamReader::new(counted, layout);
+            let mut reader = crate::StreamReader::new(Counting::new(file, progress), layout);
             let mut io_error = None;
             let mut import = ggmlviz::Import::new(&name, ids, sink);
             loop {
@@ -168,13 +173,8 @@ pub fn import_path_reporting<S: RecordSink>(
         }
         Format::GeLog => {
             let file = std::fs::File::open(path).map_err(fail)?;
-            let counted = Counting {
-                inner: file,
-                read: 0,
-                reported: 0,
-                report: progress,
-            };
-            ge_log::import(std::io::BufReader::new(counted), &name, ids, sink).map_err(fail)
+            let counted = std::io::BufReader::new(Counting::new(file, progress));
+            ge_log::import(counted, &name, ids, sink).map_err(fail)
         }
         Format::TelemetryV2 => {
             let text = std::fs::read_to_string(path).map_err(fail)?;
