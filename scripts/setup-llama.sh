@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds the real llama.cpp the hook tests preload into, from the llama-cpp-python sdist on PyPI.
 # Prints the build directory (holding bin/llama-simple, bin/llama-bench, bin/llama-quantize,
-# bin/llama-server and the shared ggml libraries) on its last line. The build is cached outside
+# bin/llama-server, bin/llama-completion, bin/ggml-rpc-server and the shared ggml libraries, with
+# ggml-rpc) on its last line. The build is cached outside
 # the clone, keyed by version, so a second run returns at once.
 #   bash scripts/setup-llama.sh              # shared ggml libraries (build/)
 #   bash scripts/setup-llama.sh static       # ggml linked into llama-simple itself (build-static/)
@@ -15,7 +16,7 @@ set -euo pipefail
 
 # The targets of the shared build; a cached build that lacks one (an older checkout's) gets it
 # built incrementally.
-targets=(llama-simple llama-bench llama-quantize llama-server)
+targets=(llama-simple llama-bench llama-quantize llama-server llama-completion ggml-rpc-server)
 
 # A variant build from the shared build's source, in build-$1/: "$2" says what it is, the flags
 # up to "--" are CMake's (beside the common ones), the rest are the targets. Prints its directory.
@@ -64,8 +65,9 @@ if [ -f "$dest/build/.complete" ]; then
   for t in "${targets[@]}"; do
     if [ ! -x "$dest/build/bin/$t" ]; then
       echo "setup-llama: building $t" >&2
-      # A build configured before llama-server was a target had the server off.
+      # A build configured before llama-server or ggml-rpc were targets had them off.
       [ "$t" = llama-server ] && cmake -S "$dest/src" -B "$dest/build" -DLLAMA_BUILD_SERVER=ON >&2
+      [ "$t" = ggml-rpc-server ] && cmake -S "$dest/src" -B "$dest/build" -DGGML_RPC=ON >&2
       cmake --build "$dest/build" -j "$(nproc)" --target "$t" >&2
     fi
   done
@@ -100,7 +102,7 @@ mv "$src" "$dest/src"
 # llama-server without its web UI (LLAMA_BUILD_UI, off by default: its assets need the network).
 cmake -S "$dest/src" -B "$dest/build" -DCMAKE_BUILD_TYPE=Release \
   -DBUILD_SHARED_LIBS=ON -DGGML_NATIVE=OFF -DLLAMA_BUILD_TESTS=OFF \
-  -DLLAMA_BUILD_SERVER=ON -DLLAMA_OPENSSL=OFF -DLLAMA_CURL=OFF >&2
+  -DLLAMA_BUILD_SERVER=ON -DGGML_RPC=ON -DLLAMA_OPENSSL=OFF -DLLAMA_CURL=OFF >&2
 cmake --build "$dest/build" -j "$(nproc)" --target "${targets[@]}" >&2
 
 touch "$dest/build/.complete"

@@ -18,6 +18,8 @@ pub enum Owner {
     BufferType,
     /// A thread's name: keyed by its OS thread id.
     Thread,
+    /// A ggml-rpc endpoint (`host:port`): keyed by a hash of the text.
+    Endpoint,
 }
 
 impl Owner {
@@ -27,6 +29,7 @@ impl Owner {
             Owner::Scheduler => "scheduler",
             Owner::BufferType => "buffer_type",
             Owner::Thread => "thread",
+            Owner::Endpoint => "endpoint",
         }
     }
 }

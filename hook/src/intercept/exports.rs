@@ -133,13 +133,7 @@ use crate::base::contained as guarded;
 /// When our resolver fails, the call still goes to ggml, untraced ([`fallback`]).
 fn real_function(entry: Entry, return_address: usize) -> Option<&'static Resolved> {
     let found = guarded(|| resolve(entry, return_address));
-    guarded(|| {
-        record::start_once(|| Setup {
-            config: Config::load(&Sources::from_process_env()),
-            ggml_version: first_helpers().and_then(|h| h.version()),
-            cpu_functions: cpu_functions_reachable(),
-        })
-    });
+    start_tracing();
     match found {
         Some(Some((resolved, fresh))) => {
             if fresh && VERBOSE.load(Ordering::Relaxed) {
@@ -162,6 +156,22 @@ fn real_function(entry: Entry, return_address: usize) -> Option<&'static Resolve
             real
         }
     }
+}
+
+/// Starts tracing if this is the first wrapped call (after resolving it, so that the metadata
+/// can name the ggml version of the copy that is called).
+pub fn start_tracing() {
+    guarded(|| {
+        record::start_once(|| {
+            #[cfg(all(target_os = "linux", target_arch = "x86_64"))]
+            super::rpc::check_names();
+            Setup {
+                config: Config::load(&Sources::from_process_env()),
+                ggml_version: first_helpers().and_then(|h| h.version()),
+                cpu_functions: cpu_functions_reachable(),
+            }
+        })
+    });
 }
 
 /// Said once when no loaded library defines a function we wrap.
@@ -230,7 +240,7 @@ fn name_of(r: &Recorder, helpers: &Helpers, object: Ptr, owner: Owner) -> u16 {
         // SAFETY: a buffer type passed to the call we are wrapping (or the one of the buffer it
         // passed), of this copy of ggml.
         Owner::BufferType => unsafe { helpers.buft_name(object) },
-        Owner::Thread => String::new(),
+        Owner::Thread | Owner::Endpoint => String::new(),
     })
 }
 
@@ -275,6 +285,10 @@ fn object_compute(entry: Entry, owner: Owner, object: Ptr, graph: Ptr, ret: usiz
                 && scope.is_some_and(|s| {
                     s.wants_sched_op_timing(|| {
                         let only_cpu = graph_only_cpu(real.helpers, object, graph);
+                        if !only_cpu && s.object_name().contains("RPC") {
+                            say_once_sched_with_rpc();
+                            return false;
+                        }
                         if !only_cpu {
                             say_once_sched_for_devices();
                         }
@@ -314,6 +328,19 @@ fn graph_only_cpu(helpers: &Helpers, sched: Ptr, graph: Ptr) -> bool {
     let answer = unsafe { helpers.sched_graph_only_cpu(sched, graph) };
     LAST.with(|l| l.set((key.0, key.1, key.2, answer, 1)));
     answer
+}
+
+/// Said the first time `auto` leaves a scheduler's nodes on ggml-rpc backends untimed.
+fn say_once_sched_with_rpc() {
+    static SAID: AtomicBool = AtomicBool::new(false);
+    say_once(
+        &SAID,
+        format_args!(
+            "op timing: a graph with nodes on ggml-rpc backends: those nodes are not timed here \
+             (with the eval callback each would be a network round trip of its own); trace the \
+             RPC servers, whose CPU threads time them"
+        ),
+    );
 }
 
 /// Said the first time `auto` times a scheduler's nodes with the eval callback because it has

@@ -7,7 +7,8 @@
 //!   ggml's DLLs (Windows);
 //! - `cpu_ops`: per-op timing on the CPU backend's worker threads (Linux x86-64);
 //! - [`eval_callback`]: per-op timing through the scheduler's eval callback;
-//! - [`batches`]: token counts of llama.cpp's opaque batches, for the decode spans.
+//! - [`batches`]: token counts of llama.cpp's opaque batches, for the decode spans;
+//! - `rpc`: ggml-rpc's transport, for the commands on both ends of a connection (Linux x86-64).
 
 mod batches;
 #[cfg(all(target_os = "linux", target_arch = "x86_64"))]
@@ -19,3 +20,5 @@ mod inline;
 #[cfg(any(target_os = "linux", windows))]
 mod install;
 mod route;
+#[cfg(all(target_os = "linux", target_arch = "x86_64"))]
+mod rpc;

@@ -12,6 +12,7 @@ use std::sync::atomic::Ordering;
 
 use ggml_viz_reader::EventType;
 use ggml_viz_reader::format::EXTENSION_TYPE_CODE;
+use ggml_viz_reader::format::ext::RpcPart;
 
 use ggml_viz_config::OpTiming;
 
@@ -286,6 +287,14 @@ impl GraphScope {
         self.recorder
     }
 
+    /// The name of the scheduler or backend computing (empty when unnamed).
+    pub fn object_name(&self) -> &str {
+        self.recorder
+            .names
+            .get(self.info.name_id)
+            .map_or("", |(_, _, name)| name)
+    }
+
     /// Whether this graph compute's ops are to be timed with the scheduler's eval callback: sched
     /// mode, and it is recorded, outermost (a nested scheduler call is timed by the outer one)
     /// and the one in `op_sample` that is sampled.
@@ -416,6 +425,62 @@ pub fn span(entry: Entry, begin: bool, count: u32, seqs: &[(i32, u32)], other_to
         ..RawEvent::default()
     };
     local(r, |l| push(l, r, event));
+}
+
+/// One edge of one part of a ggml-rpc command (see [`super::rpc`]).
+pub struct RpcEdge<'a> {
+    pub part: RpcPart,
+    pub command: u8,
+    pub connection: u32,
+    pub index: u32,
+    pub sent: u64,
+    pub received: u64,
+    /// The far end (a client's) or the address served (a server's).
+    pub endpoint: Option<&'a str>,
+}
+
+/// `entry` of an RPC event: this plus the part's number.
+pub const RPC_ENTRY: u8 = 0xE0;
+
+/// Records an edge of an RPC command part: `command` in `b`, the connection and the command's
+/// index on it in `a`, bytes sent and received in `d` and `size`, the endpoint's interned name.
+pub fn rpc_edge(begin: bool, edge: &RpcEdge<'_>) {
+    let Some(r) = current(1) else { return };
+    let name_id = edge.endpoint.map_or(0, |endpoint| {
+        // Keyed by the text itself (a socket's address is reused by the next connection).
+        let key = endpoint.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+            (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
+        }) | 1;
+        r.names
+            .intern(key as usize, Owner::Endpoint, || endpoint.to_string())
+    });
+    let part = match edge.part {
+        RpcPart::Request => 0,
+        RpcPart::Answer => 1,
+        RpcPart::Serve => 2,
+    };
+    let event = RawEvent {
+        type_code: EXTENSION_TYPE_CODE,
+        entry: RPC_ENTRY + part,
+        a: (u64::from(edge.connection) << 32) | u64::from(edge.index),
+        b: u32::from(edge.command),
+        c: u32::from(begin),
+        d: edge.sent,
+        size: edge.received,
+        name_id,
+        ..RawEvent::default()
+    };
+    local(r, |l| push(l, r, event));
+}
+
+/// The part an RPC event's `entry` names, if it is one.
+pub fn rpc_part(entry: u8) -> Option<RpcPart> {
+    match entry.checked_sub(RPC_ENTRY)? {
+        0 => Some(RpcPart::Request),
+        1 => Some(RpcPart::Answer),
+        2 => Some(RpcPart::Serve),
+        _ => None,
+    }
 }
 
 /// The (sequence id, tokens) pairs [`span`] packed into `event`.

@@ -12,12 +12,14 @@
 //! - [`tensors`]: the tensor infos op events refer to.
 //! - [`writer`]: the consumer side: encodes what the rings hold and writes it, through
 //!   [`output`]: a thread of its own that makes the file's writes.
+//! - [`rpc`]: ggml-rpc commands, read off the transport's calls that a front end reports.
 //! - [`session`]: start (from the [`Setup`] the front end hands in), the flusher thread, the last
 //!   flush at exit, the child's fresh start after `fork`, and stopping when the output fails.
 
 mod events;
 mod output;
 mod recorder;
+mod rpc;
 mod session;
 mod tensors;
 mod writer;
@@ -27,4 +29,5 @@ pub use events::{
     graph_end, name_id, op_begin, op_end, span, thread_op, thread_ops, wait_begin, wait_end,
 };
 pub use recorder::Recorder;
+pub use rpc::{Transfer, rpc_after, rpc_before, rpc_connected, rpc_listening};
 pub use session::{Setup, active, finish, start_once};

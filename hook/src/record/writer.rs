@@ -12,9 +12,10 @@ use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 
 use ggml_viz_config::Config;
-use ggml_viz_reader::format::ext::{self, Counters, Metadata};
+use ggml_viz_reader::format::ext::{self, Counters, Metadata, RpcPart};
 use ggml_viz_reader::format::{self, EventType, ExtensionKind, Layout, Payload};
 
+use super::events::rpc_part;
 use super::output::Output;
 use super::tensors::{MAX_TENSORS, Tensors};
 use crate::base::clock::{self, TickConverter};
@@ -231,7 +232,12 @@ impl TraceWriter {
             },
             OP_BEGIN | OP_END => return self.encode_op(e, timestamp_ns, d),
             TENSOR_ALLOC | TENSOR_FREE => return self.encode_buffer(e, timestamp_ns, d),
-            format::EXTENSION_TYPE_CODE => return self.encode_span(e, timestamp_ns),
+            format::EXTENSION_TYPE_CODE => {
+                return match rpc_part(e.entry) {
+                    Some(part) => self.encode_rpc(e, part, timestamp_ns, d.names),
+                    None => self.encode_span(e, timestamp_ns),
+                };
+            }
             _ => Payload::Thread {
                 object_ptr: e.a,
                 thread_index: e.b,
@@ -387,6 +393,34 @@ impl TraceWriter {
         );
     }
 
+    fn encode_rpc(&mut self, e: &RawEvent, part: RpcPart, timestamp_ns: u64, names: &Names) {
+        let (kind, begin) = if e.c == 1 {
+            (ExtensionKind::RpcBegin, true)
+        } else {
+            (ExtensionKind::RpcEnd, false)
+        };
+        let rpc = ext::RpcBoundary {
+            part,
+            command: e.b as u8,
+            connection: (e.a >> 32) as u32,
+            index: e.a as u32,
+            endpoint: names
+                .get(e.name_id)
+                .filter(|_| begin)
+                .map(|(_, _, name)| name.to_string()),
+            sent: if begin { 0 } else { e.d },
+            received: if begin { 0 } else { e.size },
+        };
+        ext::encode_extension(
+            &mut self.buf,
+            self.layout,
+            kind,
+            timestamp_ns,
+            e.thread_id,
+            &rpc,
+        );
+    }
+
     fn encode_new_names(&mut self, names: &Names) {
         let n = names.len();
         if n == self.names_written {
@@ -394,7 +428,7 @@ impl TraceWriter {
         }
         let backends: Vec<_> = (self.names_written..n)
             .filter_map(|i| names.get(i as u16 + 1))
-            .filter(|(_, owner, _)| *owner != Owner::Thread)
+            .filter(|(_, owner, _)| !matches!(owner, Owner::Thread | Owner::Endpoint))
             .map(|(ptr, owner, name)| ext::BackendName {
                 ptr: ptr as u64,
                 name: name.into(),

@@ -10,6 +10,7 @@ mod ops;
 mod progress;
 mod record;
 mod report;
+mod rpc;
 mod timeline;
 
 use std::io::{self, Write};
@@ -38,6 +39,7 @@ enum Command {
     Export(timeline::ExportArgs),
     Live(live::LiveArgs),
     Report(report::ReportArgs),
+    Rpc(rpc::RpcArgs),
     Dump(dump::DumpArgs),
 }
 
@@ -81,6 +83,7 @@ fn main() -> ExitCode {
         Command::Export(args) => timeline::export(args).map(|()| 0),
         Command::Report(args) => report::run(args).map(|()| 0),
         Command::Live(args) => live::run(args).map(|()| 0),
+        Command::Rpc(args) => rpc::run(args).map(|()| 0),
         Command::Dump(args) => dump::run(args).map(|()| 0),
     };
     match result {

@@ -39,7 +39,7 @@ fn parse_format(s: &str) -> Result<Format, String> {
 
 /// Imports every input into `sink`; warnings go to stderr. The first corrupt input fails the
 /// command, after everything before the damage was delivered.
-fn import_all<S: RecordSink>(
+pub fn import_all<S: RecordSink>(
     paths: &[PathBuf],
     opts: &InputOpts,
     sink: &mut S,
@@ -52,7 +52,7 @@ fn import_all<S: RecordSink>(
         .map_err(|e| Failure::Data(e.0))
 }
 
-fn say_warnings(warnings: &[String]) {
+pub fn say_warnings(warnings: &[String]) {
     for w in warnings {
         eprintln!("ggml-viz: warning: {w}");
     }

@@ -164,6 +164,78 @@ pub struct SpanBoundary {
     pub other_seq_tokens: u32,
 }
 
+/// Which end of a ggml-rpc command an RPC record describes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RpcPart {
+    /// The client sends the command: from its command byte to the end of its payload.
+    #[default]
+    Request,
+    /// The client reads the answer: from when it starts waiting to the answer's last byte.
+    Answer,
+    /// The server serves the command: from its command byte to when it waits for the next.
+    Serve,
+}
+
+/// The payload of an RPC_BEGIN or RPC_END record: one part of one ggml-rpc command, on the
+/// record's thread. Commands on a connection are numbered in order (`index`, from the HELLO
+/// that opens it at 0): a client's request, its answer and the server's serving of it share
+/// their connection's order, which is how the two ends' traces are joined.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct RpcBoundary {
+    pub part: RpcPart,
+    /// The command byte (`enum rpc_cmd`; [`rpc_command_name`]).
+    pub command: u8,
+    /// The connection, numbered from 1 in this process.
+    pub connection: u32,
+    /// The command's place on its connection (HELLO: 0).
+    pub index: u32,
+    /// The far end as the client named it (`host:port`), or the address the server listens on.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub endpoint: Option<String>,
+    /// RPC_END: bytes this part sent (command byte, size and payload; an answer's size and
+    /// payload).
+    #[serde(skip_serializing_if = "is_zero_u64")]
+    pub sent: u64,
+    /// RPC_END: bytes this part received.
+    #[serde(skip_serializing_if = "is_zero_u64")]
+    pub received: u64,
+}
+
+fn is_zero_u64(n: &u64) -> bool {
+    *n == 0
+}
+
+/// ggml-rpc's command names by command byte (`enum rpc_cmd` in `ggml-rpc.cpp`, protocol 7.0;
+/// HELLO is 14 in every version). Codes past the table are named by number.
+pub fn rpc_command_name(code: u8) -> std::borrow::Cow<'static, str> {
+    const NAMES: [&str; 18] = [
+        "ALLOC_BUFFER",
+        "GET_ALIGNMENT",
+        "GET_MAX_SIZE",
+        "BUFFER_GET_BASE",
+        "FREE_BUFFER",
+        "BUFFER_CLEAR",
+        "SET_TENSOR",
+        "SET_TENSOR_HASH",
+        "GET_TENSOR",
+        "COPY_TENSOR",
+        "GRAPH_COMPUTE",
+        "GET_DEVICE_MEMORY",
+        "INIT_TENSOR",
+        "GET_ALLOC_SIZE",
+        "HELLO",
+        "DEVICE_COUNT",
+        "GRAPH_RECOMPUTE",
+        "MEMSET_TENSOR",
+    ];
+    match NAMES.get(code as usize) {
+        Some(name) => (*name).into(),
+        None => format!("RPC_CMD_{code}").into(),
+    }
+}
+
 fn is_zero(n: &u32) -> bool {
     *n == 0
 }

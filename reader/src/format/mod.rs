@@ -175,6 +175,11 @@ pub enum ExtensionKind {
     TensorInfo,
     /// Backend buffers still allocated when the writer closed the trace (JSON).
     LiveBuffers,
+    /// A ggml-rpc command begins on this thread: a client's request or answer, a server's
+    /// serving of it (JSON, [`ext::RpcBoundary`]).
+    RpcBegin,
+    /// It ends, with the bytes it moved.
+    RpcEnd,
     /// A kind this reader does not know (a newer writer); kept, shown by number.
     Other(u16),
 }
@@ -190,6 +195,8 @@ impl ExtensionKind {
             6 => ExtensionKind::SpanEnd,
             7 => ExtensionKind::TensorInfo,
             8 => ExtensionKind::LiveBuffers,
+            9 => ExtensionKind::RpcBegin,
+            10 => ExtensionKind::RpcEnd,
             other => ExtensionKind::Other(other),
         }
     }
@@ -204,6 +211,8 @@ impl ExtensionKind {
             ExtensionKind::SpanEnd => 6,
             ExtensionKind::TensorInfo => 7,
             ExtensionKind::LiveBuffers => 8,
+            ExtensionKind::RpcBegin => 9,
+            ExtensionKind::RpcEnd => 10,
             ExtensionKind::Other(code) => code,
         }
     }
@@ -218,6 +227,8 @@ impl ExtensionKind {
             ExtensionKind::SpanEnd => "span_end".into(),
             ExtensionKind::TensorInfo => "tensor_info".into(),
             ExtensionKind::LiveBuffers => "live_buffers".into(),
+            ExtensionKind::RpcBegin => "rpc_begin".into(),
+            ExtensionKind::RpcEnd => "rpc_end".into(),
             ExtensionKind::Other(code) => format!("extension_{code}").into(),
         }
     }

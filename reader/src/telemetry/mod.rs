@@ -6,11 +6,13 @@
 //! and summaries are sinks, so nothing needs the whole input in memory.
 //!
 //! - importers ([`import`]): GGMLVIZ, GE logs, TelemetryEvent v2, CoMMA NCCL;
+//! - [`rpc`]: ggml-rpc clients and servers joined across traces, with their clock offsets;
 //! - sinks ([`export`]): [`PerfettoWriter`], [`ChromeJsonWriter`], [`Summary`], and [`Collected`] (everything, for
 //!   tests and small inputs).
 
 pub mod export;
 pub mod import;
+pub mod rpc;
 mod text;
 
 pub use export::chrome_json::ChromeJsonWriter;

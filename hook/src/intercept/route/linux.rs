@@ -61,21 +61,26 @@ pub enum Callee {
     Entry(Entry),
     #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     Cpu(u8, &'static CStr),
+    /// One of ggml-rpc's transport methods (by its row in [`crate::intercept::rpc`]).
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    Rpc(u8, &'static CStr),
 }
 
 impl Callee {
-    /// A number per function, below 256: entry points from 1, CPU functions from 64.
+    /// A number per function, below 256: entry points from 1, CPU functions from 64, RPC
+    /// methods from 240.
     fn code(self) -> usize {
         match self {
             Callee::Entry(entry) => entry as usize,
             Callee::Cpu(index, _) => 64 + index as usize,
+            Callee::Rpc(index, _) => 240 + index as usize,
         }
     }
 
     fn c_name(self) -> &'static CStr {
         match self {
             Callee::Entry(entry) => entry.c_name(),
-            Callee::Cpu(_, name) => name,
+            Callee::Cpu(_, name) | Callee::Rpc(_, name) => name,
         }
     }
 }
@@ -254,6 +259,7 @@ fn inline_original(callee: Callee) -> Option<usize> {
         Callee::Cpu(row, _) => inline::cpu_original(row),
         #[cfg(not(target_arch = "x86_64"))]
         Callee::Cpu(..) => None,
+        Callee::Rpc(..) => None,
     }
 }
 

@@ -16,6 +16,7 @@ use crate::read::Events;
 use crate::telemetry::{
     Arg, Args, Clock, Ids, Lane, Process, Record, RecordSink, SpanStack, Text, Texts, clock_of,
 };
+use crate::telemetry::{Span, rpc};
 
 #[derive(Default)]
 struct Thread {
@@ -33,6 +34,8 @@ enum Kind {
     Graph,
     Op,
     Call,
+    /// A part of a ggml-rpc command.
+    Rpc,
 }
 
 struct Importer<'s, S: RecordSink> {
@@ -483,6 +486,50 @@ impl<S: RecordSink> Importer<'_, S> {
                 );
             }
             ExtensionKind::SpanEnd => self.close(e.thread_id, Kind::Call, 0, e.timestamp_ns, 0, ""),
+            ExtensionKind::RpcBegin => {
+                let rpc = ext::parse_payload::<ext::RpcBoundary>(bytes).unwrap_or_default();
+                let part = match rpc.part {
+                    ext::RpcPart::Request => "request",
+                    ext::RpcPart::Answer => "answer",
+                    ext::RpcPart::Serve => "serve",
+                };
+                let mut args = vec![
+                    (self.texts.get(rpc::PART), Arg::Str(self.texts.get(part))),
+                    (
+                        self.texts.get(rpc::CONNECTION),
+                        Arg::UInt(rpc.connection.into()),
+                    ),
+                    (self.texts.get(rpc::INDEX), Arg::UInt(rpc.index.into())),
+                ];
+                if let Some(endpoint) = &rpc.endpoint {
+                    args.push((
+                        self.texts.get(rpc::ENDPOINT),
+                        Arg::Str(self.texts.get(endpoint)),
+                    ));
+                }
+                let name = self.texts.get(&ext::rpc_command_name(rpc.command));
+                let category = self.texts.get(rpc::CATEGORY);
+                self.open(
+                    e.thread_id,
+                    Kind::Rpc,
+                    0,
+                    name,
+                    category,
+                    e.timestamp_ns,
+                    args.into(),
+                );
+            }
+            ExtensionKind::RpcEnd => {
+                let rpc = ext::parse_payload::<ext::RpcBoundary>(bytes).unwrap_or_default();
+                let bytes = [(rpc::SENT, rpc.sent), (rpc::RECEIVED, rpc.received)]
+                    .map(|(key, n)| (self.texts.get(key), Arg::UInt(n)));
+                if let Some(mut span) =
+                    self.close_span(e.thread_id, Kind::Rpc, 0, e.timestamp_ns, 0, "")
+                {
+                    span.args = span.args.iter().cloned().chain(bytes).collect();
+                    self.sink.record(Record::Span(span));
+                }
+            }
             _ => {}
         }
     }
@@ -505,6 +552,22 @@ impl<S: RecordSink> Importer<'_, S> {
     }
 
     fn close(&mut self, tid: u32, kind: Kind, tensor: u64, ts: u64, offset: u64, name: &str) {
+        if let Some(span) = self.close_span(tid, kind, tensor, ts, offset, name) {
+            self.sink.record(Record::Span(span));
+        }
+    }
+
+    /// Closes the open span that `kind` (and `tensor`, for ops) ends, and returns it; problems
+    /// (no begin, crossing pairs) are warnings.
+    fn close_span(
+        &mut self,
+        tid: u32,
+        kind: Kind,
+        tensor: u64,
+        ts: u64,
+        offset: u64,
+        name: &str,
+    ) -> Option<Span> {
         let t = self.thread(tid);
         let lane = t.lane;
         let matches = |k: &(Kind, u64)| k.0 == kind && (kind != Kind::Op || k.1 == tensor);
@@ -522,7 +585,7 @@ impl<S: RecordSink> Importer<'_, S> {
                     self.sink.record(Record::Warning(format!(
                         "{name}: {kind:?} end at byte offset {offset} has no begin on thread {tid}; ignored"
                     )));
-                    return;
+                    return None;
                 }
             },
         };
@@ -533,9 +596,7 @@ impl<S: RecordSink> Importer<'_, S> {
         if let Some(w) = warning {
             self.sink.record(Record::Warning(w));
         }
-        if let Some(span) = span {
-            self.sink.record(Record::Span(span));
-        }
+        span
     }
 
     fn counter(&mut self, buft: String, ts: u64) {

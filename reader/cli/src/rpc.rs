@@ -1,0 +1,153 @@
+//! `rpc`: a ggml-rpc job's traces (the client's and its servers') joined command by command:
+//! which client connection each server served, each server's clock offset from the client's,
+//! and per command what it moved and what it cost the client.
+
+use std::io::{self, Write};
+use std::path::PathBuf;
+
+use clap::Args;
+use ggml_viz_reader::telemetry::rpc::{RpcAnalysis, RpcParts, analyse};
+
+use crate::Failure;
+use crate::info::fmt_ns;
+use crate::timeline::{InputOpts, import_all, say_warnings};
+
+/// Joins the traces of a ggml-rpc client and its servers: connections, clock offsets and a
+/// table per command (count, bytes, client time, MB/s). Record each process with the hook
+/// (`ggml-viz record`), on every host, then give all the traces here.
+#[derive(Args)]
+#[command(
+    after_help = "Example:\n  ggml-viz rpc client.ggmlviz host-a.ggmlviz host-b.ggmlviz\n\n\
+        Offsets are what to add to a server's times to put them on the client's clock, \
+        with half the width of the interval the answered commands allow."
+)]
+pub struct RpcArgs {
+    /// The traces: the client's and its servers', in any order.
+    #[arg(required = true)]
+    files: Vec<PathBuf>,
+    /// Write the analysis as JSON instead of tables.
+    #[arg(long)]
+    json: bool,
+    #[command(flatten)]
+    input: InputOpts,
+}
+
+pub fn run(args: RpcArgs) -> Result<(), Failure> {
+    let mut parts = RpcParts::default();
+    let result = import_all(&args.files, &args.input, &mut parts);
+    say_warnings(&parts.warnings);
+    if parts.parts.is_empty() {
+        result?;
+        return Err(Failure::Usage(
+            "no ggml-rpc commands in these traces (record the client and the servers with the \
+             hook on Linux x86-64)"
+                .into(),
+        ));
+    }
+    let analysis = analyse(&parts);
+    let mut out = io::stdout().lock();
+    if args.json {
+        writeln!(out, "{}", to_json(&parts, &analysis))?;
+    } else {
+        write_tables(&mut out, &parts, &analysis)?;
+    }
+    out.flush()?;
+    result
+}
+
+fn process_name(parts: &RpcParts, id: u32) -> String {
+    parts
+        .processes
+        .iter()
+        .find(|p| p.id == id)
+        .map_or_else(|| format!("process {id}"), |p| p.label())
+}
+
+fn write_tables(out: &mut impl Write, parts: &RpcParts, a: &RpcAnalysis) -> io::Result<()> {
+    writeln!(out, "connections joined: {}", a.links.len())?;
+    for l in &a.links {
+        writeln!(
+            out,
+            "  {} connection {} -> {} ({}) connection {}: {} commands",
+            process_name(parts, l.client_process),
+            l.client_connection,
+            l.endpoint.as_deref().unwrap_or("?"),
+            process_name(parts, l.server_process),
+            l.server_connection,
+            l.commands
+        )?;
+    }
+    if a.unjoined_client_connections > 0 {
+        writeln!(
+            out,
+            "  {} client connection(s) joined to no server trace (server not traced?)",
+            a.unjoined_client_connections
+        )?;
+    }
+    writeln!(out, "clock offsets (add to the server's times):")?;
+    for o in &a.offsets {
+        let spread = o.uncertainty_ns().map_or_else(
+            || "unbounded above".to_string(),
+            |u| format!("± {}", fmt_ns(u as f64)),
+        );
+        writeln!(
+            out,
+            "  {}: {}{} {} ({} commands)",
+            process_name(parts, o.server_process),
+            if o.offset_ns < 0 { "-" } else { "+" },
+            fmt_ns(o.offset_ns.unsigned_abs() as f64),
+            spread,
+            o.commands
+        )?;
+    }
+    writeln!(
+        out,
+        "{:<20} {:>8} {:>12} {:>12} {:>11} {:>11} {:>9}",
+        "command", "count", "sent", "received", "request", "answer", "MB/s"
+    )?;
+    let mut rows: Vec<_> = a.commands.iter().collect();
+    rows.sort_by_key(|(_, r)| std::cmp::Reverse(r.request_ns + r.answer_ns));
+    for (name, r) in rows {
+        writeln!(
+            out,
+            "{:<20} {:>8} {:>12} {:>12} {:>11} {:>11} {:>9.1}",
+            name,
+            r.count,
+            r.sent,
+            r.received,
+            fmt_ns(r.request_ns as f64),
+            fmt_ns(r.answer_ns as f64),
+            r.mb_per_s()
+        )?;
+    }
+    Ok(())
+}
+
+fn to_json(parts: &RpcParts, a: &RpcAnalysis) -> serde_json::Value {
+    use serde_json::json;
+    let part = |p: &ggml_viz_reader::telemetry::rpc::CommandPart| {
+        json!({"process": p.process, "command": p.command, "connection": p.connection,
+               "index": p.index, "start_ns": p.start_ns, "end_ns": p.end_ns,
+               "sent": p.sent, "received": p.received})
+    };
+    json!({
+        "processes": parts.processes.iter().map(|p| json!({
+            "id": p.id, "pid": p.pid, "name": p.name, "host": p.host})).collect::<Vec<_>>(),
+        "links": a.links.iter().map(|l| json!({
+            "client_process": l.client_process, "client_connection": l.client_connection,
+            "server_process": l.server_process, "server_connection": l.server_connection,
+            "endpoint": l.endpoint, "commands": l.commands})).collect::<Vec<_>>(),
+        "unjoined_client_connections": a.unjoined_client_connections,
+        "offsets": a.offsets.iter().map(|o| json!({
+            "server_process": o.server_process, "offset_ns": o.offset_ns,
+            "lower_ns": o.lower_ns, "upper_ns": o.upper_ns, "commands": o.commands}))
+            .collect::<Vec<_>>(),
+        "commands": a.commands.iter().map(|(name, r)| (name.clone(), json!({
+            "count": r.count, "sent": r.sent, "received": r.received,
+            "request_ns": r.request_ns, "answer_ns": r.answer_ns}))).collect::<serde_json::Map<_, _>>(),
+        "joined": a.joined.iter().map(|j| json!({
+            "link": j.link, "request": part(&j.request),
+            "answer": j.answer.as_ref().map(part), "serve": part(&j.serve),
+            "server_answer": j.server_answer.as_ref().map(part)})).collect::<Vec<_>>(),
+    })
+}

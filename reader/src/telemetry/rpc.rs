@@ -1,0 +1,362 @@
+//! ggml-rpc across hosts: the traces of a client and its servers joined command by command,
+//! each server's clock offset from the client's estimated from the commands that were answered,
+//! and a table per command.
+//!
+//! The hook records each command's parts as spans of category [`CATEGORY`] named by the command
+//! (`GRAPH_COMPUTE`): on the client its request and its answer, on the server its serving of it
+//! and, inside, its answer. Both ends number a connection's commands from its HELLO, so a
+//! client's connection and a server's join when their commands agree one for one (command and
+//! bytes); the endpoint decides between servers that saw the same commands.
+//!
+//! Clocks: for a command that was answered, the server began serving it after the client began
+//! sending it, and began answering before the client had the answer's last byte. With `θ` the
+//! offset to add to a server's times to put them on the client's clock, each such command bounds
+//! `θ` from both sides (`request.start − serve.start ≤ θ ≤ answer.end − server answer.start`),
+//! and a command without an answer from below; the estimate is the middle of the intersection of
+//! all the bounds, its uncertainty half the width.
+
+use std::collections::BTreeMap;
+
+use rustc_hash::FxHashMap as HashMap;
+
+use crate::telemetry::{Arg, Process, Record, RecordSink, Span};
+
+/// The category of the hook's RPC spans.
+pub const CATEGORY: &str = "rpc";
+/// Argument keys of an RPC span.
+pub const PART: &str = "rpc_part";
+pub const CONNECTION: &str = "connection";
+pub const INDEX: &str = "index";
+pub const ENDPOINT: &str = "endpoint";
+pub const SENT: &str = "sent";
+pub const RECEIVED: &str = "received";
+
+/// Which part of a command a span is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Part {
+    Request,
+    /// The client's answer; in [`analyse`]'s results also a server's (inside its serve span).
+    Answer,
+    Serve,
+    /// A server's answer, as [`analyse`] tells it apart.
+    ServerAnswer,
+}
+
+/// One part of one command.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CommandPart {
+    pub process: u32,
+    pub part: Part,
+    pub command: String,
+    pub connection: u32,
+    pub index: u32,
+    pub endpoint: Option<String>,
+    pub start_ns: u64,
+    pub end_ns: u64,
+    pub sent: u64,
+    pub received: u64,
+}
+
+/// A sink that keeps the processes and the RPC parts of an import (everything else passes by).
+#[derive(Debug, Default)]
+pub struct RpcParts {
+    pub processes: Vec<Process>,
+    pub parts: Vec<CommandPart>,
+    lanes: HashMap<u32, u32>,
+    pub warnings: Vec<String>,
+}
+
+impl RecordSink for RpcParts {
+    fn record(&mut self, record: Record) {
+        match record {
+            Record::Process(p) => self.processes.push(p),
+            Record::Lane(l) => {
+                self.lanes.insert(l.id, l.process);
+            }
+            Record::Span(span) if &*span.category == CATEGORY => {
+                let process = self.lanes.get(&span.lane).copied().unwrap_or(0);
+                if let Some(part) = command_part(process, &span) {
+                    self.parts.push(part);
+                }
+            }
+            Record::Warning(w) => self.warnings.push(w),
+            _ => {}
+        }
+    }
+}
+
+fn command_part(process: u32, span: &Span) -> Option<CommandPart> {
+    let arg = |key: &str| span.args.iter().find(|(k, _)| &**k == key).map(|(_, v)| v);
+    let uint = |key: &str| match arg(key) {
+        Some(Arg::UInt(n)) => *n,
+        _ => 0,
+    };
+    let part = match arg(PART) {
+        Some(Arg::Str(p)) => match &**p {
+            "request" => Part::Request,
+            "answer" => Part::Answer,
+            "serve" => Part::Serve,
+            _ => return None,
+        },
+        _ => return None,
+    };
+    Some(CommandPart {
+        process,
+        part,
+        command: span.name.to_string(),
+        connection: uint(CONNECTION) as u32,
+        index: uint(INDEX) as u32,
+        endpoint: match arg(ENDPOINT) {
+            Some(Arg::Str(e)) => Some(e.to_string()),
+            _ => None,
+        },
+        start_ns: span.start_ns,
+        end_ns: span.end_ns,
+        sent: uint(SENT),
+        received: uint(RECEIVED),
+    })
+}
+
+/// One connection as one end saw it.
+#[derive(Clone, Debug, Default)]
+struct Connection {
+    process: u32,
+    id: u32,
+    endpoint: Option<String>,
+    /// By index: request (client) or serve (server), and the answer.
+    commands: BTreeMap<u32, (Option<CommandPart>, Option<CommandPart>)>,
+}
+
+impl Connection {
+    /// The command and request bytes per index: what both ends must agree on.
+    fn signature(&self, client: bool) -> Vec<(u32, &str, u64)> {
+        self.commands
+            .iter()
+            .filter_map(|(&i, (main, _))| {
+                let m = main.as_ref()?;
+                Some((
+                    i,
+                    m.command.as_str(),
+                    if client { m.sent } else { m.received },
+                ))
+            })
+            .collect()
+    }
+}
+
+/// A client's connection joined to the server's.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Link {
+    pub client_process: u32,
+    pub client_connection: u32,
+    pub server_process: u32,
+    pub server_connection: u32,
+    pub endpoint: Option<String>,
+    /// Commands joined.
+    pub commands: usize,
+}
+
+/// A server's clock against the client's.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ClockOffset {
+    pub server_process: u32,
+    /// Add to the server's times to put them on the client's clock: the estimate, and the
+    /// interval the commands allow (`lower ≤ θ ≤ upper`; `upper` is `None` when no command was
+    /// answered).
+    pub offset_ns: i64,
+    pub lower_ns: i64,
+    pub upper_ns: Option<i64>,
+    /// Commands that gave bounds.
+    pub commands: usize,
+}
+
+impl ClockOffset {
+    /// Half the width of the interval: how far the estimate can be from the truth.
+    pub fn uncertainty_ns(&self) -> Option<i64> {
+        self.upper_ns.map(|u| (u - self.lower_ns).max(0) / 2)
+    }
+}
+
+/// A joined command: the client's request (and answer) with the server's serving of it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct JoinedCommand {
+    pub link: usize,
+    pub request: CommandPart,
+    pub answer: Option<CommandPart>,
+    pub serve: CommandPart,
+    pub server_answer: Option<CommandPart>,
+}
+
+/// Per command name over every client connection: count, bytes, time.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct CommandRow {
+    pub count: u64,
+    pub sent: u64,
+    pub received: u64,
+    /// Client time: its requests, and its answers (waiting included).
+    pub request_ns: u64,
+    pub answer_ns: u64,
+}
+
+impl CommandRow {
+    /// Bytes moved per second of client time.
+    pub fn mb_per_s(&self) -> f64 {
+        let ns = self.request_ns + self.answer_ns;
+        if ns == 0 {
+            0.0
+        } else {
+            (self.sent + self.received) as f64 / ns as f64 * 1e3
+        }
+    }
+}
+
+/// Everything joined.
+#[derive(Clone, Debug, Default)]
+pub struct RpcAnalysis {
+    pub links: Vec<Link>,
+    pub joined: Vec<JoinedCommand>,
+    pub offsets: Vec<ClockOffset>,
+    pub commands: BTreeMap<String, CommandRow>,
+    /// Client connections no server trace joined (their server was not traced, or its trace
+    /// is incomplete).
+    pub unjoined_client_connections: usize,
+}
+
+impl RpcAnalysis {
+    pub fn offset_of(&self, server_process: u32) -> Option<&ClockOffset> {
+        self.offsets
+            .iter()
+            .find(|o| o.server_process == server_process)
+    }
+}
+
+/// Joins and measures what `parts` holds.
+pub fn analyse(parts: &RpcParts) -> RpcAnalysis {
+    let mut clients: BTreeMap<(u32, u32), Connection> = BTreeMap::new();
+    let mut servers: BTreeMap<(u32, u32), Connection> = BTreeMap::new();
+    let mut commands: BTreeMap<String, CommandRow> = BTreeMap::new();
+    // An answer on a connection that was served is the server's.
+    let served: Vec<(u32, u32)> = parts
+        .parts
+        .iter()
+        .filter(|p| p.part == Part::Serve)
+        .map(|p| (p.process, p.connection))
+        .collect();
+    for p in &parts.parts {
+        let mut p = p.clone();
+        if p.part == Part::Answer && served.contains(&(p.process, p.connection)) {
+            p.part = Part::ServerAnswer;
+        }
+        let side = match p.part {
+            Part::Request | Part::Answer => &mut clients,
+            Part::Serve | Part::ServerAnswer => &mut servers,
+        };
+        let conn = side.entry((p.process, p.connection)).or_default();
+        conn.process = p.process;
+        conn.id = p.connection;
+        if conn.endpoint.is_none() {
+            conn.endpoint.clone_from(&p.endpoint);
+        }
+        let slot = conn.commands.entry(p.index).or_default();
+        let is_client = matches!(p.part, Part::Request | Part::Answer);
+        if is_client {
+            let row = commands.entry(p.command.clone()).or_default();
+            if p.part == Part::Request {
+                row.count += 1;
+                row.sent += p.sent;
+                row.request_ns += p.end_ns.saturating_sub(p.start_ns);
+            } else {
+                row.received += p.received;
+                row.answer_ns += p.end_ns.saturating_sub(p.start_ns);
+            }
+        }
+        match p.part {
+            Part::Request | Part::Serve => slot.0 = Some(p),
+            Part::Answer | Part::ServerAnswer => slot.1 = Some(p),
+        }
+    }
+
+    let mut analysis = RpcAnalysis {
+        commands,
+        ..RpcAnalysis::default()
+    };
+    let mut taken: Vec<(u32, u32)> = Vec::new();
+    for client in clients.values() {
+        let signature = client.signature(true);
+        let port = |e: &Option<String>| {
+            e.as_deref()
+                .and_then(|e| e.rsplit(':').next())
+                .map(str::to_owned)
+        };
+        let candidates = servers
+            .iter()
+            .filter(|(key, _)| !taken.contains(key))
+            .filter(|(_, s)| s.signature(false) == signature);
+        // The same endpoint, else the same port, else the first (in time order) that agrees.
+        let chosen = candidates
+            .min_by_key(|(_, s)| {
+                (
+                    s.endpoint != client.endpoint,
+                    port(&s.endpoint) != port(&client.endpoint),
+                    s.commands
+                        .values()
+                        .next()
+                        .and_then(|c| c.0.as_ref())
+                        .map_or(0, |c| c.start_ns),
+                )
+            })
+            .map(|(key, s)| (*key, s));
+        let Some((key, server)) = chosen else {
+            analysis.unjoined_client_connections += 1;
+            continue;
+        };
+        taken.push(key);
+        let link = analysis.links.len();
+        analysis.links.push(Link {
+            client_process: client.process,
+            client_connection: client.id,
+            server_process: server.process,
+            server_connection: server.id,
+            endpoint: client.endpoint.clone(),
+            commands: signature.len(),
+        });
+        for (index, (request, answer)) in &client.commands {
+            let (Some(request), Some((Some(serve), server_answer))) =
+                (request, server.commands.get(index))
+            else {
+                continue;
+            };
+            analysis.joined.push(JoinedCommand {
+                link,
+                request: request.clone(),
+                answer: answer.clone(),
+                serve: serve.clone(),
+                server_answer: server_answer.clone(),
+            });
+        }
+    }
+
+    // Offsets, per server process, from every joined command of its links.
+    let mut bounds: BTreeMap<u32, (i64, Option<i64>, usize)> = BTreeMap::new();
+    for j in &analysis.joined {
+        let server = analysis.links[j.link].server_process;
+        let b = bounds.entry(server).or_insert((i64::MIN, None, 0));
+        b.0 = b.0.max(j.request.start_ns as i64 - j.serve.start_ns as i64);
+        if let (Some(answer), Some(server_answer)) = (&j.answer, &j.server_answer) {
+            let upper = answer.end_ns as i64 - server_answer.start_ns as i64;
+            b.1 = Some(b.1.map_or(upper, |u: i64| u.min(upper)));
+        }
+        b.2 += 1;
+    }
+    analysis.offsets = bounds
+        .into_iter()
+        .map(|(server_process, (lower, upper, commands))| ClockOffset {
+            server_process,
+            offset_ns: upper.map_or(lower, |u| lower + (u - lower) / 2),
+            lower_ns: lower,
+            upper_ns: upper,
+            commands,
+        })
+        .collect();
+    analysis
+}
