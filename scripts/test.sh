@@ -14,6 +14,9 @@ command -v cc >/dev/null || missing+=(gcc)
 [ -x /usr/bin/chromedriver ] || missing+=(chromium-driver)
 command -v tmux >/dev/null || missing+=(tmux)              # the live view's terminal test
 command -v java >/dev/null || missing+=(openjdk-17-jre-headless)  # Spark, over our Parquet
+# The RPC test: a server's clock shifted (libfaketime), servers in network namespaces (ip).
+[ -e /usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1 ] || missing+=(faketime)
+command -v ip >/dev/null || missing+=(iproute2)
 if [ ${#missing[@]} -gt 0 ]; then
   echo "test.sh: installing ${missing[*]}" >&2
   export DEBIAN_FRONTEND=noninteractive

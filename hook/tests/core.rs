@@ -4,9 +4,9 @@
 use std::collections::{BTreeMap, HashSet};
 
 use ggml_viz_config::{Config, Sources};
-use ggml_viz_hook::{Entry, GraphInfo, OpInfo, Setup};
+use ggml_viz_hook::{Entry, GraphInfo, OpInfo, Setup, Transfer};
 use ggml_viz_reader::TraceFile;
-use ggml_viz_reader::format::ext::{self, Counters, Metadata, SpanBoundary};
+use ggml_viz_reader::format::ext::{self, Counters, Metadata, RpcBoundary, RpcPart, SpanBoundary};
 use ggml_viz_reader::format::{EventType, ExtensionKind, Payload};
 
 const THREADS: usize = 3;
@@ -67,6 +67,61 @@ fn pool_worker() {
     }
 }
 
+/// One ggml-rpc exchange as the transport carries it, in the order ggml-rpc's client and
+/// server make their calls: (command, request payload bytes, answer payload bytes if answered).
+const EXCHANGE: [(u8, usize, Option<usize>); 4] = [
+    (14, 24, Some(36)), // HELLO
+    (10, 1805, None),   // GRAPH_COMPUTE: no answer
+    (8, 40, Some(96)),  // GET_TENSOR
+    (15, 0, Some(4)),   // DEVICE_COUNT: an empty request
+];
+
+/// A transport call on the fake socket at `socket`, before and after, as the front end reports it.
+fn transport(socket: usize, transfer: Transfer, bytes: &mut [u8]) {
+    // SAFETY: `bytes` is readable and writable for its length.
+    unsafe {
+        ggml_viz_hook::rpc_before(socket, transfer, bytes.as_ptr(), bytes.len());
+        ggml_viz_hook::rpc_after(socket, transfer, bytes.as_ptr(), bytes.len(), true);
+    }
+}
+
+/// The client's side of [`EXCHANGE`]: command byte, size, payload, flush; then the answer.
+fn rpc_client(socket: usize) {
+    ggml_viz_hook::rpc_connected(socket, "10.0.0.2:50052");
+    for (command, request, answer) in EXCHANGE {
+        transport(socket, Transfer::Send, &mut [command]);
+        transport(socket, Transfer::Send, &mut (request as u64).to_le_bytes());
+        transport(socket, Transfer::Send, &mut vec![0; request]);
+        transport(socket, Transfer::Flush, &mut []);
+        if let Some(answer) = answer {
+            transport(socket, Transfer::Recv, &mut (answer as u64).to_le_bytes());
+            transport(socket, Transfer::Recv, &mut vec![0; answer]);
+        }
+    }
+}
+
+/// The server's side: it reads each command and its payload, answers, and waits for the next,
+/// until the client closes (a failed read).
+fn rpc_server(socket: usize) {
+    ggml_viz_hook::rpc_listening("0.0.0.0:50052");
+    for (command, request, answer) in EXCHANGE {
+        transport(socket, Transfer::Recv, &mut [command]);
+        transport(socket, Transfer::Recv, &mut (request as u64).to_le_bytes());
+        transport(socket, Transfer::Recv, &mut vec![0; request]);
+        if let Some(answer) = answer {
+            transport(socket, Transfer::Send, &mut (answer as u64).to_le_bytes());
+            transport(socket, Transfer::Send, &mut vec![0; answer]);
+            transport(socket, Transfer::Flush, &mut []);
+        }
+    }
+    let mut closed = [0u8];
+    // SAFETY: as in `transport`.
+    unsafe {
+        ggml_viz_hook::rpc_before(socket, Transfer::Recv, closed.as_mut_ptr(), 1);
+        ggml_viz_hook::rpc_after(socket, Transfer::Recv, closed.as_mut_ptr(), 1, false);
+    }
+}
+
 #[test]
 fn what_threads_record_is_in_the_trace_in_order() {
     let dir = std::env::temp_dir().join(format!("ggml-viz-core-{}", std::process::id()));
@@ -113,12 +168,15 @@ fn what_threads_record_is_in_the_trace_in_order() {
     });
     stopped_early.join().unwrap();
     std::thread::spawn(pool_worker).join().unwrap();
+    std::thread::spawn(|| rpc_client(0x5000)).join().unwrap();
+    std::thread::spawn(|| rpc_server(0x6000)).join().unwrap();
     ggml_viz_hook::finish();
 
     let trace = TraceFile::open(&path, None).unwrap();
     let mut per_thread: BTreeMap<u32, Vec<EventType>> = BTreeMap::new();
     let (mut metadata, mut counters, mut spans) = (None, None, Vec::new());
     let mut barriers = Vec::new();
+    let mut rpc = Vec::new();
     for event in trace.events() {
         let event = event.expect("no damage");
         match (event.event_type(), event.payload) {
@@ -139,6 +197,10 @@ fn what_threads_record_is_in_the_trace_in_order() {
                 match x.kind {
                     ExtensionKind::Metadata => metadata = ext::parse_payload::<Metadata>(label),
                     ExtensionKind::Counters => counters = ext::parse_payload::<Counters>(label),
+                    ExtensionKind::RpcBegin | ExtensionKind::RpcEnd => rpc.push((
+                        x.kind == ExtensionKind::RpcBegin,
+                        ext::parse_payload::<RpcBoundary>(label).unwrap(),
+                    )),
                     ExtensionKind::SpanBegin | ExtensionKind::SpanEnd => spans.push((
                         x.kind,
                         event.thread_id,
@@ -213,5 +275,62 @@ fn what_threads_record_is_in_the_trace_in_order() {
         assert_eq!(span.seqs, SEQS);
         assert_eq!(span.other_seq_tokens, 1);
     }
+    // The RPC exchange, from the framing alone: on each end every command opens and closes
+    // in order, numbered from the HELLO, with the bytes the framing says (command byte, 8-byte
+    // size and payload; an answer's size and payload).
+    let edge = |begin: bool, part: RpcPart, index: usize, sent: u64, received: u64| {
+        let (command, ..) = EXCHANGE[index];
+        RpcBoundary {
+            part,
+            command,
+            connection: 0,
+            index: index as u32,
+            endpoint: None,
+            sent: if begin { 0 } else { sent },
+            received: if begin { 0 } else { received },
+        }
+    };
+    // Begin records name the endpoint: the client's the server it dialled, the server's the
+    // address it serves.
+    let named = |mut ends: Vec<(bool, RpcBoundary)>, endpoint: &str| {
+        for (begin, b) in &mut ends {
+            b.endpoint = begin.then(|| endpoint.to_string());
+        }
+        ends
+    };
+    let mut client = Vec::new();
+    let mut server = Vec::new();
+    for (i, (_, request, answer)) in EXCHANGE.iter().enumerate() {
+        let request_bytes = 1 + 8 + *request as u64;
+        client.push((true, edge(true, RpcPart::Request, i, 0, 0)));
+        client.push((false, edge(false, RpcPart::Request, i, request_bytes, 0)));
+        server.push((true, edge(true, RpcPart::Serve, i, 0, 0)));
+        if let Some(answer) = answer {
+            let answer_bytes = 8 + *answer as u64;
+            client.push((true, edge(true, RpcPart::Answer, i, 0, 0)));
+            client.push((false, edge(false, RpcPart::Answer, i, 0, answer_bytes)));
+            server.push((true, edge(true, RpcPart::Answer, i, 0, 0)));
+            server.push((false, edge(false, RpcPart::Answer, i, answer_bytes, 0)));
+        }
+        server.push((
+            false,
+            edge(
+                false,
+                RpcPart::Serve,
+                i,
+                answer.map_or(0, |a| 8 + a as u64),
+                request_bytes,
+            ),
+        ));
+    }
+    // Connections are numbered per process, from 1: the client's HELLO came first.
+    let mut ends: [Vec<(bool, RpcBoundary)>; 2] = Default::default();
+    for (begin, mut b) in rpc {
+        let n = std::mem::take(&mut b.connection);
+        assert!(n == 1 || n == 2, "connection {n}");
+        ends[n as usize - 1].push((begin, b));
+    }
+    assert_eq!(ends[0], named(client, "10.0.0.2:50052"));
+    assert_eq!(ends[1], named(server, "0.0.0.0:50052"));
     std::fs::remove_dir_all(&dir).unwrap();
 }

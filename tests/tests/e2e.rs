@@ -10,6 +10,7 @@ mod llama;
 mod ops;
 mod record;
 mod report;
+mod rpc;
 mod server;
 mod threads;
 mod windows;

@@ -360,3 +360,153 @@ pub fn analyse(parts: &RpcParts) -> RpcAnalysis {
         .collect();
     analysis
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SHIFT: i64 = 5_000_000;
+
+    /// A command on both ends: the client sends at `at`; the request takes `out` ns to reach
+    /// the server, whose clock is `shift` ahead; it answers (if `back` is given) after 2 µs,
+    /// and the answer takes `back` ns to arrive.
+    #[allow(clippy::too_many_arguments)]
+    fn command(
+        parts: &mut Vec<CommandPart>,
+        (client, server): (u32, u32),
+        shift: i64,
+        index: u32,
+        name: &str,
+        bytes: u64,
+        at: u64,
+        out: u64,
+        back: Option<u64>,
+    ) {
+        let part = |process, part, start_ns, end_ns, sent, received| CommandPart {
+            process,
+            part,
+            command: name.into(),
+            connection: 1,
+            index,
+            endpoint: None,
+            start_ns,
+            end_ns,
+            sent,
+            received,
+        };
+        let served = (at + out) as i64 + shift;
+        parts.push(part(client, Part::Request, at, at + 1_000, bytes, 0));
+        let end = served as u64 + 3_000;
+        if let Some(back) = back {
+            let answering = served as u64 + 2_000;
+            parts.push(part(server, Part::Answer, answering, end, 12, 0));
+            let arrives = (answering as i64 - shift) as u64 + back;
+            parts.push(part(client, Part::Answer, at + 1_000, arrives, 0, 12));
+        }
+        parts.push(part(server, Part::Serve, served as u64, end, 0, bytes));
+    }
+
+    #[test]
+    fn joins_by_commands_and_bounds_the_offset_from_both_sides() {
+        let mut parts = RpcParts::default();
+        let p = &mut parts.parts;
+        // Client process 0 talks to server 1 (clock 5 ms ahead) ...
+        command(
+            p,
+            (0, 1),
+            SHIFT,
+            0,
+            "HELLO",
+            33,
+            1_000,
+            10_000,
+            Some(20_000),
+        );
+        command(
+            p,
+            (0, 1),
+            SHIFT,
+            1,
+            "GRAPH_COMPUTE",
+            1_814,
+            100_000,
+            4_000,
+            None,
+        );
+        command(
+            p,
+            (0, 1),
+            SHIFT,
+            2,
+            "GET_TENSOR",
+            49,
+            200_000,
+            15_000,
+            Some(6_000),
+        );
+        // ... and server 2 saw another graph: not the same connection.
+        let mut other = Vec::new();
+        command(
+            &mut other,
+            (9, 2),
+            0,
+            0,
+            "HELLO",
+            33,
+            1_000,
+            10_000,
+            Some(10_000),
+        );
+        command(
+            &mut other,
+            (9, 2),
+            0,
+            1,
+            "GRAPH_COMPUTE",
+            2_000,
+            100_000,
+            10_000,
+            None,
+        );
+        p.extend(other.into_iter().filter(|c| c.process == 2));
+        let a = analyse(&parts);
+
+        assert_eq!(a.links.len(), 1, "{:?}", a.links);
+        assert_eq!(
+            (a.links[0].client_process, a.links[0].server_process),
+            (0, 1)
+        );
+        assert_eq!(a.joined.len(), 3);
+        assert_eq!(a.unjoined_client_connections, 0);
+        // Lower bounds: −shift − each request's way out (the tightest: 4 µs); upper bounds:
+        // −shift + each answer's way back (the tightest: 6 µs).
+        let o = a.offset_of(1).expect("an offset for server 1");
+        assert_eq!(o.lower_ns, -SHIFT - 4_000);
+        assert_eq!(o.upper_ns, Some(-SHIFT + 6_000));
+        assert_eq!(o.offset_ns, -SHIFT + 1_000);
+        assert_eq!(o.uncertainty_ns(), Some(5_000));
+        assert_eq!(o.commands, 3);
+        assert!(a.offset_of(2).is_none());
+
+        // The client's table: counts and bytes per command, times from its spans.
+        let hello = &a.commands["HELLO"];
+        assert_eq!((hello.count, hello.sent, hello.received), (1, 33, 12));
+        assert_eq!(hello.request_ns, 1_000);
+        let compute = &a.commands["GRAPH_COMPUTE"];
+        assert_eq!(
+            (compute.count, compute.sent, compute.answer_ns),
+            (1, 1_814, 0)
+        );
+    }
+
+    #[test]
+    fn a_client_connection_whose_server_was_not_traced_is_counted() {
+        let mut parts = RpcParts::default();
+        command(&mut parts.parts, (0, 1), 0, 0, "HELLO", 33, 0, 10, Some(10));
+        parts.parts.retain(|c| c.process == 0);
+        let a = analyse(&parts);
+        assert!(a.links.is_empty());
+        assert_eq!(a.unjoined_client_connections, 1);
+        assert!(a.offsets.is_empty());
+    }
+}

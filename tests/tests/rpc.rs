@@ -1,0 +1,378 @@
+//! llama.cpp over ggml-rpc on several hosts: two `ggml-rpc-server`s, each in a network namespace
+//! of its own with its own address and host name, one with its wall clock 250 ms ahead
+//! (libfaketime), and `llama-completion` putting the tiny model's layers on both. Every process
+//! is traced; `ggml-viz rpc` joins the traces and estimates the clocks.
+//!
+//! Where network namespaces cannot be made (no root, no `ip`), the servers listen on loopback
+//! ports instead, and the test says so.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use ggml_viz_e2e::*;
+use serde_json::Value;
+
+const SHIFT_NS: i64 = 250_000_000;
+const LIBFAKETIME: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1";
+
+/// One server host: a namespace (or none: loopback) and the address it serves on.
+struct Host {
+    name: String,
+    netns: Option<String>,
+    veth: Option<String>,
+    address: String,
+    port: u16,
+}
+
+fn ip(args: &[&str]) -> bool {
+    Command::new("ip")
+        .args(args)
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+impl Host {
+    /// Host `n` (1-based): namespace `gvz-<pid>-n`, 10.231.<n>.2 behind a veth pair whose other
+    /// end (10.231.<n>.1) is in the test's own namespace. `None` if any step fails.
+    fn namespaced(n: u8) -> Option<Host> {
+        let pid = std::process::id();
+        let ns = format!("gvz{pid}-{n}");
+        let (outer, inner) = (format!("gvz{pid}o{n}"), format!("gvz{pid}i{n}"));
+        let host = Host {
+            name: format!("rpc-host-{n}"),
+            netns: Some(ns.clone()),
+            veth: Some(outer.clone()),
+            address: format!("10.231.{n}.2"),
+            port: 50052,
+        };
+        let ok = ip(&["netns", "add", &ns])
+            && ip(&[
+                "link", "add", &outer, "type", "veth", "peer", "name", &inner,
+            ])
+            && ip(&["link", "set", &inner, "netns", &ns])
+            && ip(&["addr", "add", &format!("10.231.{n}.1/24"), "dev", &outer])
+            && ip(&["link", "set", &outer, "up"])
+            && ip(&[
+                "-n",
+                &ns,
+                "addr",
+                "add",
+                &format!("10.231.{n}.2/24"),
+                "dev",
+                &inner,
+            ])
+            && ip(&["-n", &ns, "link", "set", &inner, "up"])
+            && ip(&["-n", &ns, "link", "set", "lo", "up"]);
+        // Dropped on failure: what was made is removed.
+        ok.then_some(host)
+    }
+
+    fn loopback() -> Host {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        Host {
+            name: String::new(),
+            netns: None,
+            veth: None,
+            address: "127.0.0.1".into(),
+            port,
+        }
+    }
+
+    fn endpoint(&self) -> String {
+        format!("{}:{}", self.address, self.port)
+    }
+
+    /// `ggml-rpc-server` on this host, with `env` (the hook's settings, libfaketime's).
+    fn serve(&self, env: &[(&str, String)], log: &Path) -> Child {
+        let server = llama_bin().join("ggml-rpc-server");
+        let mut cmd = match &self.netns {
+            Some(ns) => {
+                let mut c = Command::new("ip");
+                c.args(["netns", "exec", ns, "unshare", "--uts", "sh", "-c"])
+                    .arg(format!(
+                        "hostname {} && exec \"$0\" -H {} -p {}",
+                        self.name, self.address, self.port
+                    ))
+                    .arg(&server);
+                c
+            }
+            None => {
+                let mut c = Command::new(&server);
+                c.args(["-H", &self.address, "-p", &self.port.to_string()]);
+                c
+            }
+        };
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let child = cmd
+            .stdout(Stdio::from(std::fs::File::create(log).unwrap()))
+            .stderr(Stdio::from(
+                std::fs::OpenOptions::new().append(true).open(log).unwrap(),
+            ))
+            .spawn()
+            .expect("ggml-rpc-server starts");
+        // Ready when it accepts a connection (at most 20 s).
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let addr: std::net::SocketAddr = self.endpoint().parse().unwrap();
+        while std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_err() {
+            assert!(
+                Instant::now() < deadline,
+                "ggml-rpc-server on {} not up in 20 s:\n{}",
+                self.endpoint(),
+                std::fs::read_to_string(log).unwrap_or_default()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        child
+    }
+}
+
+impl Drop for Host {
+    fn drop(&mut self) {
+        if let Some(veth) = &self.veth {
+            ip(&["link", "del", veth]);
+        }
+        if let Some(ns) = &self.netns {
+            ip(&["netns", "del", ns]);
+        }
+    }
+}
+
+/// Stops a server with SIGINT, as a user would, and waits (at most 20 s) for it to exit.
+fn stop(mut child: Child) {
+    // `ip netns exec` and `sh -c ... exec` leave the server as this very process.
+    let _ = Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while child.try_wait().unwrap().is_none() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("ggml-rpc-server did not stop within 20 s of SIGINT");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// The client: the tiny model's layers on the servers, greedy, 12 tokens; its stdout.
+fn complete(endpoints: &str, env: &[(&str, String)]) -> String {
+    let mut cmd = Command::new(llama_bin().join("llama-completion"));
+    cmd.arg("-m")
+        .arg(tiny_model())
+        .args(["--rpc", endpoints, "-ngl", "99", "-p", "Once upon a time"])
+        .args(["-n", "12", "--temp", "0", "-no-cnv", "-t", "1"]);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = run(cmd);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    text(&out.stdout)
+}
+
+/// Runs the job once: servers on `hosts` (the second with its clock shifted), then the client;
+/// traced into `dir` when `traced`. Returns the client's output.
+fn job(hosts: &[Host], dir: Option<&Path>) -> String {
+    let trace = |name: &str| dir.map(|d| d.join(name));
+    let hook_env = |path: Option<PathBuf>| -> Vec<(&str, String)> {
+        match path {
+            Some(p) => vec![
+                ("LD_PRELOAD", hook().display().to_string()),
+                ("GGML_VIZ_OUTPUT", p.display().to_string()),
+            ],
+            None => Vec::new(),
+        }
+    };
+    let scratch_dir = scratch("rpc-logs");
+    let servers: Vec<Child> = hosts
+        .iter()
+        .enumerate()
+        .map(|(i, h)| {
+            let mut env = hook_env(trace(&format!("server-{i}.ggmlviz")));
+            if i == 1 {
+                let preload = env
+                    .iter()
+                    .find(|(k, _)| *k == "LD_PRELOAD")
+                    .map(|(_, v)| format!("{v} {LIBFAKETIME}"))
+                    .unwrap_or_else(|| LIBFAKETIME.to_string());
+                env.retain(|(k, _)| *k != "LD_PRELOAD");
+                env.push(("LD_PRELOAD", preload));
+                env.push(("FAKETIME", "+0.25".into()));
+                // Our timestamps' epoch comes from the realtime clock; the monotonic one stays.
+                env.push(("DONT_FAKE_MONOTONIC", "1".into()));
+            }
+            h.serve(&env, &scratch_dir.join(format!("server-{i}.log")))
+        })
+        .collect();
+    let endpoints: Vec<String> = hosts.iter().map(Host::endpoint).collect();
+    let mut client_env = hook_env(trace("client.ggmlviz"));
+    if dir.is_some() {
+        // The client's own CPU nodes, per thread; the servers time theirs.
+        client_env.push(("GGML_VIZ_OP_TIMING", "auto".into()));
+    }
+    let output = complete(&endpoints.join(","), &client_env);
+    // A server runs until it is stopped, and SIGINT ends it without its exit handlers: give its
+    // trace's flusher (every 100 ms) time to write the last commands first.
+    std::thread::sleep(Duration::from_millis(400));
+    for s in servers {
+        stop(s);
+    }
+    output
+}
+
+fn hosts() -> (Vec<Host>, bool) {
+    match (Host::namespaced(1), Host::namespaced(2)) {
+        (Some(a), Some(b)) => (vec![a, b], true),
+        _ => {
+            eprintln!(
+                "rpc: network namespaces unavailable (not root, or no `ip`): the servers listen \
+                 on loopback ports of this host instead"
+            );
+            (vec![Host::loopback(), Host::loopback()], false)
+        }
+    }
+}
+
+fn uint(v: &Value) -> u64 {
+    v.as_u64().unwrap_or_else(|| panic!("not a count: {v}"))
+}
+
+#[test]
+fn rpc_job_on_two_hosts_joins_every_compute_and_finds_the_shifted_clock() {
+    assert!(
+        Path::new(LIBFAKETIME).exists(),
+        "libfaketime is missing (scripts/test.sh installs Debian's faketime)"
+    );
+    let (hosts, namespaced) = hosts();
+    let untraced = job(&hosts, None);
+    let dir = scratch("rpc-traces");
+    let traced = job(&hosts, Some(&dir));
+    assert_eq!(
+        traced, untraced,
+        "the client's output changed under the hook"
+    );
+    assert!(!untraced.trim().is_empty());
+
+    let traces = ["client", "server-0", "server-1"].map(|n| dir.join(format!("{n}.ggmlviz")));
+    let out = run({
+        let mut c = Command::new(ggml_viz());
+        c.arg("rpc").arg("--json").args(&traces);
+        c
+    });
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let a: Value = serde_json::from_slice(&out.stdout).unwrap();
+
+    // Who is who: the servers' traces say the host names their namespaces gave them.
+    let processes = a["processes"].as_array().unwrap();
+    assert_eq!(processes.len(), 3, "{processes:?}");
+    let server_ids: Vec<u64> = processes[1..].iter().map(|p| uint(&p["id"])).collect();
+    if namespaced {
+        let names: Vec<&str> = processes[1..]
+            .iter()
+            .map(|p| p["host"].as_str().unwrap())
+            .collect();
+        assert_eq!(names, ["rpc-host-1", "rpc-host-2"]);
+    }
+
+    // Every client connection was joined, to both servers, with the endpoint it dialled.
+    assert_eq!(uint(&a["unjoined_client_connections"]), 0, "{}", a["links"]);
+    let links = a["links"].as_array().unwrap();
+    for (id, host) in server_ids.iter().zip(&hosts) {
+        assert!(
+            links.iter().any(|l| uint(&l["server_process"]) == *id
+                && l["endpoint"].as_str() == Some(&host.endpoint())),
+            "no connection to {}: {links:?}",
+            host.endpoint()
+        );
+    }
+
+    // Each graph the client computed on an RPC backend is one GRAPH_COMPUTE or GRAPH_RECOMPUTE
+    // (counted independently: the client's graph computes on RPC backends), and each has
+    // exactly one joined serve, holding exactly one graph compute on the server.
+    let client_rpc_graphs = graph_computes(&traces[0], "ggml_backend_graph_compute_async RPC");
+    let joined = a["joined"].as_array().unwrap();
+    let computes: Vec<&Value> = joined
+        .iter()
+        .filter(|j| {
+            matches!(
+                j["request"]["command"].as_str(),
+                Some("GRAPH_COMPUTE" | "GRAPH_RECOMPUTE")
+            )
+        })
+        .collect();
+    assert!(client_rpc_graphs > 0);
+    assert_eq!(computes.len() as u64, client_rpc_graphs);
+    let mut seen = std::collections::BTreeSet::new();
+    for j in &computes {
+        assert!(
+            seen.insert((uint(&j["link"]), uint(&j["request"]["index"]))),
+            "a request joined twice: {j}"
+        );
+    }
+    let server_graphs: u64 = traces[1..]
+        .iter()
+        .map(|t| graph_computes(t, "ggml_backend_graph_compute CPU"))
+        .sum();
+    assert_eq!(server_graphs, client_rpc_graphs);
+
+    // The clocks: the second server's is 250 ms ahead, the first's is the client's.
+    let offsets = a["offsets"].as_array().unwrap();
+    let offset_of = |id: u64| {
+        offsets
+            .iter()
+            .find(|o| uint(&o["server_process"]) == id)
+            .unwrap_or_else(|| panic!("no offset for process {id}: {offsets:?}"))
+    };
+    for (id, expected) in server_ids.iter().zip([0, -SHIFT_NS]) {
+        let o = offset_of(*id);
+        let estimate = o["offset_ns"].as_i64().unwrap();
+        assert!(
+            (estimate - expected).abs() <= 100_000,
+            "server {id}: offset {estimate} ns, expected {expected} ns within 100 µs: {o}"
+        );
+        assert!(o["upper_ns"].as_i64().is_some(), "no answered command: {o}");
+    }
+
+    // Corrected, every server compute starts after its command was sent and ends before the
+    // answer that waited for it arrived (the next answered command on its connection).
+    for j in &computes {
+        let link = &links[uint(&j["link"]) as usize];
+        let theta = offset_of(uint(&link["server_process"]))["offset_ns"]
+            .as_i64()
+            .unwrap();
+        let serve_start = j["serve"]["start_ns"].as_i64().unwrap() + theta;
+        let serve_end = j["serve"]["end_ns"].as_i64().unwrap() + theta;
+        assert!(
+            serve_start >= j["request"]["start_ns"].as_i64().unwrap(),
+            "served before it was sent: {j}"
+        );
+        let index = uint(&j["request"]["index"]);
+        let next_answer = joined
+            .iter()
+            .filter(|k| k["link"] == j["link"] && uint(&k["request"]["index"]) > index)
+            .filter_map(|k| k["answer"]["end_ns"].as_i64())
+            .next();
+        if let Some(answered) = next_answer {
+            assert!(serve_end <= answered, "ended after its answer arrived: {j}");
+        }
+    }
+}
+
+/// Graph computes in `trace` whose label starts with `label`.
+fn graph_computes(trace: &Path, label: &str) -> u64 {
+    let (events, damage, _) = read_trace(trace);
+    assert!(damage.is_none(), "{damage:?}");
+    events
+        .iter()
+        .filter(|e| {
+            e.event_type() == Some(ggml_viz_reader::EventType::GraphComputeBegin)
+                && e.label_str().is_some_and(|l| l.starts_with(label))
+        })
+        .count() as u64
+}
