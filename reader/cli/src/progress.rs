@@ -3,6 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
+use ggml_viz_reader::telemetry::rpc::{Aligned, Alignment, RpcParts, analyse};
 use ggml_viz_reader::telemetry::{Ids, ImportError, RecordSink, import_path_reporting};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
@@ -11,17 +12,34 @@ use crate::timeline::InputOpts;
 /// Inputs smaller than this in all are read without a bar (it would only flicker).
 const WORTH_A_BAR: u64 = 32 << 20;
 
-/// Bytes of `paths` read so far, shown as a bar.
+/// Bytes of `paths` read so far, shown as a bar; and how each input is merged into the others.
 pub struct Reading {
     bar: ProgressBar,
     /// Bytes of the inputs finished before the current one.
     done: u64,
+    /// The inputs and, when they are a ggml-rpc job's traces, each one's alignment (see
+    /// [`Reading::new`]).
+    paths: Vec<PathBuf>,
+    alignments: Vec<Alignment>,
 }
 
 impl Reading {
-    /// A bar for reading `paths` `passes` times (hidden when it should not show).
-    pub fn new(paths: &[PathBuf], passes: u64, quiet: bool) -> Reading {
-        let total: u64 = paths.iter().map(|p| len(p)).sum::<u64>() * passes;
+    /// A bar for reading `paths` `passes` times (hidden when it should not show). Several
+    /// inputs are first read once more for their ggml-rpc commands: where a client's and its
+    /// servers' traces are among them, each server's times are put on the client's clock
+    /// (unless `--no-clock-align`) and each joined command's spans get a flow id.
+    pub fn new(paths: &[PathBuf], passes: u64, opts: &InputOpts) -> Reading {
+        Reading::with_prepass(paths, passes, opts, paths.len() > 1)
+    }
+
+    /// For reading each input as it is, on its own clock (`rpc`, which measures the clocks).
+    pub fn unaligned(paths: &[PathBuf], opts: &InputOpts) -> Reading {
+        Reading::with_prepass(paths, 1, opts, false)
+    }
+
+    fn with_prepass(paths: &[PathBuf], passes: u64, opts: &InputOpts, prepass: bool) -> Reading {
+        let total: u64 = paths.iter().map(|p| len(p)).sum::<u64>() * (passes + u64::from(prepass));
+        let quiet = opts.quiet;
         let target = if quiet || total < WORTH_A_BAR {
             ProgressDrawTarget::hidden()
         } else {
@@ -34,11 +52,76 @@ impl Reading {
             )
             .expect("a valid template"),
         );
-        Reading { bar, done: 0 }
+        let mut reading = Reading {
+            bar,
+            done: 0,
+            paths: paths.to_vec(),
+            alignments: Vec::new(),
+        };
+        if prepass {
+            reading.align(opts);
+        }
+        reading
     }
 
-    /// Imports `path` into `sink`, moving the bar as it is read.
+    /// Reads every input for its RPC commands and works out each one's alignment.
+    fn align(&mut self, opts: &InputOpts) {
+        let mut parts = RpcParts::default();
+        let mut ids = Ids::default();
+        let mut input_of = Vec::new();
+        for i in 0..self.paths.len() {
+            let path = self.paths[i].clone();
+            // Failures are reported by the real pass, which reads the same input.
+            let _ = self.read(&path, opts, &mut ids, &mut parts);
+            input_of.resize(parts.processes.len(), i);
+        }
+        if parts.parts.is_empty() {
+            return;
+        }
+        let analysis = analyse(&parts);
+        let process_input = |process: u32| {
+            parts
+                .processes
+                .iter()
+                .position(|p| p.id == process)
+                .and_then(|n| input_of.get(n).copied())
+        };
+        self.alignments =
+            analysis.alignments(self.paths.len(), process_input, !opts.no_clock_align);
+        for (path, a) in self.paths.iter().zip(&self.alignments) {
+            if a.shift_ns != 0 {
+                self.bar.suspend(|| {
+                    eprintln!(
+                        "ggml-viz: {}: times moved by {:+} ns onto its ggml-rpc client's clock \
+                         (--no-clock-align keeps them)",
+                        path.display(),
+                        a.shift_ns
+                    )
+                });
+            }
+        }
+    }
+
+    /// Imports `path` into `sink`, aligned with the other inputs, moving the bar as it is read.
     pub fn import<S: RecordSink>(
+        &mut self,
+        path: &Path,
+        opts: &InputOpts,
+        ids: &mut Ids,
+        sink: &mut S,
+    ) -> Result<(), ImportError> {
+        let alignment = self
+            .paths
+            .iter()
+            .position(|p| p == path)
+            .and_then(|i| self.alignments.get(i).cloned());
+        match alignment {
+            Some(a) => self.read(path, opts, ids, &mut Aligned::new(sink, &a)),
+            None => self.read(path, opts, ids, sink),
+        }
+    }
+
+    fn read<S: RecordSink>(
         &mut self,
         path: &Path,
         opts: &InputOpts,

@@ -6,11 +6,13 @@ use std::io::{self, Write};
 use std::path::PathBuf;
 
 use clap::Args;
+use ggml_viz_reader::telemetry::Ids;
 use ggml_viz_reader::telemetry::rpc::{RpcAnalysis, RpcParts, analyse};
 
 use crate::Failure;
 use crate::info::fmt_ns;
-use crate::timeline::{InputOpts, import_all, say_warnings};
+use crate::progress::Reading;
+use crate::timeline::{InputOpts, say_warnings};
 
 /// Joins the traces of a ggml-rpc client and its servers: connections, clock offsets and a
 /// table per command (count, bytes, client time, MB/s). Record each process with the hook
@@ -34,7 +36,14 @@ pub struct RpcArgs {
 
 pub fn run(args: RpcArgs) -> Result<(), Failure> {
     let mut parts = RpcParts::default();
-    let result = import_all(&args.files, &args.input, &mut parts);
+    let mut reading = Reading::unaligned(&args.files, &args.input);
+    let mut ids = Ids::default();
+    let result = args
+        .files
+        .iter()
+        .try_for_each(|path| reading.import(path, &args.input, &mut ids, &mut parts))
+        .map_err(|e| Failure::Data(e.0));
+    drop(reading);
     say_warnings(&parts.warnings);
     if parts.parts.is_empty() {
         result?;

@@ -31,6 +31,11 @@ pub struct InputOpts {
     /// No progress bar (one shows on a terminal while large inputs are read).
     #[arg(short, long)]
     pub quiet: bool,
+    /// Keep each input's own clock. By default the traces of a ggml-rpc job (its client's and
+    /// its servers', from several hosts) are put on the client's clock, each server's offset
+    /// estimated from the commands it answered (see `ggml-viz rpc`).
+    #[arg(long)]
+    pub no_clock_align: bool,
 }
 
 fn parse_format(s: &str) -> Result<Format, String> {
@@ -39,13 +44,13 @@ fn parse_format(s: &str) -> Result<Format, String> {
 
 /// Imports every input into `sink`; warnings go to stderr. The first corrupt input fails the
 /// command, after everything before the damage was delivered.
-pub fn import_all<S: RecordSink>(
+fn import_all<S: RecordSink>(
     paths: &[PathBuf],
     opts: &InputOpts,
     sink: &mut S,
 ) -> Result<(), Failure> {
     let mut ids = Ids::default();
-    let mut reading = Reading::new(paths, 1, opts.quiet);
+    let mut reading = Reading::new(paths, 1, opts);
     paths
         .iter()
         .try_for_each(|path| reading.import(path, opts, &mut ids, sink))
@@ -308,7 +313,7 @@ fn parquet(args: &ExportArgs) -> Result<(), Failure> {
     let mut ids = Ids::default();
     let mut stems: Vec<String> = Vec::new();
     let mut rows = 0;
-    let mut reading = Reading::new(&args.files, 1, args.input.quiet);
+    let mut reading = Reading::new(&args.files, 1, &args.input);
     for path in &args.files {
         // Each input's own name, made unique within this export.
         let base = path

@@ -69,7 +69,7 @@ pub fn run(args: ReportArgs) -> Result<(), Failure> {
     });
 
     // Pass 1: how many spans, to choose what the timeline draws; the origin of time.
-    let mut reading = Reading::new(&args.files, 2, args.input.quiet);
+    let mut reading = Reading::new(&args.files, 2, &args.input);
     let mut count = SpanCount::default();
     let mut ids = Ids::default();
     let mut items = Vec::new();
