@@ -362,6 +362,62 @@ fn rpc_job_on_two_hosts_joins_every_compute_and_finds_the_shifted_clock() {
             assert!(serve_end <= answered, "ended after its answer arrived: {j}");
         }
     }
+
+    // Merged into one Perfetto trace (decoded with Perfetto's own classes): each joined graph
+    // compute is a flow from the client's request slice to a server's serve slice, which, on
+    // the client's clock now, begins after the request did.
+    let proto = dir.join("job.pftrace");
+    let exported = run({
+        let mut c = Command::new(ggml_viz());
+        c.args(["export", "--to", "perfetto"])
+            .args(&traces)
+            .arg("-o")
+            .arg(&proto);
+        c
+    });
+    assert!(exported.status.success(), "{}", text(&exported.stderr));
+    assert!(
+        text(&exported.stderr).contains("onto its ggml-rpc client's clock"),
+        "{}",
+        text(&exported.stderr)
+    );
+    let decoded = run({
+        let mut c = Command::new("python3");
+        c.arg(fixture("check_perfetto.py")).arg(&proto);
+        c
+    });
+    assert!(decoded.status.success(), "{}", text(&decoded.stderr));
+    let decoded: Value = serde_json::from_slice(&decoded.stdout).unwrap();
+    let mut flows: std::collections::BTreeMap<u64, Vec<&Value>> = Default::default();
+    for slice in decoded["slices"].as_array().unwrap() {
+        for id in slice["flows"].as_array().unwrap() {
+            flows.entry(uint(id)).or_default().push(slice);
+        }
+    }
+    assert_eq!(flows.len(), joined.len(), "one flow per joined command");
+    let mut compute_flows = 0;
+    for ends in flows.values() {
+        let parts: Vec<String> = ends
+            .iter()
+            .map(|s| {
+                let args = s["args"]["args"].as_str().unwrap_or_default();
+                args.split("; ").next().unwrap_or_default().to_string()
+            })
+            .collect();
+        assert_eq!(parts, ["rpc_part=request", "rpc_part=serve"], "{ends:?}");
+        assert_eq!(ends[0]["name"], ends[1]["name"]);
+        assert!(
+            uint(&ends[1]["start"]) >= uint(&ends[0]["start"]),
+            "{ends:?}"
+        );
+        if matches!(
+            ends[0]["name"].as_str(),
+            Some("GRAPH_COMPUTE" | "GRAPH_RECOMPUTE")
+        ) {
+            compute_flows += 1;
+        }
+    }
+    assert_eq!(compute_flows, client_rpc_graphs);
 }
 
 /// Graph computes in `trace` whose label starts with `label`.

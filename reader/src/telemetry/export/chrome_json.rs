@@ -14,7 +14,7 @@ use std::io::{self, Write};
 
 use serde_json::{Map, Value, json};
 
-use crate::telemetry::{Arg, Clock, Lane, Process, Record, RecordSink, Span};
+use crate::telemetry::{Arg, Clock, Lane, Process, Record, RecordSink, Span, rpc};
 
 pub struct ChromeJsonWriter<W: Write> {
     out: W,
@@ -72,10 +72,21 @@ impl<W: Write> ChromeJsonWriter<W> {
         for (k, v) in s.args.iter() {
             args.insert(k.to_string(), arg_json(v));
         }
+        let flow = args.get(rpc::FLOW).cloned().map(|id| {
+            let served = args.get(rpc::PART).and_then(Value::as_str) == Some("serve");
+            (id, if served { "f" } else { "s" })
+        });
         self.emit(json!({
             "ph": "X", "name": s.name, "cat": s.category, "pid": pid, "tid": s.lane,
             "ts": ts, "dur": dur, "args": args,
         }));
+        // A joined ggml-rpc command: a flow from the client's request to the server's serving.
+        if let Some((id, phase)) = flow {
+            self.emit(json!({
+                "ph": phase, "bp": "e", "id": id, "name": "rpc", "cat": rpc::CATEGORY,
+                "pid": pid, "tid": s.lane, "ts": ts,
+            }));
+        }
     }
 
     /// Writes the metadata events and closes the JSON; returns the writer and events written.

@@ -23,6 +23,8 @@
 //!   export keeps every argument a column of its own, for queries.)
 //! - Event names, categories and annotation names and values are interned per sequence
 //!   (incremental state): a repeated op or tensor name costs a varint.
+//! - A span with a `flow_id` argument (a ggml-rpc request and the server's serving of it, joined
+//!   when several traces are merged) carries it in `flow_ids`: the viewer draws the arrow.
 //! - Timestamps are the model's nanoseconds, whole: no origin, no rounding.
 
 use std::collections::HashMap;
@@ -32,7 +34,7 @@ use std::sync::Arc;
 use rustc_hash::FxHashMap;
 
 use super::protobuf::Message;
-use crate::telemetry::{Arg, Args, Lane, Process, Record, RecordSink, Span, Text};
+use crate::telemetry::{Arg, Args, Lane, Process, Record, RecordSink, Span, Text, rpc};
 
 /// The sequence of descriptions, counters and instants; lane `l`'s slices are sequence `l + 2`.
 const GLOBAL_SEQUENCE: u64 = 1;
@@ -336,11 +338,19 @@ impl<W: Write> PerfettoWriter<W> {
         let name = seq.names.iid(&s.name);
         let category = seq.categories.iid(&s.category);
         let args = joined.map(|text| (seq.arg_names.iid("args"), seq.arg_values.iid(text)));
+        let flow = s.args.iter().find_map(|(k, v)| match v {
+            Arg::UInt(id) if &**k == rpc::FLOW => Some(*id),
+            _ => None,
+        });
         let mut packet = std::mem::take(&mut self.packet);
         packet.clear();
         seq.stamp(&mut packet, s.start_ns);
         packet.nested(11, |event| {
             event.uint(9, SLICE_BEGIN).uint(3, category).uint(10, name);
+            if let Some(id) = flow {
+                // `flow_ids`: slices that carry one id are joined by an arrow, in time order.
+                event.fixed64(47, id);
+            }
             if let Some((key, value)) = args {
                 event.nested(4, |annotation| {
                     annotation.uint(1, key).uint(17, value);

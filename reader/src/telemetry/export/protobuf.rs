@@ -40,6 +40,11 @@ impl Message {
     }
 
     pub fn double(&mut self, field: u32, v: f64) -> &mut Self {
+        self.fixed64(field, v.to_bits())
+    }
+
+    /// `fixed64` fields.
+    pub fn fixed64(&mut self, field: u32, v: u64) -> &mut Self {
         self.tag(field, FIXED64);
         self.bytes.extend_from_slice(&v.to_le_bytes());
         self
