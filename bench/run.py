@@ -60,6 +60,8 @@ def producer(quick):
     tsc = float(re.search(r"clock read alone \(the ticks the hook stamps\)\s+([\d.]+)", out).group(1))
     metric("producer cost per event, 1 thread", one, "ns", "clock_gettime alone (the floor)", floor)
     metric("  of which the timestamp read", tsc, "ns", "clock_gettime alone", floor)
+    rpc = float(re.search(r"rpc command, answered \(ns per command\)\s+([\d.]+)", out).group(1))
+    metric("recording one answered ggml-rpc command (6 transport calls, 4 events)", rpc, "ns", "target", 1000)
     env = {"GGML_VIZ_BENCH_SECONDS": "1" if quick else "3"}
     out = run(["cargo", "bench", "-q", "-p", "ggml-viz-hook", "--bench", "producer", "--", "--sustained"], env=env).stdout
     tmp = tempfile.mkdtemp()

@@ -1,4 +1,5 @@
-//! Producer-side cost per recorded event: `cargo bench -p ggml-viz-hook`; with `-- --sustained`,
+//! Producer-side cost per recorded event: `cargo bench -p ggml-viz-hook` (and per ggml-rpc
+//! command: the protocol reader's share of an answered command's six transport calls); with `-- --sustained`,
 //! the write rate N threads sustain into the default ring flat out, and what one thread paced at
 //! 5 M events/s loses (the flusher is woken when a ring becomes half full).
 //!
@@ -15,7 +16,7 @@ use std::hint::black_box;
 use std::time::Instant;
 
 use ggml_viz_config::{Config, Sources};
-use ggml_viz_hook::{self as record, Entry, GraphInfo, Setup};
+use ggml_viz_hook::{self as record, Entry, GraphInfo, Setup, Transfer};
 
 const RING: u64 = 1 << 20;
 const PAIRS: u64 = 400_000;
@@ -61,6 +62,45 @@ fn measure(threads: u64) -> f64 {
     let start = Instant::now();
     workers.into_iter().for_each(|w| w.join().unwrap());
     start.elapsed().as_nanos() as f64 / (2 * PAIRS) as f64
+}
+
+const COMMANDS: u64 = 50_000;
+
+/// What recording a ggml-rpc command costs its client: the six transport calls of an answered
+/// command (command byte, size, payload, flush; the answer's size and payload) told to the
+/// protocol reader, which records its request and answer (4 events). Nanoseconds per command,
+/// on a warmed-up ring, not counting the transport itself.
+fn measure_rpc() -> f64 {
+    std::thread::spawn(|| {
+        record_pairs(RING / 2);
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        let socket = 0x7000;
+        let call = |transfer, bytes: &[u8]| {
+            // SAFETY: `bytes` is readable for its length.
+            unsafe {
+                record::rpc_before(socket, transfer, bytes.as_ptr(), bytes.len());
+                record::rpc_after(socket, transfer, bytes.as_ptr(), bytes.len(), true);
+            }
+        };
+        let payload = [0u8; 40];
+        let command = |code: u8| {
+            call(Transfer::Send, &[code]);
+            call(Transfer::Send, &40u64.to_le_bytes());
+            call(Transfer::Send, &payload);
+            call(Transfer::Flush, &[]);
+            call(Transfer::Recv, &40u64.to_le_bytes());
+            call(Transfer::Recv, &payload);
+        };
+        record::rpc_connected(socket, "10.0.0.2:50052");
+        command(14);
+        let start = Instant::now();
+        for _ in 0..COMMANDS {
+            command(black_box(8));
+        }
+        start.elapsed().as_nanos() as f64 / COMMANDS as f64
+    })
+    .join()
+    .unwrap()
 }
 
 /// `--sustained`: default ring and flush interval, N threads recording flat out for a while:
@@ -182,6 +222,7 @@ fn main() {
     // Best of 3: this VM's neighbours come and go.
     let one_thread = (0..3).map(|_| measure(1)).fold(f64::INFINITY, f64::min);
     let two_threads = (0..3).map(|_| measure(2)).fold(f64::INFINITY, f64::min);
+    let rpc = (0..3).map(|_| measure_rpc()).fold(f64::INFINITY, f64::min);
     let recorder = record::active().expect("recorder");
     let dropped = recorder.dropped_ring_full();
     println!("{:<44} {:>10}", "measure", "ns/event");
@@ -197,6 +238,10 @@ fn main() {
     println!(
         "{:<44} {:>10.1}",
         "record, 2 producer threads (wall / events)", two_threads
+    );
+    println!(
+        "{:<44} {:>10.1}",
+        "rpc command, answered (ns per command)", rpc
     );
     println!(
         "events dropped with a full ring: {dropped} (must be 0 for the figures to mean anything)"

@@ -360,7 +360,68 @@ fn rpc_job_on_two_hosts_joins_every_compute_and_finds_the_shifted_clock() {
             .next();
         if let Some(answered) = next_answer {
             assert!(serve_end <= answered, "ended after its answer arrived: {j}");
+            // What the analysis reports as this compute's "sent to answered".
+            let position = joined.iter().position(|k| k == *j).unwrap() as u64;
+            let reported = a["computes_answered"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|c| uint(&c["joined"]) == position)
+                .unwrap_or_else(|| panic!("no sent-to-answered for {j}"));
+            let sent = j["request"]["start_ns"].as_i64().unwrap();
+            assert_eq!(uint(&reported["ns"]) as i64, answered - sent);
         }
+    }
+
+    // Per token: every decode of the client (counted from its own trace) starts a token whose
+    // breakdown adds up to its duration, with compute on both servers; each server's share is the part of
+    // its graph computes (corrected, clipped to the decode) that no earlier server claimed, so at
+    // most their union, and nearly all of it (servers hardly overlap).
+    let tokens = a["tokens"].as_array().unwrap();
+    let decodes = span_begins(&traces[0], "llama_decode");
+    assert_eq!(tokens.len() as u64, decodes);
+    for t in tokens {
+        let (lo, hi) = (uint(&t["start_ns"]), uint(&t["end_ns"]));
+        let servers = t["servers"].as_array().unwrap();
+        let parts: u64 = servers.iter().map(|s| uint(&s["compute_ns"])).sum::<u64>()
+            + uint(&t["client_compute_ns"])
+            + uint(&t["transfer_ns"])
+            + uint(&t["idle_ns"]);
+        assert_eq!(parts, hi - lo, "{t}");
+        assert_eq!(servers.len(), 2, "{t}");
+    }
+    for (n, id) in server_ids.iter().enumerate() {
+        let theta = offset_of(*id)["offset_ns"].as_i64().unwrap();
+        let (mut reported, mut union) = (0u64, 0u64);
+        for t in tokens {
+            let (lo, hi) = (uint(&t["start_ns"]) as i64, uint(&t["end_ns"]) as i64);
+            let mut spans: Vec<(i64, i64)> = computes
+                .iter()
+                .filter(|j| uint(&links[uint(&j["link"]) as usize]["server_process"]) == *id)
+                .map(|j| {
+                    let (a, b) = (
+                        j["serve"]["start_ns"].as_i64().unwrap(),
+                        j["serve"]["end_ns"].as_i64().unwrap(),
+                    );
+                    ((a + theta).max(lo), (b + theta).min(hi))
+                })
+                .filter(|(a, b)| a < b)
+                .collect();
+            spans.sort_unstable();
+            let mut end = i64::MIN;
+            for (a, b) in spans {
+                union += (b - a.max(end)).max(0) as u64;
+                end = end.max(b);
+            }
+            let mine = &t["servers"][n];
+            assert_eq!(uint(&mine["process"]), *id);
+            reported += uint(&mine["compute_ns"]);
+        }
+        assert!(union > 0, "server {id} computed nothing during the decodes");
+        assert!(
+            reported <= union && reported * 100 >= union * 95,
+            "server {id}: {reported} ns reported, {union} ns of compute"
+        );
     }
 
     // Merged into one Perfetto trace (decoded with Perfetto's own classes): each joined graph
@@ -418,6 +479,21 @@ fn rpc_job_on_two_hosts_joins_every_compute_and_finds_the_shifted_clock() {
         }
     }
     assert_eq!(compute_flows, client_rpc_graphs);
+}
+
+/// Application spans named `name` that begin in `trace`.
+fn span_begins(trace: &Path, name: &str) -> u64 {
+    use ggml_viz_reader::format::ext::{self, SpanBoundary};
+    use ggml_viz_reader::format::{ExtensionKind, Payload};
+    let (events, _, _) = read_trace(trace);
+    events
+        .iter()
+        .filter(
+            |e| matches!(e.payload, Payload::Extension(x) if x.kind == ExtensionKind::SpanBegin),
+        )
+        .filter_map(|e| ext::parse_payload::<SpanBoundary>(e.label.as_deref()?))
+        .filter(|s| s.name == name)
+        .count() as u64
 }
 
 /// Graph computes in `trace` whose label starts with `label`.

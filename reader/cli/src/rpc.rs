@@ -109,6 +109,19 @@ fn write_tables(out: &mut impl Write, parts: &RpcParts, a: &RpcAnalysis) -> io::
             o.commands
         )?;
     }
+    write_tokens(out, parts, a)?;
+    if !a.computes_answered.is_empty() {
+        let mut ns: Vec<u64> = a.computes_answered.iter().map(|&(_, ns)| ns).collect();
+        ns.sort_unstable();
+        writeln!(
+            out,
+            "graph computes, sent to answered ({}): p50 {}, p99 {}, max {}",
+            ns.len(),
+            fmt_ns(ns[ns.len() / 2] as f64),
+            fmt_ns(ns[(ns.len() * 99 / 100).min(ns.len() - 1)] as f64),
+            fmt_ns(ns[ns.len() - 1] as f64)
+        )?;
+    }
     writeln!(
         out,
         "{:<20} {:>8} {:>12} {:>12} {:>11} {:>11} {:>9}",
@@ -128,6 +141,54 @@ fn write_tables(out: &mut impl Write, parts: &RpcParts, a: &RpcAnalysis) -> io::
             fmt_ns(r.answer_ns as f64),
             r.mb_per_s()
         )?;
+    }
+    Ok(())
+}
+
+/// Where the tokens' time went, summed over each client's decodes.
+fn write_tokens(out: &mut impl Write, parts: &RpcParts, a: &RpcAnalysis) -> io::Result<()> {
+    let mut clients: Vec<u32> = a.tokens.iter().map(|t| t.client_process).collect();
+    clients.dedup();
+    for client in clients {
+        let tokens: Vec<_> = a
+            .tokens
+            .iter()
+            .filter(|t| t.client_process == client)
+            .collect();
+        let total: u64 = tokens.iter().map(|t| t.end_ns - t.start_ns).sum();
+        let share = |ns: u64| 100.0 * ns as f64 / total.max(1) as f64;
+        writeln!(
+            out,
+            "per token, {} decodes of {} ({} in all):",
+            tokens.len(),
+            process_name(parts, client),
+            fmt_ns(total as f64)
+        )?;
+        let mut rows: Vec<(String, u64)> = Vec::new();
+        if let Some(first) = tokens.first() {
+            for (i, (server, _)) in first.servers.iter().enumerate() {
+                let ns = tokens.iter().map(|t| t.servers[i].1).sum();
+                rows.push((format!("compute on {}", process_name(parts, *server)), ns));
+            }
+        }
+        rows.push((
+            "compute on the client".into(),
+            tokens.iter().map(|t| t.client_compute_ns).sum(),
+        ));
+        rows.push((
+            "sending and awaiting commands".into(),
+            tokens.iter().map(|t| t.transfer_ns).sum(),
+        ));
+        rows.push(("idle".into(), tokens.iter().map(|t| t.idle_ns).sum()));
+        for (what, ns) in rows {
+            writeln!(
+                out,
+                "  {:<64} {:>11} {:>6.1}%",
+                what,
+                fmt_ns(ns as f64),
+                share(ns)
+            )?;
+        }
     }
     Ok(())
 }
@@ -154,6 +215,14 @@ fn to_json(parts: &RpcParts, a: &RpcAnalysis) -> serde_json::Value {
         "commands": a.commands.iter().map(|(name, r)| (name.clone(), json!({
             "count": r.count, "sent": r.sent, "received": r.received,
             "request_ns": r.request_ns, "answer_ns": r.answer_ns}))).collect::<serde_json::Map<_, _>>(),
+        "computes_answered": a.computes_answered.iter().map(|&(joined, ns)| json!({
+            "joined": joined, "ns": ns})).collect::<Vec<_>>(),
+        "tokens": a.tokens.iter().map(|t| json!({
+            "client_process": t.client_process, "start_ns": t.start_ns, "end_ns": t.end_ns,
+            "servers": t.servers.iter().map(|(p, ns)| json!({"process": p, "compute_ns": ns}))
+                .collect::<Vec<_>>(),
+            "client_compute_ns": t.client_compute_ns, "transfer_ns": t.transfer_ns,
+            "idle_ns": t.idle_ns})).collect::<Vec<_>>(),
         "joined": a.joined.iter().map(|j| json!({
             "link": j.link, "request": part(&j.request),
             "answer": j.answer.as_ref().map(part), "serve": part(&j.serve),

@@ -62,6 +62,11 @@ pub struct CommandPart {
 pub struct RpcParts {
     pub processes: Vec<Process>,
     pub parts: Vec<CommandPart>,
+    /// `llama_decode` spans (process, start, end): the tokens of the per-token breakdown.
+    pub decodes: Vec<(u32, u64, u64)>,
+    /// Graph computes on backends other than ggml-rpc's (process, start, end): a process's
+    /// own compute.
+    pub local_computes: Vec<(u32, u64, u64)>,
     lanes: HashMap<u32, u32>,
     pub warnings: Vec<String>,
 }
@@ -73,10 +78,21 @@ impl RecordSink for RpcParts {
             Record::Lane(l) => {
                 self.lanes.insert(l.id, l.process);
             }
-            Record::Span(span) if &*span.category == CATEGORY => {
+            Record::Span(span) => {
                 let process = self.lanes.get(&span.lane).copied().unwrap_or(0);
-                if let Some(part) = command_part(process, &span) {
-                    self.parts.push(part);
+                let interval = (process, span.start_ns, span.end_ns);
+                if &*span.category == CATEGORY {
+                    if let Some(part) = command_part(process, &span) {
+                        self.parts.push(part);
+                    }
+                } else if &*span.name == "llama_decode" {
+                    self.decodes.push(interval);
+                } else if &*span.category == "graph"
+                    && span.args.iter().any(|(k, v)| {
+                        &**k == "backend" && matches!(v, Arg::Str(b) if !b.contains("RPC"))
+                    })
+                {
+                    self.local_computes.push(interval);
                 }
             }
             Record::Warning(w) => self.warnings.push(w),
@@ -210,6 +226,51 @@ impl CommandRow {
     }
 }
 
+/// Where one token's time went, on the client's clock. A token runs from the start of one
+/// `llama_decode` to the start of the next (a decode returns once its graphs are sent, before
+/// the servers have computed them; the last token ends with its decode or the client's last
+/// command). Each nanosecond is counted once, in this order of precedence: a server computing a
+/// graph the client sent (by server), the client computing on its own backends, the client
+/// sending or awaiting a command (transfer), else idle (the host's own work: sampling,
+/// building the next batch). The four add up to the token's duration.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct TokenTime {
+    pub client_process: u32,
+    pub start_ns: u64,
+    pub end_ns: u64,
+    /// (server process, ns).
+    pub servers: Vec<(u32, u64)>,
+    pub client_compute_ns: u64,
+    pub transfer_ns: u64,
+    pub idle_ns: u64,
+}
+
+/// Total length of the union of `intervals` clipped to `[lo, hi)`, after merging them into
+/// `covered` (kept sorted and disjoint).
+fn cover(
+    covered: &mut Vec<(u64, u64)>,
+    intervals: impl Iterator<Item = (u64, u64)>,
+    lo: u64,
+    hi: u64,
+) -> u64 {
+    let before: u64 = covered.iter().map(|(a, b)| b - a).sum();
+    covered.extend(
+        intervals
+            .map(|(a, b)| (a.max(lo), b.min(hi)))
+            .filter(|(a, b)| a < b),
+    );
+    covered.sort_unstable();
+    let mut merged: Vec<(u64, u64)> = Vec::with_capacity(covered.len());
+    for &(a, b) in covered.iter() {
+        match merged.last_mut() {
+            Some(last) if a <= last.1 => last.1 = last.1.max(b),
+            _ => merged.push((a, b)),
+        }
+    }
+    *covered = merged;
+    covered.iter().map(|(a, b)| b - a).sum::<u64>() - before
+}
+
 /// Everything joined.
 #[derive(Clone, Debug, Default)]
 pub struct RpcAnalysis {
@@ -220,6 +281,12 @@ pub struct RpcAnalysis {
     /// Client connections no server trace joined (their server was not traced, or its trace
     /// is incomplete).
     pub unjoined_client_connections: usize,
+    /// Per token of each client (its `llama_decode` spans).
+    pub tokens: Vec<TokenTime>,
+    /// Each graph compute sent (GRAPH_COMPUTE, GRAPH_RECOMPUTE: no answer of their own), from
+    /// its request's start to the end of the next answer on its connection, which waited for
+    /// it: (index into `joined`, ns).
+    pub computes_answered: Vec<(usize, u64)>,
 }
 
 impl RpcAnalysis {
@@ -348,7 +415,7 @@ pub fn analyse(parts: &RpcParts) -> RpcAnalysis {
         }
         b.2 += 1;
     }
-    analysis.offsets = bounds
+    let offsets: Vec<ClockOffset> = bounds
         .into_iter()
         .map(|(server_process, (lower, upper, commands))| ClockOffset {
             server_process,
@@ -358,7 +425,112 @@ pub fn analyse(parts: &RpcParts) -> RpcAnalysis {
             commands,
         })
         .collect();
+    analysis.offsets = offsets;
+    for (n, j) in analysis.joined.iter().enumerate() {
+        if !matches!(
+            j.request.command.as_str(),
+            "GRAPH_COMPUTE" | "GRAPH_RECOMPUTE"
+        ) {
+            continue;
+        }
+        let answered = analysis.joined[n + 1..]
+            .iter()
+            .take_while(|k| k.link == j.link)
+            .find_map(|k| k.answer.as_ref());
+        if let Some(answer) = answered {
+            let ns = answer.end_ns.saturating_sub(j.request.start_ns);
+            analysis.computes_answered.push((n, ns));
+        }
+    }
+    analysis.tokens = tokens(parts, &analysis);
     analysis
+}
+
+/// The per-token breakdown of every client's decodes.
+fn tokens(parts: &RpcParts, a: &RpcAnalysis) -> Vec<TokenTime> {
+    let on_client_clock = |server: u32, t: u64| {
+        t.saturating_add_signed(a.offset_of(server).map_or(0, |o| o.offset_ns))
+    };
+    let clients: Vec<u32> = a.links.iter().map(|l| l.client_process).collect();
+    let mut servers: Vec<u32> = a.links.iter().map(|l| l.server_process).collect();
+    servers.sort_unstable();
+    servers.dedup();
+    let server_computes = |server: u32| {
+        a.joined
+            .iter()
+            .filter(move |j| a.links[j.link].server_process == server)
+            .filter(|j| {
+                matches!(
+                    j.serve.command.as_str(),
+                    "GRAPH_COMPUTE" | "GRAPH_RECOMPUTE"
+                )
+            })
+            .map(move |j| {
+                (
+                    on_client_clock(server, j.serve.start_ns),
+                    on_client_clock(server, j.serve.end_ns),
+                )
+            })
+    };
+    // A token runs from one decode's start to the next one's: a decode returns once its
+    // graphs are sent, before the servers have computed them. The last runs to the end of its
+    // decode or of the client's last command, whichever is later.
+    let mut decodes: Vec<(u32, u64, u64)> = parts
+        .decodes
+        .iter()
+        .copied()
+        .filter(|(process, ..)| clients.contains(process))
+        .collect();
+    decodes.sort_unstable();
+    let windows: Vec<(u32, u64, u64)> = decodes
+        .iter()
+        .enumerate()
+        .map(|(i, &(client, start, end))| match decodes.get(i + 1) {
+            Some(&(next, next_start, _)) if next == client => (client, start, next_start),
+            _ => {
+                let last = parts
+                    .parts
+                    .iter()
+                    .filter(|p| p.process == client && p.start_ns >= start)
+                    .map(|p| p.end_ns)
+                    .max()
+                    .unwrap_or(end);
+                (client, start, end.max(last))
+            }
+        })
+        .collect();
+    windows
+        .into_iter()
+        .map(|(client, lo, hi)| {
+            let mut covered = Vec::new();
+            let servers = servers
+                .iter()
+                .map(|&s| (s, cover(&mut covered, server_computes(s), lo, hi)))
+                .collect();
+            let own = parts
+                .local_computes
+                .iter()
+                .filter(|(p, ..)| *p == client)
+                .map(|&(_, a, b)| (a, b));
+            let client_compute_ns = cover(&mut covered, own, lo, hi);
+            let moving = parts
+                .parts
+                .iter()
+                .filter(|p| p.process == client && matches!(p.part, Part::Request | Part::Answer))
+                .map(|p| (p.start_ns, p.end_ns));
+            let transfer_ns = cover(&mut covered, moving, lo, hi);
+            let busy: u64 = covered.iter().map(|(a, b)| b - a).sum();
+            TokenTime {
+                client_process: client,
+                start_ns: lo,
+                end_ns: hi,
+                servers,
+                client_compute_ns,
+                transfer_ns,
+                idle_ns: (hi - lo).saturating_sub(busy),
+            }
+        })
+        .collect()
 }
 
 /// The argument that ties a client's request to the server's serving of it: the same number on
