@@ -34,17 +34,19 @@ fn ip(args: &[&str]) -> bool {
 }
 
 impl Host {
-    /// Host `n` (1-based): namespace `gvz-<pid>-n`, 10.231.<n>.2 behind a veth pair whose other
-    /// end (10.231.<n>.1) is in the test's own namespace. `None` if any step fails.
+    /// Host `n` (1-based): namespace `gvz<pid>-n`, 10.<s>.<n>.2 behind a veth pair whose other
+    /// end (10.<s>.<n>.1) is in the test's own namespace; `s` from the pid, so that two test
+    /// runs side by side use different subnets. `None` if any step fails.
     fn namespaced(n: u8) -> Option<Host> {
         let pid = std::process::id();
+        let subnet = 100 + pid % 150;
         let ns = format!("gvz{pid}-{n}");
         let (outer, inner) = (format!("gvz{pid}o{n}"), format!("gvz{pid}i{n}"));
         let host = Host {
             name: format!("rpc-host-{n}"),
             netns: Some(ns.clone()),
             veth: Some(outer.clone()),
-            address: format!("10.231.{n}.2"),
+            address: format!("10.{subnet}.{n}.2"),
             port: 50052,
         };
         let ok = ip(&["netns", "add", &ns])
@@ -52,14 +54,20 @@ impl Host {
                 "link", "add", &outer, "type", "veth", "peer", "name", &inner,
             ])
             && ip(&["link", "set", &inner, "netns", &ns])
-            && ip(&["addr", "add", &format!("10.231.{n}.1/24"), "dev", &outer])
+            && ip(&[
+                "addr",
+                "add",
+                &format!("10.{subnet}.{n}.1/24"),
+                "dev",
+                &outer,
+            ])
             && ip(&["link", "set", &outer, "up"])
             && ip(&[
                 "-n",
                 &ns,
                 "addr",
                 "add",
-                &format!("10.231.{n}.2/24"),
+                &format!("10.{subnet}.{n}.2/24"),
                 "dev",
                 &inner,
             ])
@@ -507,4 +515,70 @@ fn graph_computes(trace: &Path, label: &str) -> u64 {
                 && e.label_str().is_some_and(|l| l.starts_with(label))
         })
         .count() as u64
+}
+
+/// llama-server with its layers on a ggml-rpc server, under a few HTTP requests: both are
+/// sockets of one process, and only ggml-rpc's are recorded: every command the client recorded
+/// went to the RPC server's endpoint and was joined to what that server recorded serving.
+#[test]
+fn llama_server_over_rpc_records_its_rpc_commands_and_not_its_http() {
+    use crate::server;
+    let host = Host::loopback();
+    let dir = scratch("rpc-llama-server");
+    let (client_trace, server_trace) = (dir.join("client.ggmlviz"), dir.join("rpc.ggmlviz"));
+    let rpc = host.serve(
+        &[
+            ("LD_PRELOAD", hook().display().to_string()),
+            ("GGML_VIZ_OUTPUT", server_trace.display().to_string()),
+        ],
+        &dir.join("rpc.log"),
+    );
+    let port = server::free_port();
+    let log = dir.join("server.log");
+    let mut cmd = server::server(port, &log);
+    cmd.args(["--rpc", &host.endpoint(), "-ngl", "99"]);
+    let cmd = with_hook(cmd, &[("GGML_VIZ_OUTPUT", client_trace.to_str().unwrap())]);
+    let child = server::start(cmd, port, &log);
+    let load = server::load(port, 2, 2);
+    assert!(
+        load["results"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|r| r["predicted_n"].as_u64() > Some(0))
+    );
+    server::stop(child);
+    std::thread::sleep(Duration::from_millis(400));
+    stop(rpc);
+
+    // The client's command records, read from its trace: each went to the RPC endpoint.
+    use ggml_viz_reader::format::ext::{self, RpcBoundary, RpcPart};
+    use ggml_viz_reader::format::{ExtensionKind, Payload};
+    let (events, damage, _) = read_trace(&client_trace);
+    assert!(damage.is_none(), "{damage:?}");
+    let requests: Vec<RpcBoundary> = events
+        .iter()
+        .filter(|e| matches!(e.payload, Payload::Extension(x) if x.kind == ExtensionKind::RpcBegin))
+        .filter_map(|e| ext::parse_payload::<RpcBoundary>(e.label.as_deref()?))
+        .filter(|b| b.part == RpcPart::Request)
+        .collect();
+    assert!(!requests.is_empty());
+    assert!(
+        requests
+            .iter()
+            .all(|b| b.endpoint.as_deref() == Some(host.endpoint().as_str())),
+        "a command to another endpoint: {requests:?}"
+    );
+    let out = run({
+        let mut c = Command::new(ggml_viz());
+        c.arg("rpc")
+            .arg("--json")
+            .arg(&client_trace)
+            .arg(&server_trace);
+        c
+    });
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let a: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(uint(&a["unjoined_client_connections"]), 0);
+    assert_eq!(a["joined"].as_array().unwrap().len(), requests.len());
 }

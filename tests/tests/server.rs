@@ -13,7 +13,7 @@ use ggml_viz_reader::telemetry::{Arg, Collected, Ids, import_path};
 use serde_json::Value;
 
 /// A loopback port nobody listens on now.
-fn free_port() -> u16 {
+pub(crate) fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -22,7 +22,7 @@ fn free_port() -> u16 {
 }
 
 /// `llama-server` on the tiny model: 4 slots, 2 threads, the Prometheus endpoint, no warm-up.
-fn server(port: u16, log: &Path) -> Command {
+pub(crate) fn server(port: u16, log: &Path) -> Command {
     let mut cmd = Command::new(llama_bin().join("llama-server"));
     cmd.arg("-m")
         .arg(tiny_model())
@@ -61,7 +61,7 @@ fn get(port: u16, path: &str) -> Option<String> {
 }
 
 /// Starts the server and waits (at most a minute) until it says it is ready.
-fn start(cmd: Command, port: u16, log: &Path) -> Child {
+pub(crate) fn start(cmd: Command, port: u16, log: &Path) -> Child {
     let mut cmd = cmd;
     let mut child = cmd.spawn().expect("llama-server starts");
     let deadline = Instant::now() + Duration::from_secs(60);
@@ -82,7 +82,7 @@ fn start(cmd: Command, port: u16, log: &Path) -> Child {
 }
 
 /// Stops the server as a user would (SIGINT), and waits for it to exit (at most 30 s).
-fn stop(mut child: Child) {
+pub(crate) fn stop(mut child: Child) {
     let sent = Command::new("kill")
         .args(["-INT", &child.id().to_string()])
         .status()
@@ -99,7 +99,7 @@ fn stop(mut child: Child) {
 }
 
 /// `clients` clients sending `requests` completions each (`tests/fixtures/load_server.py`).
-fn load(port: u16, clients: u32, requests: u32) -> Value {
+pub(crate) fn load(port: u16, clients: u32, requests: u32) -> Value {
     let out = run({
         let mut c = Command::new("python3");
         c.arg(fixture("load_server.py")).args([
