@@ -270,3 +270,70 @@ int main(void) {
     assert_eq!(damage, None);
     assert_eq!(alloc_sizes(&events), [64]);
 }
+
+/// A process with ggml-rpc's C API but another transport (here: an executable defining
+/// `ggml_backend_rpc_add_server` itself, without the `socket_t` methods the hook wraps, as a
+/// ggml-rpc whose transport was renamed would be): the hook says so once, records no RPC
+/// command, and the program runs on.
+#[test]
+fn a_ggml_rpc_without_the_known_transport_is_said_once() {
+    let dir = scratch("c-rpc-names");
+    let source = format!(
+        "{PROLOGUE}void * ggml_backend_rpc_add_server(const char * endpoint) {{ (void) endpoint; return 0; }}\n\
+         int main(void) {{\n  ggml_backend_t b = ggml_backend_cpu_init();\n{}  \
+         printf(\"done\\n\");\n  ggml_backend_free(b);\n  return 0;\n}}\n",
+        call_sites(3)
+    );
+    let exe = build_c(&dir, "rpc_names", &source, &["-rdynamic".to_string()]);
+    let trace = dir.join("t.ggmlviz");
+    let out = run(with_hook(
+        Command::new(&exe),
+        &[("GGML_VIZ_OUTPUT", trace.to_str().unwrap())],
+    ));
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), "done\n");
+    let said: Vec<String> = hook_lines(&out.stderr)
+        .into_iter()
+        .filter(|l| l.contains("transport is not the one this hook knows"))
+        .collect();
+    assert_eq!(said.len(), 1, "{}", text(&out.stderr));
+    assert!(
+        said[0].contains("_ZN8socket_t9send_dataEPKvm"),
+        "{}",
+        said[0]
+    );
+    // The program itself was traced as usual: its three synchronize calls.
+    let (events, damage, _) = read_trace(&trace);
+    assert!(damage.is_none());
+    let waits = events
+        .iter()
+        .filter(|e| e.event_type() == Some(ggml_viz_reader::EventType::BarrierWait))
+        .filter(|e| {
+            e.label_str()
+                .is_some_and(|l| l.starts_with("ggml_backend_synchronize"))
+        })
+        .count();
+    assert_eq!(waits, 3);
+
+    // Without ggml-rpc's C API there is nothing to say.
+    let plain = build_c(
+        &dir,
+        "no_rpc",
+        &format!(
+            "{PROLOGUE}int main(void) {{\n  ggml_backend_t b = ggml_backend_cpu_init();\n{}  \
+             ggml_backend_free(b);\n  return 0;\n}}\n",
+            call_sites(1)
+        ),
+        &[],
+    );
+    let out = run(with_hook(
+        Command::new(&plain),
+        &[("GGML_VIZ_OUTPUT", dir.join("u.ggmlviz").to_str().unwrap())],
+    ));
+    assert!(out.status.success());
+    assert!(
+        !text(&out.stderr).contains("transport is not"),
+        "{}",
+        text(&out.stderr)
+    );
+}
