@@ -457,6 +457,36 @@ fn rpc_job_on_two_hosts_joins_every_compute_and_finds_the_shifted_clock() {
     });
     assert!(decoded.status.success(), "{}", text(&decoded.stderr));
     let decoded: Value = serde_json::from_slice(&decoded.stdout).unwrap();
+    // One process per host, named with its part in the job.
+    let labels: Vec<String> = decoded["tracks"]
+        .as_object()
+        .unwrap()
+        .values()
+        .filter(|t| t["kind"] == "process")
+        .map(|t| t["label"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(labels.len(), 3, "{labels:?}");
+    let endpoints: Vec<String> = hosts.iter().map(Host::endpoint).collect();
+    assert!(
+        labels
+            .iter()
+            .any(|l| l.contains(&format!("ggml-rpc client of {}", endpoints.join(", ")))),
+        "{labels:?}"
+    );
+    for (host, endpoint) in hosts.iter().zip(&endpoints) {
+        let on_host = if namespaced {
+            format!(" on {}", host.name)
+        } else {
+            String::new()
+        };
+        assert!(
+            labels
+                .iter()
+                .any(|l| l.contains(&format!("ggml-rpc server at {endpoint})"))
+                    && l.ends_with(&on_host)),
+            "{labels:?}"
+        );
+    }
     let mut flows: std::collections::BTreeMap<u64, Vec<&Value>> = Default::default();
     for slice in decoded["slices"].as_array().unwrap() {
         for id in slice["flows"].as_array().unwrap() {

@@ -542,6 +542,9 @@ pub const FLOW: &str = "flow_id";
 #[derive(Clone, Debug, Default)]
 pub struct Alignment {
     pub shift_ns: i64,
+    /// Its part in the job (`ggml-rpc server at 10.0.0.2:50052`, `ggml-rpc client of …`),
+    /// added to its process's name.
+    pub role: Option<String>,
     flows: HashMap<(u32, u32, bool), u64>,
 }
 
@@ -561,6 +564,29 @@ impl RpcAnalysis {
                 if let Some(a) = input_of(o.server_process).and_then(|i| out.get_mut(i)) {
                     a.shift_ns = o.offset_ns;
                 }
+            }
+        }
+        let mut endpoints: BTreeMap<usize, (bool, Vec<String>)> = BTreeMap::new();
+        for link in &self.links {
+            let endpoint = link.endpoint.clone().unwrap_or_else(|| "?".into());
+            for (process, server) in [(link.client_process, false), (link.server_process, true)] {
+                if let Some(i) = input_of(process) {
+                    let (is_server, list) = endpoints.entry(i).or_insert((server, Vec::new()));
+                    *is_server = server;
+                    if !list.contains(&endpoint) {
+                        list.push(endpoint.clone());
+                    }
+                }
+            }
+        }
+        for (i, (server, list)) in endpoints {
+            if let Some(a) = out.get_mut(i) {
+                let role = if server {
+                    "ggml-rpc server at"
+                } else {
+                    "ggml-rpc client of"
+                };
+                a.role = Some(format!("{role} {}", list.join(", ")));
             }
         }
         for (n, j) in self.joined.iter().enumerate() {
@@ -642,6 +668,12 @@ impl<S: RecordSink> RecordSink for Aligned<'_, S> {
             Record::Instant(mut i) => {
                 i.time_ns = self.shift(i.time_ns);
                 Record::Instant(i)
+            }
+            Record::Process(mut p) => {
+                if let Some(role) = &self.alignment.role {
+                    p.name = format!("{} ({role})", p.name);
+                }
+                Record::Process(p)
             }
             other => other,
         };
