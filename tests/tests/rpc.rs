@@ -203,6 +203,11 @@ fn job(hosts: &[Host], dir: Option<&Path>) -> String {
         .enumerate()
         .map(|(i, h)| {
             let mut env = hook_env(trace(&format!("server-{i}.ggmlviz")));
+            if dir.is_some() {
+                // The writer's interval out of the way: what a server recorded must reach its
+                // file when its client goes (see below), not because a timer fired.
+                env.push(("GGML_VIZ_FLUSH_INTERVAL", "600000".into()));
+            }
             if i == 1 {
                 let preload = env
                     .iter()
@@ -225,9 +230,34 @@ fn job(hosts: &[Host], dir: Option<&Path>) -> String {
         client_env.push(("GGML_VIZ_OP_TIMING", "auto".into()));
     }
     let output = complete(&endpoints.join(","), &client_env);
-    // A server runs until it is stopped, and SIGINT ends it without its exit handlers: give its
-    // trace's flusher (every 100 ms) time to write the last commands first.
-    std::thread::sleep(Duration::from_millis(400));
+    // A server runs until it is stopped, and SIGINT ends it without its exit handlers: the hook
+    // writes what a server recorded when its client disconnects. Wait (at most 20 s) until the
+    // servers' traces hold every command the client sent, then stop them.
+    if let Some(dir) = dir {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let out = run({
+                let mut c = Command::new(ggml_viz());
+                c.args(["rpc", "--json", "-q"]);
+                c.args(
+                    ["client", "server-0", "server-1"].map(|n| dir.join(format!("{n}.ggmlviz"))),
+                );
+                c
+            });
+            let joined = serde_json::from_slice::<Value>(&out.stdout)
+                .is_ok_and(|a| a["unjoined_client_connections"] == 0);
+            if joined {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the servers' traces lack commands the client sent 20 s after it ended:\n{}{}",
+                text(&out.stdout),
+                text(&out.stderr)
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
     for s in servers {
         stop(s);
     }

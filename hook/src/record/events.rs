@@ -473,6 +473,15 @@ pub fn rpc_edge(begin: bool, edge: &RpcEdge<'_>) {
     local(r, |l| push(l, r, event));
 }
 
+/// Asks the writer to write what the rings hold now rather than at its next interval: a
+/// ggml-rpc server's client went away, and such servers are stopped with Ctrl-C, which ends
+/// them without their exit handlers.
+pub fn write_soon() {
+    if let Some(r) = active() {
+        r.wake_flusher();
+    }
+}
+
 /// The part an RPC event's `entry` names, if it is one.
 pub fn rpc_part(entry: u8) -> Option<RpcPart> {
     match entry.checked_sub(RPC_ENTRY)? {

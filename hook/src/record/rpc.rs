@@ -26,7 +26,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 
 use ggml_viz_reader::format::ext::RpcPart;
 
-use super::events::{RpcEdge, rpc_edge};
+use super::events::{RpcEdge, rpc_edge, write_soon};
 
 /// The command that opens every connection.
 const HELLO: u8 = 14;
@@ -258,7 +258,11 @@ pub unsafe fn rpc_after(socket: usize, transfer: Transfer, data: *const u8, size
     let Some(mut t) = table() else { return };
     let conn = t.conn(socket);
     if !ok {
-        // The connection failed or closed: nothing of it is open any more.
+        // The connection failed or closed: nothing of it is open any more. A server's client
+        // is done: what it recorded is written now (a server is stopped by a signal).
+        if conn.role == Some(Role::Server) && conn.id != 0 {
+            write_soon();
+        }
         conn.state = State::Idle;
         conn.id = 0;
         return;
