@@ -3,8 +3,8 @@
 //! (libfaketime), and `llama-completion` putting the tiny model's layers on both. Every process
 //! is traced; `ggml-viz rpc` joins the traces and estimates the clocks.
 //!
-//! Where network namespaces cannot be made (no root, no `ip`), the servers listen on loopback
-//! ports instead, and the test says so.
+//! Where network or UTS namespaces cannot be made (no root, no `ip`), the servers listen on
+//! loopback ports instead, and the test says so.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -49,7 +49,14 @@ impl Host {
             address: format!("10.{subnet}.{n}.2"),
             port: 50052,
         };
-        let ok = ip(&["netns", "add", &ns])
+        // A UTS namespace gives the server its own host name.
+        let uts = Command::new("unshare")
+            .args(["--uts", "true"])
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+        let ok = uts
+            && ip(&["netns", "add", &ns])
             && ip(&[
                 "link", "add", &outer, "type", "veth", "peer", "name", &inner,
             ])
