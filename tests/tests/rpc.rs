@@ -160,20 +160,10 @@ impl Drop for Host {
     }
 }
 
-/// Stops a server with SIGINT, as a user would, and waits (at most 20 s) for it to exit.
-fn stop(mut child: Child) {
-    // `ip netns exec` and `sh -c ... exec` leave the server as this very process.
-    let _ = Command::new("kill")
-        .args(["-INT", &child.id().to_string()])
-        .status();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while child.try_wait().unwrap().is_none() {
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            panic!("ggml-rpc-server did not stop within 20 s of SIGINT");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
+/// Stops a server with SIGINT, as a user would (`ip netns exec` and `sh -c ... exec` leave the
+/// server as this very process), and waits at most 20 s for it to exit.
+fn stop(child: Child) {
+    crate::server::interrupt(child, "ggml-rpc-server", 20);
 }
 
 /// The client: the tiny model's layers on the servers, greedy, 12 tokens; its stdout.

@@ -82,19 +82,24 @@ pub(crate) fn start(cmd: Command, port: u16, log: &Path) -> Child {
 }
 
 /// Stops the server as a user would (SIGINT), and waits for it to exit (at most 30 s).
-pub(crate) fn stop(mut child: Child) {
+pub(crate) fn stop(child: Child) {
+    interrupt(child, "llama-server", 30);
+}
+
+/// Sends SIGINT to `child` (`what`), as Ctrl-C would, and waits at most `seconds` for it to exit.
+pub(crate) fn interrupt(mut child: Child, what: &str, seconds: u64) {
     let sent = Command::new("kill")
         .args(["-INT", &child.id().to_string()])
         .status()
         .unwrap();
     assert!(sent.success());
-    let deadline = Instant::now() + Duration::from_secs(30);
+    let deadline = Instant::now() + Duration::from_secs(seconds);
     while child.try_wait().unwrap().is_none() {
         if Instant::now() > deadline {
             let _ = child.kill();
-            panic!("llama-server did not stop within 30 s of SIGINT");
+            panic!("{what} did not stop within {seconds} s of SIGINT");
         }
-        std::thread::sleep(Duration::from_millis(100));
+        std::thread::sleep(Duration::from_millis(50));
     }
 }
 

@@ -303,7 +303,7 @@ pub fn analyse(parts: &RpcParts) -> RpcAnalysis {
     let mut servers: BTreeMap<(u32, u32), Connection> = BTreeMap::new();
     let mut commands: BTreeMap<String, CommandRow> = BTreeMap::new();
     // An answer on a connection that was served is the server's.
-    let served: Vec<(u32, u32)> = parts
+    let served: rustc_hash::FxHashSet<(u32, u32)> = parts
         .parts
         .iter()
         .filter(|p| p.part == Part::Serve)
@@ -348,6 +348,7 @@ pub fn analyse(parts: &RpcParts) -> RpcAnalysis {
         ..RpcAnalysis::default()
     };
     let mut taken: Vec<(u32, u32)> = Vec::new();
+    let server_signatures: Vec<_> = servers.values().map(|s| s.signature(false)).collect();
     for client in clients.values() {
         let signature = client.signature(true);
         let port = |e: &Option<String>| {
@@ -357,8 +358,9 @@ pub fn analyse(parts: &RpcParts) -> RpcAnalysis {
         };
         let candidates = servers
             .iter()
-            .filter(|(key, _)| !taken.contains(key))
-            .filter(|(_, s)| s.signature(false) == signature);
+            .zip(&server_signatures)
+            .filter(|((key, _), theirs)| !taken.contains(key) && **theirs == signature)
+            .map(|(server, _)| server);
         // The same endpoint, else the same port, else the first (in time order) that agrees.
         let chosen = candidates
             .min_by_key(|(_, s)| {
