@@ -49,9 +49,9 @@ fn ge_logs_agree_with_ada_pa_where_nothing_nests_by_name() {
         let mut s = Summary::default();
         import_path(&sample(log), None, None, &mut Ids::default(), &mut s).unwrap();
         let theirs = ada_pa_summary(csv);
-        assert_eq!(s.rows.len(), theirs.len(), "{log}");
+        assert_eq!(s.rows().count(), theirs.len(), "{log}");
         for (name, (count, total_us)) in theirs {
-            let row = &s.rows[name.as_str()];
+            let row = s.row(&name).unwrap();
             assert_eq!(row.count, count, "{log} {name}");
             assert!(
                 (row.total_ns as f64 / 1000.0 - total_us).abs() < 0.01,
@@ -77,7 +77,7 @@ fn a_tiling_inside_a_tiling_is_two_tilings_of_twenty_microseconds() {
                Profiling dump end\n";
     let mut s = Summary::default();
     ge_log::import(log.as_bytes(), "hand-made", &mut Ids::default(), &mut s).unwrap();
-    let tiling = &s.rows["Tiling"];
+    let tiling = s.row("Tiling").unwrap();
     assert_eq!((tiling.count, tiling.total_ns), (2, 20_000));
     assert_eq!(tiling.mean_ns(), 10_000.0);
     assert_eq!(s.warnings.len(), 1);

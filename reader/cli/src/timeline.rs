@@ -175,15 +175,14 @@ pub fn diff(args: DiffArgs) -> Result<(), Failure> {
     let rb = import_all(std::slice::from_ref(&args.b), &args.input, &mut b);
     say_warnings(&a.warnings);
     say_warnings(&b.warnings);
-    let mut names: Vec<&Text> = a.rows.keys().chain(b.rows.keys()).collect();
+    let mut names: Vec<&Text> = a.rows().chain(b.rows()).map(|(n, _)| n).collect();
     names.sort();
     names.dedup();
     names.sort_by_key(|n| {
         std::cmp::Reverse(
-            a.rows
-                .get(*n)
+            a.row(n)
                 .map_or(0, |r| r.total_ns)
-                .max(b.rows.get(*n).map_or(0, |r| r.total_ns)),
+                .max(b.row(n).map_or(0, |r| r.total_ns)),
         )
     });
     let mut out = io::stdout().lock();
@@ -205,7 +204,7 @@ pub fn diff(args: DiffArgs) -> Result<(), Failure> {
         "name", "count A", "count B", "total A", "total B", "change"
     )?;
     for name in names {
-        let (ra_, rb_) = (a.rows.get(name), b.rows.get(name));
+        let (ra_, rb_) = (a.row(name), b.row(name));
         let (ta, tb) = (ra_.map_or(0, |r| r.total_ns), rb_.map_or(0, |r| r.total_ns));
         let change = if ta == 0 {
             "new".to_string()

@@ -304,11 +304,6 @@ impl Event<'_> {
             ..self
         }
     }
-
-    /// Bytes this event takes on disk in `layout`.
-    pub fn encoded_len(&self, layout: Layout) -> usize {
-        layout.fixed_len() + self.label.as_ref().map_or(0, |l| 4 + l.len())
-    }
 }
 
 fn u32_at(b: &[u8], at: usize) -> u32 {

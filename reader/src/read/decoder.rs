@@ -13,7 +13,9 @@ pub(crate) const DETECT_WINDOW: usize = 1 << 20;
 /// not yet returned as events.
 #[derive(Debug)]
 pub struct Decoder {
+    /// Bytes pushed are `buf[..end]`; past `end`, space already zeroed for the next read.
     buf: Vec<u8>,
+    end: usize,
     /// Start of the unread part of `buf`.
     start: usize,
     /// Length of the event last returned borrowed, still in front of `start`: skipped at the
@@ -35,6 +37,7 @@ impl Decoder {
     pub fn new(forced: Option<Layout>) -> Decoder {
         Decoder {
             buf: Vec::new(),
+            end: 0,
             start: 0,
             returned: 0,
             base: 0,
@@ -52,13 +55,34 @@ impl Decoder {
 
     /// Appends newly arrived bytes.
     pub fn push(&mut self, bytes: &[u8]) {
+        self.compact();
+        self.buf.truncate(self.end);
+        self.buf.extend_from_slice(bytes);
+        self.end = self.buf.len();
+    }
+
+    /// Reads up to `max` bytes from `input` straight into the buffer (no copy through a chunk of
+    /// the caller's); the count read, 0 at the end of the input.
+    pub fn fill(&mut self, input: &mut impl std::io::Read, max: usize) -> std::io::Result<usize> {
+        self.compact();
+        if self.buf.len() < self.end + max {
+            self.buf.resize(self.end + max, 0);
+        }
+        let n = input.read(&mut self.buf[self.end..self.end + max])?;
+        self.end += n;
+        Ok(n)
+    }
+
+    /// Forgets the bytes already returned once they are at least half the buffer: memory stays
+    /// bounded, and each byte is moved at most about once.
+    fn compact(&mut self) {
         self.skip_returned();
-        if self.start > 0 && self.start >= self.buf.len() / 2 {
+        if self.start > 0 && self.start >= self.end / 2 {
             self.base += self.start as u64;
-            self.buf.drain(..self.start);
+            self.buf.copy_within(self.start..self.end, 0);
+            self.end -= self.start;
             self.start = 0;
         }
-        self.buf.extend_from_slice(bytes);
     }
 
     /// The layout in use, once decided.
@@ -71,9 +95,14 @@ impl Decoder {
         self.base + (self.start + self.returned) as u64
     }
 
+    /// File offset of the record [`Decoder::advance`] last moved past.
+    pub fn returned_offset(&self) -> u64 {
+        self.base + self.start as u64
+    }
+
     /// Bytes pushed but not yet returned as events.
     pub fn buffered(&self) -> usize {
-        self.buf.len() - self.start - self.returned
+        self.end - self.start - self.returned
     }
 
     fn skip_returned(&mut self) {
@@ -88,7 +117,7 @@ impl Decoder {
 
     fn settle_layout(&mut self) {
         if self.layout.is_none() && self.buffered() > 0 {
-            self.layout = Some(choose_layout(&self.buf[self.start..], None));
+            self.layout = Some(choose_layout(&self.buf[self.start..self.end], None));
         }
     }
 
@@ -116,7 +145,7 @@ impl Decoder {
             return None;
         }
         if !self.header_done {
-            match check_header(&self.buf[self.start..]) {
+            match check_header(&self.buf[self.start..self.end]) {
                 Ok(true) => {
                     self.start += HEADER_LEN;
                     self.header_done = true;
@@ -128,7 +157,7 @@ impl Decoder {
         let layout = match self.layout {
             Some(choice) => choice.layout,
             None => {
-                let rest = &self.buf[self.start..];
+                let rest = &self.buf[self.start..self.end];
                 if let Some(layout) = marker_layout(rest) {
                     self.layout = Some(LayoutChoice {
                         layout,
@@ -141,7 +170,7 @@ impl Decoder {
             }
         };
         // The framing alone here: the record is decoded once, by `returned_event`.
-        match format::record_len(&self.buf[self.start..], layout) {
+        match format::record_len(&self.buf[self.start..self.end], layout) {
             Ok(Some(len)) => {
                 self.returned = len;
                 Some(Ok(layout))

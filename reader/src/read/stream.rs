@@ -37,7 +37,6 @@ impl std::error::Error for StreamError {}
 pub struct StreamReader<R> {
     input: R,
     decoder: Decoder,
-    chunk: Vec<u8>,
     ended: bool,
     done: bool,
     /// File offset where the last returned event began.
@@ -49,7 +48,6 @@ impl<R: Read> StreamReader<R> {
         StreamReader {
             input,
             decoder: Decoder::new(forced),
-            chunk: vec![0; CHUNK],
             last_offset: 0,
             ended: false,
             done: false,
@@ -77,8 +75,8 @@ impl<R: Read> StreamReader<R> {
         loop {
             match self.decoder.advance() {
                 Some(Ok(layout)) => {
+                    self.last_offset = self.decoder.returned_offset();
                     let event = self.decoder.returned_event(layout);
-                    self.last_offset = self.decoder.offset() - event.encoded_len(layout) as u64;
                     return Some(Ok((self.last_offset, event)));
                 }
                 Some(Err(damage)) => {
@@ -91,12 +89,12 @@ impl<R: Read> StreamReader<R> {
                 self.done = true;
                 return self.decoder.finish().map(|d| Err(StreamError::Damage(d)));
             }
-            match self.input.read(&mut self.chunk) {
+            match self.decoder.fill(&mut self.input, CHUNK) {
                 Ok(0) => {
                     self.ended = true;
                     self.decoder.end_input();
                 }
-                Ok(n) => self.decoder.push(&self.chunk[..n]),
+                Ok(_) => {}
                 Err(err) if err.kind() == io::ErrorKind::Interrupted => {}
                 Err(err) => {
                     self.done = true;

@@ -22,7 +22,7 @@ pub use import::{Format, ImportError, detect, import_path, import_path_reporting
 pub use text::{Text, Texts};
 
 use std::fmt;
-use std::sync::Arc;
+use std::rc::Rc;
 
 /// A typed argument of a span.
 #[derive(Clone, Debug, PartialEq)]
@@ -34,7 +34,7 @@ pub enum Arg {
 }
 
 /// A span's arguments: shared by the spans of one tensor, one graph, one call.
-pub type Args = Arc<[(Text, Arg)]>;
+pub type Args = Rc<[(Text, Arg)]>;
 
 impl fmt::Display for Arg {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

@@ -6,17 +6,23 @@
 use std::borrow::Borrow;
 use std::fmt;
 use std::ops::Deref;
-use std::sync::Arc;
+use std::rc::Rc;
 
 use rustc_hash::FxHashSet;
 
 /// An immutable string shared by the records that name it.
 #[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
-pub struct Text(Arc<str>);
+pub struct Text(Rc<str>);
 
 impl Text {
     pub fn as_str(&self) -> &str {
         &self.0
+    }
+
+    /// Where the shared string lies: the same for every clone of one `Text`, different for two
+    /// `Text`s alive at once (equal strings made apart included).
+    pub fn addr(&self) -> usize {
+        Rc::as_ptr(&self.0) as *const u8 as usize
     }
 }
 

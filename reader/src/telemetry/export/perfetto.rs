@@ -29,7 +29,7 @@
 
 use std::collections::HashMap;
 use std::io::{self, Write};
-use std::sync::Arc;
+use std::rc::Rc;
 
 use rustc_hash::FxHashMap;
 
@@ -65,6 +65,10 @@ fn counter_track(n: u64) -> u64 {
 #[derive(Default)]
 struct Interned {
     iids: FxHashMap<String, u64>,
+    /// By the address of a shared text ([`Text::addr`]), its iid: a repeated name is found
+    /// without hashing its text. The texts are kept (`kept`), so no other takes their address.
+    by_addr: FxHashMap<usize, u64>,
+    kept: Vec<Text>,
     fresh: Vec<(u64, String)>,
 }
 
@@ -76,6 +80,21 @@ impl Interned {
         let iid = self.iids.len() as u64 + 1;
         self.iids.insert(s.to_string(), iid);
         self.fresh.push((iid, s.to_string()));
+        iid
+    }
+
+    fn text_iid(&mut self, t: &Text) -> u64 {
+        if let Some(&iid) = self.by_addr.get(&t.addr()) {
+            return iid;
+        }
+        if self.kept.len() >= JOINED_KEPT {
+            // Texts not shared (made anew per span): memory stays bounded.
+            self.by_addr.clear();
+            self.kept.clear();
+        }
+        let iid = self.iid(t);
+        self.by_addr.insert(t.addr(), iid);
+        self.kept.push(t.clone());
         iid
     }
 }
@@ -166,9 +185,9 @@ impl Sequence {
 const JOINED_KEPT: usize = 1 << 16;
 
 /// A span's arguments as one text: `key=value` pairs joined with `; `.
-fn join(args: &[(Text, Arg)]) -> String {
+fn join(args: &[(Text, Arg)]) -> Text {
     let pairs: Vec<String> = args.iter().map(|(k, v)| format!("{k}={v}")).collect();
-    pairs.join("; ")
+    pairs.join("; ").into()
 }
 
 /// Lane `lane`'s sequence; begun, the first time, with its defaults (the lane's track, the
@@ -215,7 +234,7 @@ pub struct PerfettoWriter<W: Write> {
     packet: Message,
     /// Each distinct argument list's `args` text, by the list's address (the importers share one
     /// list among the spans of a node; the list is kept, so the address is not reused).
-    joined: FxHashMap<usize, (Args, String)>,
+    joined: FxHashMap<usize, (Args, Text)>,
 }
 
 impl<W: Write> PerfettoWriter<W> {
@@ -304,21 +323,26 @@ impl<W: Write> PerfettoWriter<W> {
 
     /// One outermost span and its descendants: begins in order of start (parents first), each
     /// span's end written before the next span that starts at or after it.
-    fn tree(&mut self, mut spans: Vec<Span>) {
-        spans.sort_by_key(|s| (s.start_ns, s.depth));
-        let mut open: Vec<Span> = Vec::new();
-        for s in spans {
+    fn tree(&mut self, spans: Vec<Span>) {
+        // Sorted by index (a span is ~100 bytes; its key and index 16).
+        let mut order: Vec<(u64, u32, u32)> = (spans.iter().enumerate())
+            .map(|(i, s)| (s.start_ns, s.depth, i as u32))
+            .collect();
+        order.sort_unstable();
+        let mut open: Vec<&Span> = Vec::new();
+        for &(_, _, i) in &order {
+            let s = &spans[i as usize];
             while let Some(top) = open.last()
                 && (top.end_ns <= s.start_ns || top.depth >= s.depth)
             {
                 let top = open.pop().expect("checked");
-                self.end(&top);
+                self.end(top);
             }
-            self.begin(&s);
+            self.begin(s);
             open.push(s);
         }
         while let Some(top) = open.pop() {
-            self.end(&top);
+            self.end(top);
         }
     }
 
@@ -330,14 +354,14 @@ impl<W: Write> PerfettoWriter<W> {
         let joined = (!s.args.is_empty()).then(|| {
             let (_, text) = self
                 .joined
-                .entry(Arc::as_ptr(&s.args) as *const () as usize)
+                .entry(Rc::as_ptr(&s.args) as *const () as usize)
                 .or_insert_with(|| (s.args.clone(), join(&s.args)));
-            text.as_str()
+            text
         });
         let seq = lane_sequence(&mut self.lanes, &mut self.out, s.lane, s.start_ns);
-        let name = seq.names.iid(&s.name);
-        let category = seq.categories.iid(&s.category);
-        let args = joined.map(|text| (seq.arg_names.iid("args"), seq.arg_values.iid(text)));
+        let name = seq.names.text_iid(&s.name);
+        let category = seq.categories.text_iid(&s.category);
+        let args = joined.map(|text| (seq.arg_names.iid("args"), seq.arg_values.text_iid(text)));
         let flow = s.args.iter().find_map(|(k, v)| match v {
             Arg::UInt(id) if &**k == rpc::FLOW => Some(*id),
             _ => None,

@@ -14,7 +14,9 @@ pub struct Message {
     pub bytes: Vec<u8>,
 }
 
+#[inline]
 fn varint(out: &mut Vec<u8>, mut v: u64) {
+    out.reserve(10);
     while v >= 0x80 {
         out.push((v as u8) | 0x80);
         v >>= 7;
@@ -23,11 +25,13 @@ fn varint(out: &mut Vec<u8>, mut v: u64) {
 }
 
 impl Message {
+    #[inline]
     fn tag(&mut self, field: u32, wire: u64) {
         varint(&mut self.bytes, (u64::from(field) << 3) | wire);
     }
 
     /// `uint32`, `uint64`, `bool` and enum fields.
+    #[inline]
     pub fn uint(&mut self, field: u32, v: u64) -> &mut Self {
         self.tag(field, VARINT);
         varint(&mut self.bytes, v);

@@ -14,46 +14,80 @@
 //! state kept only for spans still open: memory is bounded by nesting depth × distinct names,
 //! whatever the input's size. Percentiles come from a log histogram (buckets 1 % wide).
 
-use std::collections::BTreeMap;
-
 use rustc_hash::FxHashMap;
 
 use crate::telemetry::{Record, RecordSink, Span, Text};
 
+/// A row's place in [`Summary::rows`].
+type RowIndex = u32;
+
 /// Per name, within one subtree: spans counted (no same-name descendant) and time covered. A
 /// subtree holds few names: a list, searched.
-type Coverage = Vec<(Text, (u64, u64))>;
+type Coverage = Vec<(RowIndex, (u64, u64))>;
 
-/// Adds `count` spans covering `covered` of `name` to `coverage`.
-fn cover(coverage: &mut Coverage, name: &Text, count: u64, covered: u64) {
-    match coverage.iter_mut().find(|(n, _)| n == name) {
+/// Adds `count` spans covering `covered` of `row`'s name to `coverage`.
+fn cover(coverage: &mut Coverage, row: RowIndex, count: u64, covered: u64) {
+    match coverage.iter_mut().find(|(r, _)| *r == row) {
         Some((_, e)) => {
             e.0 += count;
             e.1 = e.1.saturating_add(covered);
         }
-        None => coverage.push((name.clone(), (count, covered))),
+        None => coverage.push((row, (count, covered))),
     }
 }
+
+/// log_1.01(2): buckets per doubling.
+const LOG_1_01_OF_2: f64 = 69.660_716_893_574_83;
+
+/// 1.01^k for every k whose power a 64-bit duration can reach (4460 of them: 1.01^4459 > 2^64).
+const POWERS: [f64; 4460] = {
+    let mut powers = [1.0; 4460];
+    let mut k = 1;
+    while k < powers.len() {
+        powers[k] = powers[k - 1] * 1.01;
+        k += 1;
+    }
+    powers
+};
 
 /// Durations in buckets 1 % wide: bounded memory, percentiles within 1 %.
 #[derive(Clone, Debug, Default)]
 pub struct Histogram {
-    buckets: BTreeMap<u32, u64>,
+    /// Spans per bucket, indexed by bucket (at most ~4460 of them for 64-bit durations).
+    buckets: Vec<u64>,
     count: u64,
     min: u64,
     max: u64,
 }
 
 impl Histogram {
-    fn bucket(ns: u64) -> u32 {
+    /// 0 for 0; else 1 + floor(log_1.01(ns)): the number of powers 1.01^k (k ≥ 0) not above
+    /// `ns`. A polynomial log2 (within 0.02 buckets) finds it, one comparison with the powers
+    /// makes it exact: no logarithm per span.
+    fn bucket(ns: u64) -> usize {
         if ns == 0 {
-            0
-        } else {
-            1 + ((ns as f64).ln() / 1.01f64.ln()) as u32
+            return 0;
         }
+        let x = ns as f64;
+        let bits = x.to_bits();
+        let octave = ((bits >> 52) as i64 - 1023) as f64;
+        // x = 2^octave * (1 + t), t in [0, 1).
+        let t = f64::from_bits((bits & ((1 << 52) - 1)) | (1023 << 52)) - 1.0;
+        let log2 = octave
+            + t * (1.438_547_930_148_394
+                + t * (-0.678_089_455_891_480_3
+                    + t * (0.323_646_307_640_170_94 + t * -0.084_294_655_806_479_49)));
+        let mut count = ((log2 * LOG_1_01_OF_2) as usize + 1).min(POWERS.len());
+        while count < POWERS.len() && POWERS[count] <= x {
+            count += 1;
+        }
+        while count > 0 && POWERS[count - 1] > x {
+            count -= 1;
+        }
+        count
     }
 
-    fn value(bucket: u32) -> u64 {
+    fn value(bucket: usize) -> u64 {
         if bucket == 0 {
             0
         } else {
@@ -61,8 +95,15 @@ impl Histogram {
         }
     }
 
+    fn add_to(&mut self, bucket: usize, n: u64) {
+        if bucket >= self.buckets.len() {
+            self.buckets.resize(bucket + 1, 0);
+        }
+        self.buckets[bucket] += n;
+    }
+
     pub fn add(&mut self, ns: u64) {
-        *self.buckets.entry(Self::bucket(ns)).or_default() += 1;
+        self.add_to(Self::bucket(ns), 1);
         self.min = if self.count == 0 {
             ns
         } else {
@@ -77,8 +118,8 @@ impl Histogram {
         if other.count == 0 {
             return;
         }
-        for (&b, &n) in &other.buckets {
-            *self.buckets.entry(b).or_default() += n;
+        for (b, &n) in other.buckets.iter().enumerate().filter(|(_, n)| **n > 0) {
+            self.add_to(b, n);
         }
         self.min = if self.count == 0 {
             other.min
@@ -103,7 +144,7 @@ impl Histogram {
             return self.min;
         }
         let mut seen = 0;
-        for (&b, &n) in &self.buckets {
+        for (b, &n) in self.buckets.iter().enumerate() {
             seen += n;
             if seen >= rank {
                 return Self::value(b).clamp(self.min, self.max);
@@ -144,9 +185,19 @@ impl Row {
 /// The summary sink.
 #[derive(Debug, Default)]
 pub struct Summary {
-    pub rows: BTreeMap<Text, Row>,
-    /// Coverage gathered from the closed children of spans still open.
+    /// One row per distinct name, in the order first seen.
+    rows: Vec<(Text, Row)>,
+    by_name: FxHashMap<Text, RowIndex>,
+    /// By the address of a shared name ([`Text::addr`]), its row: a span's name is found without
+    /// hashing or comparing its text. Each address's `Text` is kept in `seen`, so that no other
+    /// string can take its place.
+    by_addr: FxHashMap<usize, RowIndex>,
+    seen: Vec<Text>,
+    /// Coverage gathered from the closed children of spans still open, by span id; the parent
+    /// last handed to is kept apart in `hot` (most spans share their parent with the span closed
+    /// before them: their hand-over skips the map).
     pending: FxHashMap<u64, Coverage>,
+    hot: Option<(u64, Coverage)>,
     pub first_ns: Option<u64>,
     pub last_ns: u64,
     pub warnings: Vec<String>,
@@ -158,25 +209,57 @@ impl Summary {
         self.first_ns.map_or(0, |f| self.last_ns.saturating_sub(f))
     }
 
+    /// The row of spans named `name`.
+    pub fn row(&self, name: &str) -> Option<&Row> {
+        self.by_name.get(name).map(|&i| &self.rows[i as usize].1)
+    }
+
+    /// Every row with its name, in the order first seen.
+    pub fn rows(&self) -> impl Iterator<Item = (&Text, &Row)> {
+        self.rows.iter().map(|(name, row)| (name, row))
+    }
+
     /// Rows, most total time first.
     pub fn sorted(&self) -> Vec<(&Text, &Row)> {
-        let mut rows: Vec<_> = self.rows.iter().collect();
+        let mut rows: Vec<_> = self.rows().collect();
         rows.sort_by(|a, b| b.1.total_ns.cmp(&a.1.total_ns).then_with(|| a.0.cmp(b.0)));
         rows
     }
 
-    fn span(&mut self, s: Span) {
+    fn row_index(&mut self, name: &Text) -> RowIndex {
+        if let Some(&i) = self.by_addr.get(&name.addr()) {
+            return i;
+        }
+        let i = match self.by_name.get(name.as_str()) {
+            Some(&i) => i,
+            None => {
+                let i = self.rows.len() as RowIndex;
+                self.rows.push((name.clone(), Row::default()));
+                self.by_name.insert(name.clone(), i);
+                i
+            }
+        };
+        self.by_addr.insert(name.addr(), i);
+        self.seen.push(name.clone());
+        i
+    }
+
+    fn span(&mut self, s: &Span) {
         let dur = s.duration_ns();
         self.first_ns = Some(self.first_ns.map_or(s.start_ns, |f| f.min(s.start_ns)));
         self.last_ns = self.last_ns.max(s.end_ns);
-        let row = match self.rows.get_mut(s.name.as_str()) {
-            Some(row) => row,
-            None => self.rows.entry(s.name.clone()).or_default(),
-        };
+        let index = self.row_index(&s.name);
+        let row = &mut self.rows[index as usize].1;
         row.self_ns = row.self_ns.saturating_add(s.self_ns);
         // Leaves (most spans) have no coverage of their own: nothing is allocated for them.
-        let mut coverage = self.pending.remove(&s.id);
-        let counted = match coverage.iter_mut().flatten().find(|(n, _)| *n == s.name) {
+        let mut coverage = match self.hot.take() {
+            Some((id, coverage)) if id == s.id => Some(coverage),
+            hot => {
+                self.hot = hot;
+                self.pending.remove(&s.id)
+            }
+        };
+        let counted = match coverage.iter_mut().flatten().find(|(r, _)| *r == index) {
             // A same-name descendant: this span is not counted, but covers its time.
             Some((_, entry)) => {
                 entry.1 = dur;
@@ -189,27 +272,30 @@ impl Summary {
             }
         };
         if counted {
-            self.merge(s.parent, &s.name, 1, dur);
+            self.merge(s.parent, index, 1, dur);
         }
-        for (name, (count, covered)) in coverage.iter().flatten() {
-            self.merge(s.parent, name, *count, *covered);
+        for &(row, (count, covered)) in coverage.iter().flatten() {
+            self.merge(s.parent, row, count, covered);
         }
     }
 
-    /// Hands a closed subtree's coverage of `name` to its parent's, or to the rows at the top.
-    fn merge(&mut self, parent: Option<u64>, name: &Text, count: u64, covered: u64) {
+    /// Hands a closed subtree's coverage of `row`'s name to its parent's, or to the rows at the
+    /// top.
+    fn merge(&mut self, parent: Option<u64>, row: RowIndex, count: u64, covered: u64) {
         match parent {
-            Some(parent) => cover(
-                self.pending.entry(parent).or_default(),
-                name,
-                count,
-                covered,
-            ),
+            Some(parent) => {
+                if self.hot.as_ref().is_none_or(|(id, _)| *id != parent) {
+                    if let Some((id, coverage)) = self.hot.take() {
+                        self.pending.insert(id, coverage);
+                    }
+                    let coverage = self.pending.remove(&parent).unwrap_or_default();
+                    self.hot = Some((parent, coverage));
+                }
+                let (_, coverage) = self.hot.as_mut().expect("set above");
+                cover(coverage, row, count, covered)
+            }
             None => {
-                let row = match self.rows.get_mut(name.as_str()) {
-                    Some(row) => row,
-                    None => self.rows.entry(name.clone()).or_default(),
-                };
+                let row = &mut self.rows[row as usize].1;
                 row.count += count;
                 row.total_ns = row.total_ns.saturating_add(covered);
             }
@@ -220,7 +306,7 @@ impl Summary {
 impl RecordSink for Summary {
     fn record(&mut self, record: Record) {
         match record {
-            Record::Span(s) => self.span(s),
+            Record::Span(s) => self.span(&s),
             Record::Warning(w) => self.warnings.push(w),
             _ => {}
         }
@@ -259,7 +345,7 @@ mod tests {
         stack.open(3, "Tiling".into(), "ge".into(), 10 * us, Default::default());
         summary.record(Record::Span(stack.close(0, 20 * us).unwrap()));
         summary.record(Record::Span(stack.close(0, 20 * us).unwrap()));
-        let row = &summary.rows["Tiling"];
+        let row = summary.row("Tiling").unwrap();
         assert_eq!((row.count, row.total_ns), (2, 20 * us));
         assert_eq!(row.mean_ns(), 10_000.0);
         assert_eq!((row.min_ns(), row.max_ns()), (10 * us, 10 * us));
@@ -279,7 +365,7 @@ mod tests {
         stack.open(3, "Tiling".into(), "ge".into(), 16 * us, Default::default());
         summary.record(Record::Span(stack.close(0, 26 * us).unwrap()));
         summary.record(Record::Span(stack.close(0, 30 * us).unwrap()));
-        let row = &summary.rows["Tiling"];
+        let row = summary.row("Tiling").unwrap();
         assert_eq!((row.count, row.total_ns), (2, 30 * us));
         assert_eq!(row.mean_ns(), 10_000.0);
         assert_eq!((row.min_ns(), row.max_ns()), (10 * us, 10 * us));
@@ -304,16 +390,16 @@ mod tests {
         summary.record(Record::Span(stack.close(0, 400).unwrap()));
         assert_eq!(
             (
-                summary.rows["MUL_MAT"].count,
-                summary.rows["MUL_MAT"].total_ns
+                summary.row("MUL_MAT").unwrap().count,
+                summary.row("MUL_MAT").unwrap().total_ns
             ),
             (3, 150)
         );
         assert_eq!(
             (
-                summary.rows["graph"].count,
-                summary.rows["graph"].total_ns,
-                summary.rows["graph"].self_ns
+                summary.row("graph").unwrap().count,
+                summary.row("graph").unwrap().total_ns,
+                summary.row("graph").unwrap().self_ns
             ),
             (1, 400, 250)
         );
@@ -326,6 +412,27 @@ mod tests {
         assert_eq!(csv_cell("=HYPERLINK(\"x\")"), "\"'=HYPERLINK(\"\"x\"\")\"");
         assert_eq!(csv_cell("-1+2"), "'-1+2");
         assert_eq!(csv_cell("a,b"), "\"a,b\"");
+    }
+
+    /// The bucket found among the powers of 1.01 is the one the logarithm gives, away from the
+    /// bucket edges (where rounding of either may differ), from 1 ns to the largest durations.
+    #[test]
+    fn buckets_agree_with_the_logarithm() {
+        let mut ns = 1u64;
+        let mut checked = 0;
+        while ns < u64::MAX / 3 {
+            let exact = (ns as f64).ln() / 1.01f64.ln();
+            if (exact - exact.round()).abs() > 1e-6 {
+                assert_eq!(Histogram::bucket(ns), 1 + exact as usize, "{ns}");
+                checked += 1;
+            }
+            ns = ns + ns / 7 + 1;
+        }
+        assert!(checked > 200, "{checked}");
+        assert_eq!(Histogram::bucket(0), 0);
+        assert_eq!(Histogram::bucket(1), 1);
+        assert!(Histogram::bucket(u64::MAX) <= POWERS.len());
+        assert!(POWERS[POWERS.len() - 1] > u64::MAX as f64 && POWERS[POWERS.len() - 2] < u64::MAX as f64);
     }
 
     #[test]

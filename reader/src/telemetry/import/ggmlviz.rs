@@ -42,7 +42,11 @@ struct Importer<'s, S: RecordSink> {
     sink: &'s mut S,
     ids: &'s mut Ids,
     process: u32,
-    threads: HashMap<u32, Thread>,
+    /// Threads in the order first met; `thread_of` finds one by id, `last_thread` skips that
+    /// lookup while events keep coming from one thread.
+    threads: Vec<Thread>,
+    thread_of: HashMap<u32, usize>,
+    last_thread: (u32, usize),
     op_names: HashMap<u32, String>,
     infos: HashMap<String, TensorInfo>,
     backends: HashMap<u64, String>,
@@ -99,7 +103,9 @@ impl<'s, S: RecordSink> Import<'s, S> {
             sink,
             ids,
             process,
-            threads: HashMap::default(),
+            threads: Vec::new(),
+            thread_of: HashMap::default(),
+            last_thread: (u32::MAX, usize::MAX),
             op_names: HashMap::default(),
             infos: HashMap::default(),
             backends: HashMap::default(),
@@ -160,23 +166,32 @@ impl<'s, S: RecordSink> Import<'s, S> {
 
 impl<S: RecordSink> Importer<'_, S> {
     fn thread(&mut self, tid: u32) -> &mut Thread {
-        if !self.threads.contains_key(&tid) {
-            let lane = self.ids.lane();
-            self.sink.record(Record::Lane(Lane {
-                id: lane,
-                process: self.process,
-                tid: Some(tid as u64),
-                name: format!("thread {tid}"),
-            }));
-            self.threads.insert(
-                tid,
-                Thread {
+        let (last, i) = self.last_thread;
+        let i = if last == tid { i } else { self.thread_index(tid) };
+        &mut self.threads[i]
+    }
+
+    fn thread_index(&mut self, tid: u32) -> usize {
+        let i = match self.thread_of.get(&tid) {
+            Some(&i) => i,
+            None => {
+                let lane = self.ids.lane();
+                self.sink.record(Record::Lane(Lane {
+                    id: lane,
+                    process: self.process,
+                    tid: Some(tid as u64),
+                    name: format!("thread {tid}"),
+                }));
+                self.threads.push(Thread {
                     lane,
                     ..Thread::default()
-                },
-            );
-        }
-        self.threads.get_mut(&tid).expect("just inserted")
+                });
+                self.thread_of.insert(tid, self.threads.len() - 1);
+                self.threads.len() - 1
+            }
+        };
+        self.last_thread = (tid, i);
+        i
     }
 
     fn event(&mut self, e: &Event<'_>, offset: u64, name: &str) {
@@ -613,7 +628,7 @@ impl<S: RecordSink> Importer<'_, S> {
     fn finish(&mut self, name: &str) {
         let end = self.last_ns;
         let mut open = 0;
-        for t in self.threads.values_mut() {
+        for t in &mut self.threads {
             while let Some(mut span) = t.stack.close(t.lane, end) {
                 let unfinished = ("unfinished".into(), Arg::UInt(1));
                 span.args = span.args.iter().cloned().chain([unfinished]).collect();
