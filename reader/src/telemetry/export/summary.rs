@@ -40,7 +40,7 @@ fn cover(coverage: &mut Coverage, row: RowIndex, count: u64, covered: u64) {
 const LOG_1_01_OF_2: f64 = 69.660_716_893_574_83;
 
 /// 1.01^k for every k whose power a 64-bit duration can reach (4460 of them: 1.01^4459 > 2^64).
-const POWERS: [f64; 4460] = {
+static POWERS: [f64; 4460] = {
     let mut powers = [1.0; 4460];
     let mut k = 1;
     while k < powers.len() {
