@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 
 use ggml_viz_reader::telemetry::rpc::{Aligned, Alignment, RpcParts, analyse};
 use ggml_viz_reader::telemetry::{Ids, ImportError, RecordSink, import_path_reporting};
+use ggml_viz_reader::{Damage, Event};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use crate::timeline::InputOpts;
@@ -72,7 +73,7 @@ impl Reading {
         for i in 0..self.paths.len() {
             let path = self.paths[i].clone();
             // Failures are reported by the real pass, which reads the same input.
-            let _ = self.read(&path, opts, &mut ids, &mut parts);
+            let _ = self.read(&path, opts, &mut ids, &mut parts, &mut |_| {});
             input_of.resize(parts.processes.len(), i);
         }
         if parts.parts.is_empty() {
@@ -110,14 +111,27 @@ impl Reading {
         ids: &mut Ids,
         sink: &mut S,
     ) -> Result<(), ImportError> {
+        self.import_watching(path, opts, ids, sink, &mut |_| {})
+    }
+
+    /// [`Reading::import`], handing `events` each GGMLVIZ event as it is decoded and the damage
+    /// that ended the read.
+    pub fn import_watching<S: RecordSink>(
+        &mut self,
+        path: &Path,
+        opts: &InputOpts,
+        ids: &mut Ids,
+        sink: &mut S,
+        events: &mut dyn FnMut(Result<&Event<'_>, &Damage>),
+    ) -> Result<(), ImportError> {
         let alignment = self
             .paths
             .iter()
             .position(|p| p == path)
             .and_then(|i| self.alignments.get(i).cloned());
         match alignment {
-            Some(a) => self.read(path, opts, ids, &mut Aligned::new(sink, &a)),
-            None => self.read(path, opts, ids, sink),
+            Some(a) => self.read(path, opts, ids, &mut Aligned::new(sink, &a), events),
+            None => self.read(path, opts, ids, sink, events),
         }
     }
 
@@ -127,16 +141,22 @@ impl Reading {
         opts: &InputOpts,
         ids: &mut Ids,
         sink: &mut S,
+        events: &mut dyn FnMut(Result<&Event<'_>, &Damage>),
     ) -> Result<(), ImportError> {
         self.bar.set_message(
             path.file_name()
                 .map_or_else(String::new, |n| n.to_string_lossy().into_owned()),
         );
         let (bar, done) = (&self.bar, self.done);
-        let result =
-            import_path_reporting(path, opts.format, opts.layout, ids, sink, &mut |read| {
-                bar.set_position(done + read)
-            });
+        let result = import_path_reporting(
+            path,
+            opts.format,
+            opts.layout,
+            ids,
+            sink,
+            &mut |read| bar.set_position(done + read),
+            events,
+        );
         self.done += len(path);
         self.bar.set_position(self.done);
         result

@@ -1,6 +1,6 @@
-//! What a report shows, computed from the telemetry model: aggregates over every span, and the
-//! spans the timeline draws (all of them up to a budget; beyond it, the op spans of a uniform
-//! sample of their parent graphs, said on the page).
+//! What a report shows, computed from the telemetry model in one pass: aggregates over every
+//! span, and the spans the timeline draws (all of them up to a budget; beyond it, the op spans of
+//! a uniform sample of their parent graphs, said on the page).
 
 use std::collections::HashMap;
 
@@ -16,54 +16,6 @@ pub const SPAN_BUDGET: u64 = 150_000;
 pub(super) const POINT_BUDGET: usize = 4_000;
 /// Rows of the per-tensor table.
 const TOP_TENSORS: usize = 40;
-
-/// First pass: how many spans there are, to choose the sampling stride of the second.
-#[derive(Debug)]
-pub struct SpanCount {
-    pub spans: u64,
-    pub ops: u64,
-    /// Spans, counter samples and instants: what an input had, for inputs that are not traces.
-    pub items: u64,
-    /// The earliest time of anything: the report's origin.
-    pub first_ns: u64,
-}
-
-impl Default for SpanCount {
-    fn default() -> Self {
-        SpanCount {
-            spans: 0,
-            ops: 0,
-            items: 0,
-            first_ns: u64::MAX,
-        }
-    }
-}
-
-impl RecordSink for SpanCount {
-    fn record(&mut self, record: Record) {
-        let time = match record {
-            Record::Span(s) => {
-                self.spans += 1;
-                self.ops += u64::from(s.category == "op");
-                s.start_ns
-            }
-            Record::Counter(c) => c.time_ns,
-            Record::Instant(i) => i.time_ns,
-            _ => return,
-        };
-        self.items += 1;
-        self.first_ns = self.first_ns.min(time);
-    }
-}
-
-impl SpanCount {
-    /// Keep the ops of 1 parent in this many so that the timeline stays within [`SPAN_BUDGET`].
-    pub fn op_stride(&self) -> u64 {
-        let others = self.spans - self.ops;
-        let room = SPAN_BUDGET.saturating_sub(others).max(SPAN_BUDGET / 10);
-        self.ops.div_ceil(room).max(1)
-    }
-}
 
 /// Everything the page renders, serialized into it as JSON.
 #[derive(Debug, Default, Serialize)]
@@ -130,6 +82,29 @@ pub struct SpanColumns {
     pub bytes: Vec<u64>,
 }
 
+impl SpanColumns {
+    /// Keeps the spans whose `keep` is true.
+    fn retain(&mut self, keep: &[bool]) {
+        fn column<T>(values: &mut Vec<T>, keep: &[bool]) {
+            let mut i = 0;
+            values.retain(|_| {
+                i += 1;
+                keep[i - 1]
+            });
+        }
+        column(&mut self.lane, keep);
+        column(&mut self.depth, keep);
+        column(&mut self.start, keep);
+        column(&mut self.dur, keep);
+        column(&mut self.self_ns, keep);
+        column(&mut self.name, keep);
+        column(&mut self.cat, keep);
+        column(&mut self.tensor, keep);
+        column(&mut self.detail, keep);
+        column(&mut self.bytes, keep);
+    }
+}
+
 #[derive(Debug, Default, Serialize)]
 pub struct Sampling {
     pub total_spans: u64,
@@ -146,11 +121,22 @@ pub struct Aggregate {
     pub self_ns: u64,
 }
 
-/// The second pass: a [`RecordSink`] that builds [`ReportData`].
+/// A [`RecordSink`] that builds [`ReportData`] as the records arrive.
 pub struct ReportBuilder {
     data: ReportData,
-    origin: u64,
+    /// Op spans are drawn for the parents whose [`mix`]ed id is a multiple of this; doubled
+    /// (and the drawn ops thinned to match) whenever they outgrow their room in the budget.
     op_stride: u64,
+    /// For each drawn span, its parent's mixed id if it is an op (`None`: always drawn).
+    drawn_op_parents: Vec<Option<u64>>,
+    drawn_ops: u64,
+    /// Spans that are not ops: all drawn.
+    others: u64,
+    /// Spans, counter samples and instants met: what an input had, for inputs that are not
+    /// traces.
+    pub items: u64,
+    /// The earliest time of anything: the origin of the page's times.
+    earliest_ns: u64,
     string_ids: HashMap<String, u32>,
     process_names: HashMap<u32, String>,
     /// Our lane id -> (process, name, index in `data.lanes` once it has a span).
@@ -204,9 +190,7 @@ fn sorted(map: HashMap<String, Aggregate>) -> Vec<Aggregate> {
 }
 
 impl ReportBuilder {
-    /// `origin`: the earliest span start (from the first pass); `op_stride` from
-    /// [`SpanCount::op_stride`].
-    pub fn new(title: String, inputs: Vec<String>, origin: u64, op_stride: u64) -> ReportBuilder {
+    pub fn new(title: String, inputs: Vec<String>) -> ReportBuilder {
         let mut b = ReportBuilder {
             data: ReportData {
                 title,
@@ -214,8 +198,12 @@ impl ReportBuilder {
                 generator: format!("ggml-viz {}", env!("CARGO_PKG_VERSION")),
                 ..ReportData::default()
             },
-            origin,
-            op_stride: op_stride.max(1),
+            op_stride: 1,
+            drawn_op_parents: Vec::new(),
+            drawn_ops: 0,
+            others: 0,
+            items: 0,
+            earliest_ns: u64::MAX,
             string_ids: HashMap::new(),
             process_names: HashMap::new(),
             lanes: HashMap::new(),
@@ -276,6 +264,7 @@ impl ReportBuilder {
 
     fn span(&mut self, span: Span) {
         self.data.summary.spans += 1;
+        self.earliest_ns = self.earliest_ns.min(span.start_ns);
         self.first_ns = self.first_ns.min(span.start_ns);
         self.last_ns = self.last_ns.max(span.end_ns);
         let tensor = arg_str(&span, "tensor");
@@ -348,10 +337,8 @@ impl ReportBuilder {
                 n_tokens,
             });
         }
-        let drawn = !is_op
-            || self.op_stride == 1
-            || mix(span.parent.unwrap_or(0)).is_multiple_of(self.op_stride);
-        if !drawn {
+        let op_parent = is_op.then(|| mix(span.parent.unwrap_or(0)));
+        if op_parent.is_some_and(|p| !p.is_multiple_of(self.op_stride)) {
             return;
         }
         let lane = self.lane_index(span.lane);
@@ -377,7 +364,8 @@ impl ReportBuilder {
         let c = &mut self.data.spans;
         c.lane.push(lane);
         c.depth.push(span.depth);
-        c.start.push(span.start_ns.saturating_sub(self.origin));
+        // From the origin, known at the end.
+        c.start.push(span.start_ns);
         c.dur.push(span.duration_ns());
         c.self_ns.push(span.self_ns);
         c.name.push(name);
@@ -385,6 +373,37 @@ impl ReportBuilder {
         c.tensor.push(tensor);
         c.detail.push(detail);
         c.bytes.push(bytes);
+        self.drawn_op_parents.push(op_parent);
+        if is_op {
+            self.drawn_ops += 1;
+        } else {
+            self.others += 1;
+        }
+        self.fit_the_budget();
+    }
+
+    /// Room for op spans: what the other spans leave of [`SPAN_BUDGET`], at least a tenth of it.
+    fn op_room(&self) -> u64 {
+        SPAN_BUDGET
+            .saturating_sub(self.others)
+            .max(SPAN_BUDGET / 10)
+    }
+
+    /// While the drawn op spans outgrow their room, doubles the stride and keeps the ops of the
+    /// parents it still selects: exactly those a pass with that stride from the start would have
+    /// drawn (a multiple of 2s is a multiple of s).
+    fn fit_the_budget(&mut self) {
+        while self.drawn_ops > self.op_room() {
+            self.op_stride *= 2;
+            let stride = self.op_stride;
+            let keep: Vec<bool> = (self.drawn_op_parents.iter())
+                .map(|p| p.is_none_or(|p| p.is_multiple_of(stride)))
+                .collect();
+            self.data.spans.retain(&keep);
+            self.drawn_op_parents
+                .retain(|p| p.is_none_or(|p| p.is_multiple_of(stride)));
+            self.drawn_ops = self.drawn_op_parents.iter().flatten().count() as u64;
+        }
     }
 
     /// Adds what was found outside the model: events and drops counted by the trace reader,
@@ -410,7 +429,14 @@ impl ReportBuilder {
         {
             self.outermost_graph(&backend, &graph);
         }
-        let origin = self.origin;
+        let origin = if self.earliest_ns == u64::MAX {
+            0
+        } else {
+            self.earliest_ns
+        };
+        for start in &mut self.data.spans.start {
+            *start -= origin;
+        }
         let seconds = |ns: u64| ns.saturating_sub(origin) as f64 / 1e9;
         let d = &mut self.data;
         d.summary.wall_ns = self.last_ns.saturating_sub(self.first_ns.min(self.last_ns));
@@ -458,6 +484,9 @@ impl ReportBuilder {
 
 impl RecordSink for ReportBuilder {
     fn record(&mut self, record: Record) {
+        if let Record::Span(_) | Record::Counter(_) | Record::Instant(_) = record {
+            self.items += 1;
+        }
         match record {
             Record::Process(p) => {
                 let mut name = if p.name.is_empty() {
@@ -485,13 +514,14 @@ impl RecordSink for ReportBuilder {
             }
             Record::Span(s) => self.span(s),
             Record::Counter(c) => {
+                self.earliest_ns = self.earliest_ns.min(c.time_ns);
                 let name = c.name.strip_prefix("live bytes ").unwrap_or(&c.name);
                 self.counters
                     .entry(name.to_string())
                     .or_default()
                     .push((c.time_ns, c.value));
             }
-            Record::Instant(_) => {}
+            Record::Instant(i) => self.earliest_ns = self.earliest_ns.min(i.time_ns),
             Record::Warning(w) => self.data.summary.warnings.push(w),
             Record::Clock(c) => {
                 self.data.summary.clock_relative |= c == ggml_viz_reader::telemetry::Clock::Relative
@@ -564,23 +594,59 @@ mod tests {
         assert!(m[0].values.contains(&1e9));
     }
 
+    /// Many more op spans than the budget, read once: the stride grows as they come, and the
+    /// ops drawn are exactly those of the parents the final stride selects, every other span
+    /// drawn, within the budget.
     #[test]
-    fn the_op_stride_fits_the_budget() {
-        let count = SpanCount {
-            spans: 1_000_000 + 4_000,
-            ops: 1_000_000,
-            ..SpanCount::default()
-        };
-        let stride = count.op_stride();
-        assert!(1_000_000 / stride + 4_000 <= SPAN_BUDGET);
-        assert_eq!(
-            SpanCount {
-                spans: 10,
-                ops: 8,
-                ..SpanCount::default()
+    fn op_spans_are_thinned_to_the_budget_in_one_pass() {
+        let mut builder = ReportBuilder::new("t".into(), vec![]);
+        let (graphs, ops_per_graph) = (4_000u64, 100u64);
+        let mut id = 0;
+        let mut graph_ids = Vec::new();
+        for g in 0..graphs {
+            id += 1;
+            let graph_id = id;
+            graph_ids.push(graph_id);
+            let t0 = g * 1_000_000;
+            for o in 0..ops_per_graph {
+                id += 1;
+                let mut op = span(id, Some(graph_id), 1, "op", t0 + o * 10);
+                op.end_ns = op.start_ns + 5;
+                builder.record(Record::Span(op));
             }
-            .op_stride(),
-            1
-        );
+            let mut graph = span(graph_id, None, 0, "graph", t0);
+            graph.end_ns = t0 + ops_per_graph * 10;
+            builder.record(Record::Span(graph));
+        }
+        let data = builder.finish();
+        let stride = data.sampling.op_stride;
+        assert!(stride > 1, "{stride}");
+        let selected = graph_ids.iter().filter(|&&g| mix(g).is_multiple_of(stride)).count() as u64;
+        assert_eq!(data.sampling.drawn_spans, graphs + selected * ops_per_graph);
+        assert!(data.sampling.drawn_spans <= SPAN_BUDGET);
+        assert_eq!(data.sampling.total_spans, graphs * (1 + ops_per_graph));
+        // A stride half as large would not have fitted.
+        let half = graph_ids
+            .iter()
+            .filter(|&&g| mix(g).is_multiple_of(stride / 2))
+            .count() as u64;
+        assert!(half * ops_per_graph > SPAN_BUDGET - graphs, "{half}");
+        // Times are from the earliest span, as drawn.
+        assert_eq!(data.spans.start.iter().min(), Some(&0));
+    }
+
+    fn span(id: u64, parent: Option<u64>, depth: u32, category: &str, start_ns: u64) -> Span {
+        Span {
+            id,
+            parent,
+            depth,
+            lane: 1,
+            name: category.to_uppercase().as_str().into(),
+            category: category.into(),
+            start_ns,
+            end_ns: start_ns,
+            self_ns: 0,
+            args: Default::default(),
+        }
     }
 }

@@ -16,10 +16,9 @@ use ggml_viz_reader::telemetry::Ids;
 use ggml_viz_reader::telemetry::{Format, detect};
 
 use crate::Failure;
-use crate::input::Input;
 use crate::progress::Reading;
 use crate::timeline::InputOpts;
-use data::{ReportBuilder, SpanCount};
+use data::ReportBuilder;
 use page::write_html;
 
 /// Write one HTML file that opens offline (everything inlined, no network): a zoomable timeline
@@ -68,32 +67,26 @@ pub fn run(args: ReportArgs) -> Result<(), Failure> {
             .join(", ")
     });
 
-    // Pass 1: how many spans, to choose what the timeline draws; the origin of time.
-    let mut reading = Reading::new(&args.files, 2, &args.input);
-    let mut count = SpanCount::default();
-    let mut ids = Ids::default();
-    let mut items = Vec::new();
-    for path in &args.files {
-        let before = count.items;
-        // Failures are reported by pass 2, which sees the same input.
-        let _ = reading.import(path, &args.input, &mut ids, &mut count);
-        items.push(count.items - before);
-    }
-    let origin = if count.first_ns == u64::MAX {
-        0
-    } else {
-        count.first_ns
-    };
-
-    // Pass 2: the page's data.
-    let mut builder = ReportBuilder::new(title, names.clone(), origin, count.op_stride());
+    // One pass over each input: the page's data, and for traces the counts `info` shows.
+    let mut reading = Reading::new(&args.files, 1, &args.input);
+    let mut builder = ReportBuilder::new(title, names.clone());
     let mut ids = Ids::default();
     let mut failure = None;
-    for ((path, name), items) in args.files.iter().zip(&names).zip(items) {
-        let imported = reading.import(path, &args.input, &mut ids, &mut builder);
+    for (path, name) in args.files.iter().zip(&names) {
+        let items = builder.items;
+        let mut stats = TraceStats::default();
+        let mut damage = None;
+        let imported =
+            reading.import_watching(path, &args.input, &mut ids, &mut builder, &mut |e| {
+                match e {
+                    Ok(event) => stats.add(event),
+                    // Described as the importer describes it (the page lists it once).
+                    Err(d) => damage = Some(format!("{name}: {d}")),
+                }
+            });
         let format = args.input.format.map_or_else(|| detect(path).ok(), Some);
         if format == Some(Format::Ggmlviz) {
-            let (stats, damage) = trace_stats(path, name, args.input.layout)?;
+            stats.finish();
             if let Some(note) = stats
                 .metadata
                 .as_ref()
@@ -107,6 +100,7 @@ pub fn run(args: ReportArgs) -> Result<(), Failure> {
                 damage,
             );
         } else {
+            let items = builder.items - items;
             builder.add_input_totals(items, 0, imported.as_ref().err().map(|e| e.0.clone()));
         }
         if let Err(e) = imported {
@@ -135,21 +129,4 @@ pub fn run(args: ReportArgs) -> Result<(), Failure> {
         eprintln!("ggml-viz: warning: {w}");
     }
     failure.map_or(Ok(()), Err)
-}
-
-/// Events and drops as `info` counts them, and the damage that ended the read, described as
-/// the importer describes it.
-fn trace_stats(
-    path: &PathBuf,
-    name: &str,
-    layout: Option<ggml_viz_reader::Layout>,
-) -> Result<(TraceStats, Option<String>), Failure> {
-    let input = Input::open(path, layout).map_err(Failure::Data)?;
-    let mut stats = TraceStats::default();
-    let (stop, _) = input.for_each(layout, |event| {
-        stats.add(&event);
-        Ok(())
-    })?;
-    stats.finish();
-    Ok((stats, stop.map(|s| s.describe(name))))
 }

@@ -432,7 +432,10 @@ mod tests {
         assert_eq!(Histogram::bucket(0), 0);
         assert_eq!(Histogram::bucket(1), 1);
         assert!(Histogram::bucket(u64::MAX) <= POWERS.len());
-        assert!(POWERS[POWERS.len() - 1] > u64::MAX as f64 && POWERS[POWERS.len() - 2] < u64::MAX as f64);
+        assert!(
+            POWERS[POWERS.len() - 1] > u64::MAX as f64
+                && POWERS[POWERS.len() - 2] < u64::MAX as f64
+        );
     }
 
     #[test]

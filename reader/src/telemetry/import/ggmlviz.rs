@@ -167,7 +167,11 @@ impl<'s, S: RecordSink> Import<'s, S> {
 impl<S: RecordSink> Importer<'_, S> {
     fn thread(&mut self, tid: u32) -> &mut Thread {
         let (last, i) = self.last_thread;
-        let i = if last == tid { i } else { self.thread_index(tid) };
+        let i = if last == tid {
+            i
+        } else {
+            self.thread_index(tid)
+        };
         &mut self.threads[i]
     }
 

@@ -87,7 +87,7 @@ pub fn import_path<S: RecordSink>(
     ids: &mut Ids,
     sink: &mut S,
 ) -> Result<(), ImportError> {
-    import_path_reporting(path, format, layout, ids, sink, &mut |_| {})
+    import_path_reporting(path, format, layout, ids, sink, &mut |_| {}, &mut |_| {})
 }
 
 /// Bytes read between two calls of an import's progress callback.
@@ -125,7 +125,9 @@ impl<R: std::io::Read> std::io::Read for Counting<'_, R> {
 }
 
 /// [`import_path`], telling `progress` how many bytes of the file were read so far (for a
-/// progress bar): every few megabytes, and at the end.
+/// progress bar): every few megabytes, and at the end; and, for a GGMLVIZ trace, handing
+/// `events` each event as it is decoded and the damage that ended the read (so that a caller
+/// who also counts the raw events reads the trace once).
 pub fn import_path_reporting<S: RecordSink>(
     path: &std::path::Path,
     format: Option<Format>,
@@ -133,6 +135,7 @@ pub fn import_path_reporting<S: RecordSink>(
     ids: &mut Ids,
     sink: &mut S,
     progress: &mut dyn FnMut(u64),
+    events: &mut dyn FnMut(Result<&crate::Event<'_>, &crate::Damage>),
 ) -> Result<(), ImportError> {
     let name = path.display().to_string();
     let fail = |e: std::io::Error| ImportError(format!("cannot read {name}: {e}"));
@@ -151,8 +154,14 @@ pub fn import_path_reporting<S: RecordSink>(
             loop {
                 let go_on = match reader.next_borrowed() {
                     None => break,
-                    Some(Ok((offset, event))) => import.item(offset, Ok(&event)),
-                    Some(Err(crate::StreamError::Damage(d))) => import.item(d.offset, Err(d)),
+                    Some(Ok((offset, event))) => {
+                        events(Ok(&event));
+                        import.item(offset, Ok(&event))
+                    }
+                    Some(Err(crate::StreamError::Damage(d))) => {
+                        events(Err(&d));
+                        import.item(d.offset, Err(d))
+                    }
                     Some(Err(crate::StreamError::Io(e))) => {
                         io_error = Some(e);
                         false
