@@ -107,9 +107,12 @@ def readers(quick, tmp):
     size_mb = os.path.getsize(trace) / 1e6
     viz = os.path.join(ROOT, "target/release/ggml-viz")
     proto, json_out = os.path.join(tmp, "t.pftrace"), os.path.join(tmp, "t.json")
+    plain = os.path.join(tmp, "plain.pftrace")
     dataset = os.path.join(tmp, "dataset")
     for name, cmd in (("summary", [viz, "summary", trace]),
                       ("export --to perfetto", [viz, "export", "--to", "perfetto", trace, "-o", proto]),
+                      ("export --to perfetto --no-compress",
+                       [viz, "export", "--to", "perfetto", "--no-compress", trace, "-o", plain]),
                       ("export --to chrome-json", [viz, "export", "--to", "chrome-json", trace, "-o", json_out]),
                       ("export --to parquet", [viz, "export", "--to", "parquet", trace, "-o", dataset])):
         start = time.perf_counter()
@@ -119,6 +122,8 @@ def readers(quick, tmp):
         metric(f"  {name}: peak RSS", rss / 1024, "MB", "input size", size_mb)
     proto_mb, json_mb = os.path.getsize(proto) / 1e6, os.path.getsize(json_out) / 1e6
     metric("export --to perfetto: output size", proto_mb, "MB", "chrome-json output", json_mb, "MB")
+    metric("export --to perfetto --no-compress: output size", os.path.getsize(plain) / 1e6, "MB",
+           "chrome-json output", json_mb, "MB")
 
 
 def llama(quick, tmp):

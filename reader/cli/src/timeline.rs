@@ -228,8 +228,9 @@ pub fn diff(args: DiffArgs) -> Result<(), Failure> {
 
 #[derive(Clone, Copy, ValueEnum)]
 enum Target {
-    /// Perfetto's own protobuf format (TrackEvent), for ui.perfetto.dev and its trace
-    /// processor: several times smaller than the JSON, nanoseconds kept whole.
+    /// Perfetto's own protobuf format (TrackEvent, deflated unless --no-compress), for
+    /// ui.perfetto.dev and its trace processor: many times smaller than the JSON, nanoseconds
+    /// kept whole.
     Perfetto,
     /// Chrome trace JSON (Perfetto's legacy input; chrome://tracing).
     ChromeJson,
@@ -244,7 +245,7 @@ enum Target {
 /// Convert inputs (GGMLVIZ traces, GE logs) into one timeline for another tool.
 #[derive(Args)]
 #[command(
-    after_help = "Examples:\n  ggml-viz export --to perfetto trace.ggmlviz -o trace.pftrace\n  ggml-viz export --to perfetto rank0.ggmlviz rank1.ggmlviz -o job.pftrace\n  ggml-viz export --to chrome-json trace.ggmlviz -o trace.json\n  ggml-viz export --to parquet host-*.ggmlviz -o dataset/\n  duckdb -c \"SELECT op, count(*), sum(duration_ns) FROM 'dataset/spans/*.parquet' WHERE op IS NOT NULL GROUP BY op\""
+    after_help = "Examples:\n  ggml-viz export --to perfetto trace.ggmlviz -o trace.pftrace\n  ggml-viz export --to perfetto --no-compress trace.ggmlviz -o plain.pftrace\n  ggml-viz export --to perfetto rank0.ggmlviz rank1.ggmlviz -o job.pftrace\n  ggml-viz export --to chrome-json trace.ggmlviz -o trace.json\n  ggml-viz export --to parquet host-*.ggmlviz -o dataset/\n  duckdb -c \"SELECT op, count(*), sum(duration_ns) FROM 'dataset/spans/*.parquet' WHERE op IS NOT NULL GROUP BY op\""
 )]
 pub struct ExportArgs {
     /// Output format.
@@ -256,11 +257,21 @@ pub struct ExportArgs {
     /// Output file (default: standard output).
     #[arg(short, long)]
     output: Option<PathBuf>,
+    /// With --to perfetto: write the packets as they are, not deflated into Perfetto's
+    /// `compressed_packets` (which its UI and trace processor inflate as they read), for a reader
+    /// that cannot inflate them. Several times larger.
+    #[arg(long)]
+    no_compress: bool,
     #[command(flatten)]
     input: InputOpts,
 }
 
 pub fn export(args: ExportArgs) -> Result<(), Failure> {
+    if args.no_compress && !matches!(args.to, Target::Perfetto) {
+        return Err(Failure::Usage(
+            "--no-compress applies to --to perfetto only".into(),
+        ));
+    }
     if let Target::Parquet = args.to {
         return parquet(&args);
     }
@@ -274,7 +285,12 @@ pub fn export(args: ExportArgs) -> Result<(), Failure> {
     let (result, events) = match args.to {
         Target::Perfetto => {
             let out = BufWriter::with_capacity(1 << 16, out);
-            export_with(&args, PerfettoWriter::new(out), |w| Ok(w.finish()?.1))?
+            let writer = if args.no_compress {
+                PerfettoWriter::new(out)
+            } else {
+                PerfettoWriter::compressed(out)
+            };
+            export_with(&args, writer, |w| Ok(w.finish()?.1))?
         }
         Target::ChromeJson => {
             let out = BufWriter::with_capacity(1 << 16, out);

@@ -621,7 +621,10 @@ mod tests {
         let data = builder.finish();
         let stride = data.sampling.op_stride;
         assert!(stride > 1, "{stride}");
-        let selected = graph_ids.iter().filter(|&&g| mix(g).is_multiple_of(stride)).count() as u64;
+        let selected = graph_ids
+            .iter()
+            .filter(|&&g| mix(g).is_multiple_of(stride))
+            .count() as u64;
         assert_eq!(data.sampling.drawn_spans, graphs + selected * ops_per_graph);
         assert!(data.sampling.drawn_spans <= SPAN_BUDGET);
         assert_eq!(data.sampling.total_spans, graphs * (1 + ops_per_graph));

@@ -26,6 +26,10 @@
 //! - A span with a `flow_id` argument (a ggml-rpc request and the server's serving of it, joined
 //!   when several traces are merged) carries it in `flow_ids`: the viewer draws the arrow.
 //! - Timestamps are the model's nanoseconds, whole: no origin, no rounding.
+//! - [`PerfettoWriter::compressed`] deflates the packets, a megabyte at a time, into packets of
+//!   `compressed_packets` (zlib), as Perfetto's tracing service does when asked to compress: the
+//!   trace processor and the UI inflate them as they read, and interning, sequences and clocks
+//!   work within them as outside.
 
 use std::collections::HashMap;
 use std::io::{self, Write};
@@ -112,11 +116,54 @@ struct Sequence {
     arg_values: Interned,
 }
 
-/// Where packets go: the output, its first error, and the count.
+/// Uncompressed bytes of packets per `compressed_packets` packet.
+const DEFLATE_CHUNK: usize = 1 << 20;
+
+/// Where packets go: the output, its first error, and the count; when compressing, the packets
+/// not yet deflated.
 struct Output<W: Write> {
     out: W,
     error: Option<io::Error>,
     packets: u64,
+    deflating: Option<Vec<u8>>,
+}
+
+impl<W: Write> Output<W> {
+    fn write(&mut self, packet: &Message) {
+        if self.error.is_some() {
+            return;
+        }
+        self.packets += 1;
+        let written = match &mut self.deflating {
+            Some(chunk) => {
+                packet
+                    .write_as_field(1, chunk)
+                    .expect("a Vec takes every byte");
+                if chunk.len() < DEFLATE_CHUNK {
+                    return;
+                }
+                self.deflate()
+            }
+            None => packet.write_as_field(1, &mut self.out),
+        };
+        if let Err(err) = written {
+            self.error = Some(err);
+        }
+    }
+
+    /// The packets held, deflated (zlib, as the tracing service writes them when its
+    /// `compression_type` is set) into one packet's `compressed_packets`.
+    fn deflate(&mut self) -> io::Result<()> {
+        let Some(chunk) = self.deflating.as_mut().filter(|c| !c.is_empty()) else {
+            return Ok(());
+        };
+        let mut z = flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::fast());
+        z.write_all(chunk)?;
+        chunk.clear();
+        let mut packet = Message::default();
+        packet.bytes(50, &z.finish()?);
+        packet.write_as_field(1, &mut self.out)
+    }
 }
 
 impl Sequence {
@@ -157,10 +204,7 @@ impl Sequence {
                 }
             });
         }
-        out.packets += 1;
-        if let Err(err) = packet.write_as_field(1, &mut out.out) {
-            out.error = Some(err);
-        }
+        out.write(packet);
     }
 
     /// The packet's timestamp: on a lane sequence the delta on its incremental clock (absolute
@@ -239,12 +283,29 @@ pub struct PerfettoWriter<W: Write> {
 
 impl<W: Write> PerfettoWriter<W> {
     pub fn new(out: W) -> PerfettoWriter<W> {
+        PerfettoWriter::with_output(Output {
+            out,
+            error: None,
+            packets: 0,
+            deflating: None,
+        })
+    }
+
+    /// A writer whose packets are deflated, a megabyte of them at a time, into
+    /// `compressed_packets` (which Perfetto's trace processor and UI inflate as they read):
+    /// several times smaller again, for some time spent compressing.
+    pub fn compressed(out: W) -> PerfettoWriter<W> {
+        PerfettoWriter::with_output(Output {
+            out,
+            error: None,
+            packets: 0,
+            deflating: Some(Vec::with_capacity(DEFLATE_CHUNK + (64 << 10))),
+        })
+    }
+
+    fn with_output(out: Output<W>) -> PerfettoWriter<W> {
         PerfettoWriter {
-            out: Output {
-                out,
-                error: None,
-                packets: 0,
-            },
+            out,
             counters: HashMap::new(),
             pending: HashMap::new(),
             global: Sequence::new(GLOBAL_SEQUENCE),
@@ -427,6 +488,7 @@ impl<W: Write> PerfettoWriter<W> {
         if let Some(err) = self.out.error.take() {
             return Err(err);
         }
+        self.out.deflate()?;
         self.out.out.flush()?;
         Ok((self.out.out, self.out.packets))
     }
@@ -452,5 +514,105 @@ impl<W: Write> RecordSink for PerfettoWriter<W> {
             }
             Record::Warning(_) | Record::Clock(_) => {}
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::telemetry::SpanStack;
+
+    /// The records of a lane with `n` nested graph/op pairs, written by `writer`.
+    fn write<W: Write>(mut writer: PerfettoWriter<W>, n: u64) -> W {
+        writer.record(Record::Lane(Lane {
+            id: 1,
+            process: 1,
+            tid: Some(7),
+            name: "thread 7".into(),
+        }));
+        let mut stack = SpanStack::default();
+        for i in 0..n {
+            let t = 1_000 * i;
+            stack.open(
+                2 * i + 1,
+                "graph".into(),
+                "graph".into(),
+                t,
+                Args::default(),
+            );
+            stack.open(
+                2 * i + 2,
+                "MUL_MAT".into(),
+                "op".into(),
+                t + 10,
+                Args::default(),
+            );
+            writer.record(Record::Span(stack.close(1, t + 500).unwrap()));
+            writer.record(Record::Span(stack.close(1, t + 900).unwrap()));
+        }
+        writer.finish().unwrap().0
+    }
+
+    /// Splits a `Trace` into its packets' bytes (field 1, length-delimited).
+    fn packets(mut bytes: &[u8]) -> Vec<&[u8]> {
+        let varint = |b: &mut &[u8]| {
+            let (mut v, mut shift) = (0u64, 0);
+            loop {
+                let byte = b[0];
+                *b = &b[1..];
+                v |= u64::from(byte & 0x7f) << shift;
+                shift += 7;
+                if byte < 0x80 {
+                    return v;
+                }
+            }
+        };
+        let mut out = Vec::new();
+        while !bytes.is_empty() {
+            assert_eq!(varint(&mut bytes), (1 << 3) | 2, "a packet field");
+            let len = varint(&mut bytes) as usize;
+            out.push(&bytes[..len]);
+            bytes = &bytes[len..];
+        }
+        out
+    }
+
+    /// Deflated, the writer's packets are those it writes plain, one after another, inflated
+    /// from the `compressed_packets` (field 50) of packets that hold nothing else.
+    #[test]
+    fn deflated_packets_inflate_to_the_plain_ones() {
+        use std::io::Read;
+        // More than a chunk of packets: several deflated packets.
+        let n = 60_000;
+        let plain = write(PerfettoWriter::new(Vec::new()), n);
+        let deflated = write(PerfettoWriter::compressed(Vec::new()), n);
+        assert!(plain.len() > 2 * DEFLATE_CHUNK, "{}", plain.len());
+        let outer = packets(&deflated);
+        assert!(outer.len() >= 2, "{}", outer.len());
+        let mut inflated = Vec::new();
+        for packet in outer {
+            // Tag of field 50, length-delimited: 0x92 0x03; then the length and the bytes.
+            assert_eq!(&packet[..2], &[0x92, 0x03]);
+            let mut rest = &packet[2..];
+            let (mut len, mut shift) = (0usize, 0);
+            loop {
+                let byte = rest[0];
+                rest = &rest[1..];
+                len |= usize::from(byte & 0x7f) << shift;
+                shift += 7;
+                if byte < 0x80 {
+                    break;
+                }
+            }
+            assert_eq!(rest.len(), len, "nothing else in the packet");
+            flate2::read::ZlibDecoder::new(rest)
+                .read_to_end(&mut inflated)
+                .unwrap();
+        }
+        assert!(
+            inflated == plain,
+            "inflated packets differ from the plain ones"
+        );
+        assert!(deflated.len() * 5 < plain.len());
     }
 }

@@ -58,6 +58,11 @@ impl Message {
         self.bytes_field(field, s.as_bytes())
     }
 
+    /// `bytes` fields.
+    pub fn bytes(&mut self, field: u32, b: &[u8]) -> &mut Self {
+        self.bytes_field(field, b)
+    }
+
     #[cfg(test)]
     pub fn message(&mut self, field: u32, m: &Message) -> &mut Self {
         self.bytes_field(field, &m.bytes)
