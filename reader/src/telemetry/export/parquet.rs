@@ -32,7 +32,7 @@ use parquet::file::writer::SerializedFileWriter;
 use parquet::schema::parser::parse_message_type;
 use parquet::schema::types::ColumnPath;
 
-use crate::telemetry::{Arg, Lane, Process, Record, RecordSink, Span};
+use crate::telemetry::{Arg, Lane, Process, Record, RecordSink, Span, Text};
 
 /// Rows per row group: what is held in memory before it is written (~30 MB of spans).
 pub const ROW_GROUP: usize = 1 << 16;
@@ -67,6 +67,8 @@ enum Cell<'a> {
     I64(i64),
     F64(f64),
     Text(&'a str),
+    /// A text of the model: its column value is found by the text's address.
+    Shared(&'a Text),
     Null,
 }
 
@@ -76,6 +78,10 @@ fn opt_i32(v: Option<u32>) -> Cell<'static> {
 
 fn opt_text(v: Option<&str>) -> Cell<'_> {
     v.map_or(Cell::Null, Cell::Text)
+}
+
+fn opt_shared(v: Option<&Text>) -> Cell<'_> {
+    v.map_or(Cell::Null, Cell::Shared)
 }
 
 fn ns(v: u64) -> Cell<'static> {
@@ -95,6 +101,9 @@ struct Column {
     levels: Option<Vec<i16>>,
     /// A text column's values made so far: a repeated string is shared, not copied per row.
     texts: FxHashMap<Box<str>, ByteArray>,
+    /// The same by the address of a [`Text`] ([`Text::addr`]), the text kept so that no other
+    /// takes its address: a model's names are found without hashing them.
+    by_addr: FxHashMap<usize, (Text, ByteArray)>,
 }
 
 /// `s` as a column value, shared with the rows before that hold it.
@@ -136,19 +145,26 @@ impl Table {
                 },
                 levels: (f.get_basic_info().repetition() == Repetition::OPTIONAL).then(Vec::new),
                 texts: FxHashMap::default(),
+                by_addr: FxHashMap::default(),
             })
             .collect();
         // Min/max statistics for the numbers (times, ids: what a reader skips row groups by),
         // not for the text columns, where computing them per value costs more than all else.
+        // No dictionary for the numbers: times, durations and span ids hardly repeat (a row
+        // group's dictionary would hold every value, interned one by one, for nothing), and the
+        // few values of the others (process, lane, depth) compress as well without one.
         let props = schema
             .get_fields()
             .iter()
-            .filter(|f| f.get_physical_type() == Physical::BYTE_ARRAY)
             .fold(
                 WriterProperties::builder().set_compression(Compression::SNAPPY),
                 |props, f| {
                     let column = ColumnPath::from(f.name());
-                    props.set_column_statistics_enabled(column, EnabledStatistics::None)
+                    if f.get_physical_type() == Physical::BYTE_ARRAY {
+                        props.set_column_statistics_enabled(column, EnabledStatistics::None)
+                    } else {
+                        props.set_column_dictionary_enabled(column, false)
+                    }
                 },
             )
             .build();
@@ -175,6 +191,22 @@ impl Table {
                 (Values::Int64(v), Cell::I64(x)) => v.push(*x),
                 (Values::Double(v), Cell::F64(x)) => v.push(*x),
                 (Values::Text(v), Cell::Text(x)) => v.push(shared(&mut column.texts, x)),
+                (Values::Text(v), Cell::Shared(x)) => {
+                    let value = match column.by_addr.get(&x.addr()) {
+                        Some((_, value)) => value.clone(),
+                        None => {
+                            if column.by_addr.len() >= KEPT_TEXTS {
+                                column.by_addr.clear();
+                            }
+                            let value = shared(&mut column.texts, x);
+                            column
+                                .by_addr
+                                .insert(x.addr(), ((*x).clone(), value.clone()));
+                            value
+                        }
+                    };
+                    v.push(value)
+                }
                 _ => return Err(io::Error::other("a cell of the wrong type for its column")),
             }
         }
@@ -276,7 +308,7 @@ impl ParquetWriter {
                 .iter()
                 .find(|(k, _)| k == key)
                 .and_then(|(_, v)| match v {
-                    Arg::Str(text) => Some(text.as_str()),
+                    Arg::Str(text) => Some(text),
                     _ => None,
                 })
         };
@@ -293,11 +325,11 @@ impl ParquetWriter {
             ns(s.id),
             s.parent.map_or(Cell::Null, ns),
             Cell::I32(s.depth as i32),
-            Cell::Text(&s.name),
-            Cell::Text(&s.category),
-            opt_text((s.category == "op").then_some(s.name.as_str())),
-            opt_text(arg("tensor")),
-            opt_text(arg("backend")),
+            Cell::Shared(&s.name),
+            Cell::Shared(&s.category),
+            opt_shared((s.category == "op").then_some(&s.name)),
+            opt_shared(arg("tensor")),
+            opt_shared(arg("backend")),
             ns(s.start_ns),
             ns(s.duration_ns()),
             ns(s.self_ns),
