@@ -225,6 +225,21 @@ pub fn record_len(buf: &[u8], layout: Layout) -> Result<Option<usize>, RecordErr
     }
 }
 
+/// Decodes `record`, one whole record whose length [`record_len`] gave: the framing is not read
+/// again.
+#[inline]
+pub fn decode_framed_record(record: &[u8], layout: Layout) -> Event<'_> {
+    let fixed = layout.fixed_len();
+    let type_code = record[0];
+    Event {
+        type_code,
+        timestamp_ns: u64_at(record, 1),
+        thread_id: u32_at(record, 9),
+        payload: decode_payload(type_code, &record[UNION_OFFSET..fixed - 1], layout),
+        label: (record.len() > fixed).then(|| Cow::Borrowed(&record[fixed + 4..])),
+    }
+}
+
 /// Decodes the record at the start of `buf`: the event and its size, `Ok(None)` when `buf` ends
 /// before the record does.
 #[inline]
@@ -235,16 +250,7 @@ pub fn decode_record(
     let Some(len) = record_len(buf, layout)? else {
         return Ok(None);
     };
-    let fixed = layout.fixed_len();
-    let type_code = buf[0];
-    let event = Event {
-        type_code,
-        timestamp_ns: u64_at(buf, 1),
-        thread_id: u32_at(buf, 9),
-        payload: decode_payload(type_code, &buf[UNION_OFFSET..fixed - 1], layout),
-        label: (len > fixed).then(|| Cow::Borrowed(&buf[fixed + 4..len])),
-    };
-    Ok(Some((event, len)))
+    Ok(Some((decode_framed_record(&buf[..len], layout), len)))
 }
 
 #[cfg(test)]

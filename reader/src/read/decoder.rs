@@ -185,12 +185,8 @@ impl Decoder {
 
     /// The record [`Decoder::advance`] moved past, decoded where it lies.
     pub fn returned_event(&self, layout: Layout) -> Event<'_> {
-        let record = &self.buf[self.start..self.start + self.returned];
-        match format::decode_record(record, layout) {
-            Ok(Some((event, _))) => event,
-            // `advance` decoded these very bytes.
-            _ => unreachable!("a record advance decoded"),
-        }
+        // `advance` read these very bytes' framing.
+        format::decode_framed_record(&self.buf[self.start..self.start + self.returned], layout)
     }
 
     /// Says that no more bytes will come: the layout is then decided from what is buffered.
