@@ -250,6 +250,45 @@ fn llama_server_under_concurrent_load_decodes_what_it_reports() {
         c.spans.iter().any(|s| s.category == "op"),
         "op timing in the server"
     );
+
+    // A lane per sequence (slot), its steps grouped into inferred requests: per slot, the
+    // requests' prompt and generated tokens are those of the responses the slot gave.
+    let mut served: BTreeMap<u64, Vec<(u64, u64)>> = BTreeMap::new();
+    for r in results {
+        served
+            .entry(r["id_slot"].as_u64().unwrap())
+            .or_default()
+            .push((
+                r["prompt_n"].as_u64().unwrap(),
+                r["predicted_n"].as_u64().unwrap() - 1,
+            ));
+    }
+    let mut inferred: BTreeMap<u64, Vec<(u64, u64)>> = BTreeMap::new();
+    for lane in &c.lanes {
+        let Some(slot) = lane.name.strip_prefix("sequence ") else {
+            continue;
+        };
+        let slot: u64 = slot.parse().unwrap();
+        for s in (c.spans.iter())
+            .filter(|s| s.lane == lane.id && s.name == "request" && s.start_ns >= started_ns)
+        {
+            let tokens = |key: &str| match s.args.iter().find(|(k, _)| k == key) {
+                Some((_, Arg::UInt(n))) => *n,
+                other => panic!("{key}: {other:?}"),
+            };
+            inferred
+                .entry(slot)
+                .or_default()
+                .push((tokens("prefill_tokens"), tokens("generation_tokens")));
+        }
+    }
+    for requests in served.values_mut().chain(inferred.values_mut()) {
+        requests.sort_unstable();
+    }
+    assert_eq!(
+        inferred, served,
+        "requests per slot: (prompt, generated) tokens"
+    );
 }
 
 /// One client, the same completions (temperature 0, fixed seed) with and without the hook: the

@@ -18,6 +18,8 @@ use crate::telemetry::{
 };
 use crate::telemetry::{Span, rpc};
 
+use super::sequences::{self, Sequences};
+
 #[derive(Default)]
 struct Thread {
     lane: u32,
@@ -58,6 +60,10 @@ struct Importer<'s, S: RecordSink> {
     /// By label, the name and arguments made for each distinct graph or op begin payload (the op's
     /// tensor address left out): forgotten when a record they were made from changes.
     described: HashMap<Box<[u8]>, Vec<(Payload, Described)>>,
+    /// By span id, the sequences of each open decode span whose batch named them.
+    batches: HashMap<u64, Vec<(i32, u32)>>,
+    sequences: Sequences,
+    sequence_names: sequences::Names,
     graph_category: Text,
     op_category: Text,
     wait_category: Text,
@@ -99,6 +105,8 @@ pub struct Import<'s, S: RecordSink> {
 impl<'s, S: RecordSink> Import<'s, S> {
     pub fn new(name: &'s str, ids: &'s mut Ids, sink: &'s mut S) -> Import<'s, S> {
         let process = ids.process();
+        let mut texts = Texts::default();
+        let sequence_names = sequences::Names::new(&mut texts);
         let imp = Importer {
             sink,
             ids,
@@ -113,8 +121,11 @@ impl<'s, S: RecordSink> Import<'s, S> {
             buffers: HashMap::default(),
             last_ns: 0,
             clock_said: false,
-            texts: Texts::default(),
+            texts,
             described: HashMap::default(),
+            batches: HashMap::default(),
+            sequences: Sequences::default(),
+            sequence_names,
             graph_category: "graph".into(),
             op_category: "op".into(),
             wait_category: "wait".into(),
@@ -503,8 +514,30 @@ impl<S: RecordSink> Importer<'_, S> {
                     e.timestamp_ns,
                     args,
                 );
+                if !span.seqs.is_empty()
+                    && let Some(open) = self.thread(e.thread_id).stack.top()
+                {
+                    let id = open.id;
+                    self.batches.insert(id, span.seqs);
+                }
             }
-            ExtensionKind::SpanEnd => self.close(e.thread_id, Kind::Call, 0, e.timestamp_ns, 0, ""),
+            ExtensionKind::SpanEnd => {
+                let ts = e.timestamp_ns;
+                if let Some(span) = self.close_span(e.thread_id, Kind::Call, 0, ts, 0, "") {
+                    if let Some(seqs) = self.batches.remove(&span.id) {
+                        self.sequences.batch(
+                            self.sink,
+                            self.ids,
+                            &self.sequence_names,
+                            self.process,
+                            &seqs,
+                            span.start_ns,
+                            span.end_ns,
+                        );
+                    }
+                    self.sink.record(Record::Span(span));
+                }
+            }
             ExtensionKind::RpcBegin => {
                 let rpc = ext::parse_payload::<ext::RpcBoundary>(bytes).unwrap_or_default();
                 let part = match rpc.part {
@@ -641,6 +674,7 @@ impl<S: RecordSink> Importer<'_, S> {
             }
             t.kinds.clear();
         }
+        self.sequences.finish(self.sink, &self.sequence_names);
         if open > 0 {
             self.sink.record(Record::Warning(format!(
                 "{name}: {open} span(s) begun and never ended; closed at the last timestamp and marked unfinished"

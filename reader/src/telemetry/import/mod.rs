@@ -1,6 +1,7 @@
 //! The importers: each turns one input format into [`Record`]s for a [`RecordSink`].
 //!
-//! - [`ggmlviz`]: GGMLVIZ v1 traces (ours);
+//! - [`ggmlviz`]: GGMLVIZ v1 traces (ours), with a lane per sequence of a batching server
+//!   (`sequences`);
 //! - [`ge_log`]: Ascend GE profiling logs;
 //! - [`event_v2`]: TelemetryEvent v2 records (gpu-memory-profiler);
 //! - [`comma`]: CoMMA's NCCL JSON.
@@ -11,6 +12,7 @@ pub mod comma;
 pub mod event_v2;
 pub mod ge_log;
 pub mod ggmlviz;
+mod sequences;
 
 use super::{Ids, RecordSink};
 
