@@ -422,6 +422,32 @@ impl ReportBuilder {
         }
     }
 
+    /// Lanes in the order the page draws them: per process, its threads as met, then its
+    /// sequences (a server's slots) by number.
+    fn order_lanes(&mut self) {
+        let key = |l: &LaneOut| {
+            let sequence = l
+                .name
+                .strip_prefix("sequence ")
+                .and_then(|n| n.parse::<i64>().ok());
+            (l.process.clone(), sequence.is_some(), sequence)
+        };
+        let mut order: Vec<usize> = (0..self.data.lanes.len()).collect();
+        order.sort_by_key(|&i| key(&self.data.lanes[i]));
+        let mut new_index = vec![0u32; order.len()];
+        for (new, &old) in order.iter().enumerate() {
+            new_index[old] = new as u32;
+        }
+        let mut lanes: Vec<Option<LaneOut>> = std::mem::take(&mut self.data.lanes)
+            .into_iter()
+            .map(Some)
+            .collect();
+        self.data.lanes = order.iter().filter_map(|&i| lanes[i].take()).collect();
+        for lane in &mut self.data.spans.lane {
+            *lane = new_index[*lane as usize];
+        }
+    }
+
     pub fn finish(mut self) -> ReportData {
         for (backend, graph) in std::mem::take(&mut self.graphs_by_parent)
             .into_values()
@@ -429,6 +455,7 @@ impl ReportBuilder {
         {
             self.outermost_graph(&backend, &graph);
         }
+        self.order_lanes();
         let origin = if self.earliest_ns == u64::MAX {
             0
         } else {
@@ -636,6 +663,36 @@ mod tests {
         assert!(half * ops_per_graph > SPAN_BUDGET - graphs, "{half}");
         // Times are from the earliest span, as drawn.
         assert_eq!(data.spans.start.iter().min(), Some(&0));
+    }
+
+    /// A process's threads come first as met, then its sequences by number; each span stays on
+    /// its lane.
+    #[test]
+    fn threads_come_before_sequences_in_their_order() {
+        let mut builder = ReportBuilder::new("t".into(), vec![]);
+        for (lane, name) in [(1, "sequence 10"), (2, "thread 5"), (3, "sequence 2")] {
+            builder.record(Record::Lane(ggml_viz_reader::telemetry::Lane {
+                id: lane,
+                process: 1,
+                tid: None,
+                name: name.into(),
+            }));
+            let mut s = span(u64::from(lane), None, 0, name, u64::from(lane) * 10);
+            s.lane = lane;
+            builder.record(Record::Span(s));
+        }
+        let data = builder.finish();
+        let names: Vec<&str> = data.lanes.iter().map(|l| l.name.as_str()).collect();
+        assert_eq!(names, ["thread 5", "sequence 2", "sequence 10"]);
+        for (lane, start) in data.spans.lane.iter().zip(&data.spans.start) {
+            // Times from the earliest span (the first lane's, at 10).
+            let expected = match start {
+                0 => "sequence 10",
+                10 => "thread 5",
+                _ => "sequence 2",
+            };
+            assert_eq!(data.lanes[*lane as usize].name, expected);
+        }
     }
 
     fn span(id: u64, parent: Option<u64>, depth: u32, category: &str, start_ns: u64) -> Span {
