@@ -289,6 +289,32 @@ fn llama_server_under_concurrent_load_decodes_what_it_reports() {
         inferred, served,
         "requests per slot: (prompt, generated) tokens"
     );
+
+    // The live view of the same trace (a second reader of the raw events): every batch that
+    // named its sequences, and as many sequences per batch as the importer's decode spans.
+    let all_batches: Vec<usize> = (c.spans.iter())
+        .filter(|s| s.name == "llama_decode")
+        .filter_map(|s| s.args.iter().find(|(k, _)| k == "sequences"))
+        .map(|(_, v)| match v {
+            Arg::UInt(n) => *n as usize,
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    assert!(all_batches.len() >= decodes.len());
+    let live = run({
+        let mut c = Command::new(ggml_viz());
+        c.args(["live", "--plain", "--window", "3600"]).arg(&trace);
+        c
+    });
+    assert!(live.status.success(), "{}", text(&live.stderr));
+    let end = text(&live.stderr);
+    let per_batch = all_batches.iter().sum::<usize>() as f64 / all_batches.len() as f64;
+    for expected in [
+        format!("; {} batches, last ", all_batches.len()),
+        format!(" s: {per_batch:.2} sequences per batch, token latency p50 "),
+    ] {
+        assert!(end.contains(&expected), "{expected} in {end}");
+    }
 }
 
 /// One client, the same completions (temperature 0, fixed seed) with and without the hook: the

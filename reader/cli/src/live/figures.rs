@@ -22,6 +22,11 @@ struct Bucket {
     graph_ns: Histogram,
     /// Per op type: time and count.
     op_ns: HashMap<u32, (u64, u64)>,
+    /// Decode batches that named their sequences (a batching server's), and those sequences.
+    batches: u64,
+    batch_sequences: u64,
+    /// Per generated token: the time since the same sequence's previous token.
+    token_ns: Histogram,
 }
 
 /// Running totals and the rolling window.
@@ -40,6 +45,12 @@ pub struct LiveStats {
     open_graphs: HashMap<u32, Vec<u64>>,
     open_ops: HashMap<u32, Vec<(u64, u32, u64)>>,
     op_names: HashMap<u32, String>,
+    /// Batches that named their sequences, all told.
+    pub batches: u64,
+    /// Per thread: the sequences (id, tokens) of each open decode span (empty: none named).
+    open_batches: HashMap<u32, Vec<Vec<(i32, u32)>>>,
+    /// Per sequence generating: when its last token's batch ended.
+    last_token_ns: HashMap<i32, u64>,
     current: Bucket,
     closed: VecDeque<Bucket>,
     window: usize,
@@ -71,6 +82,14 @@ pub struct Snapshot {
     pub p50_graph_ns: Option<u64>,
     pub p99_graph_ns: Option<u64>,
     pub top_ops: Vec<TopOp>,
+    /// A batching server's decode batches (those that named their sequences): all told, per
+    /// second over the last bucket, sequences per batch over the window; the time between two
+    /// tokens of one sequence (a generation step to the next), over the window.
+    pub batches: u64,
+    pub batches_per_s: f64,
+    pub sequences_per_batch: Option<f64>,
+    pub p50_token_ns: Option<u64>,
+    pub p99_token_ns: Option<u64>,
     /// Wall time the window covers.
     pub window: Duration,
 }
@@ -88,6 +107,9 @@ impl LiveStats {
             open_graphs: HashMap::new(),
             open_ops: HashMap::new(),
             op_names: HashMap::new(),
+            batches: 0,
+            open_batches: HashMap::new(),
+            last_token_ns: HashMap::new(),
             current: Bucket::default(),
             closed: VecDeque::new(),
             window: window.max(1),
@@ -118,6 +140,23 @@ impl LiveStats {
                             self.op_names.insert(k, v);
                         }
                     }
+                }
+                ExtensionKind::SpanBegin => {
+                    let span: ext::SpanBoundary = e
+                        .label
+                        .as_deref()
+                        .and_then(ext::parse_payload)
+                        .unwrap_or_default();
+                    self.open_batches
+                        .entry(e.thread_id)
+                        .or_default()
+                        .push(span.seqs);
+                }
+                ExtensionKind::SpanEnd => {
+                    let seqs = (self.open_batches.get_mut(&e.thread_id))
+                        .and_then(|open| open.pop())
+                        .unwrap_or_default();
+                    self.batch_ended(&seqs, ts);
                 }
                 _ => {}
             },
@@ -168,6 +207,26 @@ impl LiveStats {
         }
     }
 
+    /// A decode span holding `seqs` ended at `ts`: a batch; each sequence with one token in it
+    /// generated a token (the time since its previous one is a token's latency), one with
+    /// several prefilled (its next token starts a new count).
+    fn batch_ended(&mut self, seqs: &[(i32, u32)], ts: u64) {
+        if seqs.is_empty() {
+            return;
+        }
+        self.batches += 1;
+        self.current.batches += 1;
+        self.current.batch_sequences += seqs.len() as u64;
+        for &(seq, tokens) in seqs {
+            let previous = self.last_token_ns.insert(seq, ts);
+            if tokens == 1
+                && let Some(previous) = previous
+            {
+                self.current.token_ns.add(ts.saturating_sub(previous));
+            }
+        }
+    }
+
     /// Closes the bucket being filled, which covered `wall` of wall time.
     pub fn tick(&mut self, wall: Duration) {
         let mut bucket = std::mem::take(&mut self.current);
@@ -185,9 +244,14 @@ impl LiveStats {
             _ => 0.0,
         };
         let mut graph_ns = Histogram::default();
+        let mut token_ns = Histogram::default();
+        let (mut batches, mut batch_sequences) = (0, 0);
         let mut op_ns: HashMap<u32, (u64, u64)> = HashMap::new();
         for b in &self.closed {
             graph_ns.merge(&b.graph_ns);
+            token_ns.merge(&b.token_ns);
+            batches += b.batches;
+            batch_sequences += b.batch_sequences;
             for (&op, &(ns, n)) in &b.op_ns {
                 let slot = op_ns.entry(op).or_default();
                 slot.0 = slot.0.saturating_add(ns);
@@ -227,6 +291,11 @@ impl LiveStats {
             p50_graph_ns: has.then(|| graph_ns.quantile(0.5)),
             p99_graph_ns: has.then(|| graph_ns.quantile(0.99)),
             top_ops,
+            batches: self.batches,
+            batches_per_s: per_s(last.map_or(0, |b| b.batches)),
+            sequences_per_batch: (batches > 0).then(|| batch_sequences as f64 / batches as f64),
+            p50_token_ns: (token_ns.count() > 0).then(|| token_ns.quantile(0.5)),
+            p99_token_ns: (token_ns.count() > 0).then(|| token_ns.quantile(0.99)),
             window: self.closed.iter().map(|b| b.wall).sum(),
         }
     }
@@ -317,6 +386,55 @@ mod tests {
         assert!(snap.top_ops.is_empty());
         assert_eq!(snap.graphs_per_s, 0.0);
         assert_eq!(snap.window, Duration::from_secs(2));
+    }
+
+    /// A decode span's begin or end, naming `seqs` (sequence, tokens) at its begin.
+    fn decode(ts: u64, begin: bool, seqs: &[(i32, u32)]) -> Event<'static> {
+        let span = ext::SpanBoundary {
+            name: "llama_decode".into(),
+            n_tokens: Some(seqs.iter().map(|s| s.1).sum()),
+            seqs: if begin { seqs.to_vec() } else { Vec::new() },
+            other_seq_tokens: 0,
+        };
+        let kind = if begin {
+            ExtensionKind::SpanBegin
+        } else {
+            ExtensionKind::SpanEnd
+        };
+        let mut bytes = Vec::new();
+        let layout = ggml_viz_reader::format::Layout::Packed;
+        ext::encode_extension(&mut bytes, layout, kind, ts, 1, &span);
+        let (event, _) = ggml_viz_reader::format::decode_record(&bytes, layout)
+            .unwrap()
+            .unwrap();
+        event.into_owned()
+    }
+
+    /// A server's batches: counted, sequences per batch averaged, and each generated token's
+    /// latency the time since its sequence's previous batch ended (a prefill starts the count);
+    /// a decode that names no sequences is no batch of a server.
+    #[test]
+    fn batches_sequences_and_token_latency() {
+        let mut s = LiveStats::new(2);
+        let batches: [(u64, u64, &[(i32, u32)]); 5] = [
+            (0, 10, &[(0, 5)]),
+            (20, 30, &[(0, 1), (1, 4)]),
+            (40, 50, &[(0, 1), (1, 1)]),
+            (60, 100, &[(0, 1)]),
+            (110, 120, &[]),
+        ];
+        for (begin, end, seqs) in batches {
+            s.add(&decode(begin, true, seqs));
+            s.add(&decode(end, false, &[]));
+        }
+        s.tick(Duration::from_secs(2));
+        let snap = s.snapshot(5);
+        assert_eq!(snap.batches, 4);
+        assert_eq!(snap.batches_per_s, 2.0);
+        assert_eq!(snap.sequences_per_batch, Some(6.0 / 4.0));
+        // Tokens of sequence 0 at 30, 50, 100 (after its prefill at 10); of sequence 1 at 50.
+        assert_eq!(snap.p50_token_ns, Some(20));
+        assert_eq!(snap.p99_token_ns, Some(50));
     }
 
     /// A trace cut off in the middle of a graph and an op (the writer killed): the view's totals

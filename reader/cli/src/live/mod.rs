@@ -425,9 +425,22 @@ impl Screen {
             .take(3)
             .map(|o| format!("{} {:.1}%", o.name, 100.0 * o.share))
             .collect();
+        let serving = if s.batches > 0 {
+            format!(
+                " | batches {} ({:.1}/s) {} seq/batch token p50 {} p99 {}",
+                s.batches,
+                s.batches_per_s,
+                s.sequences_per_batch
+                    .map_or("-".into(), |v| format!("{v:.2}")),
+                opt_ns(s.p50_token_ns),
+                opt_ns(s.p99_token_ns)
+            )
+        } else {
+            String::new()
+        };
         writeln!(
             out,
-            "live {:>5.1}s {state}: graphs {} ({:.1}/s) latest {} p50 {} p99 {} | events {} ({:.0}/s) lost {} | top {}",
+            "live {:>5.1}s {state}: graphs {} ({:.1}/s) latest {} p50 {} p99 {} | events {} ({:.0}/s) lost {}{serving} | top {}",
             self.started.elapsed().as_secs_f64(),
             s.graphs,
             s.graphs_per_s,
@@ -480,9 +493,22 @@ impl Screen {
                 count(s.lost),
                 count(s.ops)
             ),
+        ];
+        if s.batches > 0 {
+            lines.push(format!(
+                "batches         {:>12}   {:>8.1}/s   sequences/batch {}   token latency p50 {}   p99 {}   (last {:.0} s)",
+                count(s.batches),
+                s.batches_per_s,
+                s.sequences_per_batch.map_or("-".into(), |v| format!("{v:.2}")),
+                opt_ns(s.p50_token_ns),
+                opt_ns(s.p99_token_ns),
+                window
+            ));
+        }
+        lines.extend([
             String::new(),
             format!("top ops by time, last {window:.0} s:"),
-        ];
+        ]);
         if s.top_ops.is_empty() {
             lines.push("  (no op events: record with GGML_VIZ_OP_TIMING=1)".into());
         }
@@ -526,8 +552,21 @@ impl Screen {
             .take(3)
             .map(|o| format!("{} {:.1}%", o.name, 100.0 * o.share))
             .collect();
+        let serving = if s.batches > 0 {
+            format!(
+                "; {} batches, last {:.0} s: {} sequences per batch, token latency p50 {} p99 {}",
+                s.batches,
+                s.window.as_secs_f64().min(self.window as f64),
+                s.sequences_per_batch
+                    .map_or("-".into(), |v| format!("{v:.2}")),
+                opt_ns(s.p50_token_ns),
+                opt_ns(s.p99_token_ns)
+            )
+        } else {
+            String::new()
+        };
         eprintln!(
-            "ggml-viz: live view ended: {why}; {} events, {} graph computes, {} ops, {} lost; last {:.0} s: graph p50 {} p99 {}, top ops {}",
+            "ggml-viz: live view ended: {why}; {} events, {} graph computes, {} ops, {} lost; last {:.0} s: graph p50 {} p99 {}, top ops {}{serving}",
             s.events,
             s.graphs,
             s.ops,
