@@ -416,7 +416,8 @@ mod tests {
     #[test]
     fn batches_sequences_and_token_latency() {
         let mut s = LiveStats::new(2);
-        let batches: [(u64, u64, &[(i32, u32)]); 5] = [
+        type Batch = (u64, u64, &'static [(i32, u32)]);
+        let batches: [Batch; 5] = [
             (0, 10, &[(0, 5)]),
             (20, 30, &[(0, 1), (1, 4)]),
             (40, 50, &[(0, 1), (1, 1)]),
