@@ -116,7 +116,11 @@ fn the_perfetto_export_holds_every_span_and_counter_of_a_real_trace() {
     expected.sort();
     assert!(expected.iter().any(|e| e.0 == "op") && expected.iter().any(|e| e.0 == "llama"));
 
-    let slices = decoded["slices"].as_array().unwrap();
+    let all_slices = decoded["slices"].as_array().unwrap();
+    // The sequence lanes' slices are made from the decode spans' batches (below); the others are
+    // the raw pairs.
+    let (sequence_slices, slices): (Vec<&Value>, Vec<&Value>) =
+        all_slices.iter().partition(|s| s["category"] == "sequence");
     let mut got: Vec<(String, u64, u64)> = slices
         .iter()
         .map(|s| {
@@ -132,6 +136,16 @@ fn the_perfetto_export_holds_every_span_and_counter_of_a_real_trace() {
         got, expected,
         "the slices are the raw pairs, to the nanosecond"
     );
+    // llama-simple's batches name their sequence: each decode is a step on its lane.
+    let decodes: BTreeSet<(u64, u64)> = (expected.iter())
+        .filter(|e| e.0 == "llama")
+        .map(|e| (e.1, e.2))
+        .collect();
+    let steps: BTreeSet<(u64, u64)> = (sequence_slices.iter())
+        .filter(|s| s["name"] == "prefill" || s["name"] == "generate")
+        .map(|s| (s["start"].as_u64().unwrap(), s["end"].as_u64().unwrap()))
+        .collect();
+    assert_eq!(steps, decodes, "a step per decode on the sequence's lane");
 
     // Tracks: one process, named for the program and its pid, its threads under it; op slices
     // nest inside a graph slice on the calling thread's track, and on the pool's other threads
@@ -148,21 +162,29 @@ fn the_perfetto_export_holds_every_span_and_counter_of_a_real_trace() {
         label.contains("llama-simple") && label.contains(&format!("(pid {pid})")),
         "{label}"
     );
-    let threads = of_kind("thread");
+    // The OS threads' tracks, and the sequence's.
+    let (sequence_lanes, threads): (Vec<_>, Vec<_>) = of_kind("thread")
+        .into_iter()
+        .partition(|(_, t)| t["label"].as_str().unwrap().starts_with("sequence "));
     assert_eq!(threads.len(), stats.threads.len());
+    assert_eq!(sequence_lanes.len(), 1);
     assert!(
         threads
             .iter()
             .all(|(_, t)| t["parent"].as_u64().unwrap().to_string() == *processes[0].0)
     );
     let mut by_track: BTreeMap<u64, Vec<&Value>> = BTreeMap::new();
-    for s in slices {
+    for &s in &slices {
         by_track
             .entry(s["track"].as_u64().unwrap())
             .or_default()
             .push(s);
     }
-    let graphs: Vec<&Value> = slices.iter().filter(|s| s["category"] == "graph").collect();
+    let graphs: Vec<&Value> = slices
+        .iter()
+        .copied()
+        .filter(|s| s["category"] == "graph")
+        .collect();
     let mut worker_ops = 0;
     for s in slices.iter().filter(|s| s["category"] == "op") {
         let (start, end) = (s["start"].as_u64().unwrap(), s["end"].as_u64().unwrap());
