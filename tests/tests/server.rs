@@ -310,8 +310,8 @@ fn llama_server_under_concurrent_load_decodes_what_it_reports() {
     let end = text(&live.stderr);
     let per_batch = all_batches.iter().sum::<usize>() as f64 / all_batches.len() as f64;
     for expected in [
-        format!("; {} batches, last ", all_batches.len()),
-        format!(" s: {per_batch:.2} sequences per batch, token latency p50 "),
+        format!("; {} batches (", all_batches.len()),
+        format!("/s), {per_batch:.2} sequences per batch, token latency p50 "),
     ] {
         assert!(end.contains(&expected), "{expected} in {end}");
     }

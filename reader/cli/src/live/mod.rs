@@ -352,6 +352,23 @@ struct Screen {
     drawn: bool,
 }
 
+/// A batching server's figures, where the trace has its batches: `12 batches (3.0/s), 3.82
+/// sequences per batch, token latency p50 649.005 µs p99 18.559 ms` (the rate over the last
+/// refresh, the rest over the window).
+fn serving(s: &Snapshot) -> Option<String> {
+    (s.batches > 0).then(|| {
+        format!(
+            "{} batches ({:.1}/s), {} sequences per batch, token latency p50 {} p99 {}",
+            s.batches,
+            s.batches_per_s,
+            s.sequences_per_batch
+                .map_or("-".into(), |v| format!("{v:.2}")),
+            opt_ns(s.p50_token_ns),
+            opt_ns(s.p99_token_ns)
+        )
+    })
+}
+
 fn opt_ns(ns: Option<u64>) -> String {
     ns.map_or_else(|| "-".into(), |n| fmt_ns(n as f64))
 }
@@ -425,19 +442,7 @@ impl Screen {
             .take(3)
             .map(|o| format!("{} {:.1}%", o.name, 100.0 * o.share))
             .collect();
-        let serving = if s.batches > 0 {
-            format!(
-                " | batches {} ({:.1}/s) {} seq/batch token p50 {} p99 {}",
-                s.batches,
-                s.batches_per_s,
-                s.sequences_per_batch
-                    .map_or("-".into(), |v| format!("{v:.2}")),
-                opt_ns(s.p50_token_ns),
-                opt_ns(s.p99_token_ns)
-            )
-        } else {
-            String::new()
-        };
+        let serving = serving(s).map_or_else(String::new, |f| format!(" | {f}"));
         writeln!(
             out,
             "live {:>5.1}s {state}: graphs {} ({:.1}/s) latest {} p50 {} p99 {} | events {} ({:.0}/s) lost {}{serving} | top {}",
@@ -552,19 +557,7 @@ impl Screen {
             .take(3)
             .map(|o| format!("{} {:.1}%", o.name, 100.0 * o.share))
             .collect();
-        let serving = if s.batches > 0 {
-            format!(
-                "; {} batches, last {:.0} s: {} sequences per batch, token latency p50 {} p99 {}",
-                s.batches,
-                s.window.as_secs_f64().min(self.window as f64),
-                s.sequences_per_batch
-                    .map_or("-".into(), |v| format!("{v:.2}")),
-                opt_ns(s.p50_token_ns),
-                opt_ns(s.p99_token_ns)
-            )
-        } else {
-            String::new()
-        };
+        let serving = serving(s).map_or_else(String::new, |f| format!("; {f}"));
         eprintln!(
             "ggml-viz: live view ended: {why}; {} events, {} graph computes, {} ops, {} lost; last {:.0} s: graph p50 {} p99 {}, top ops {}{serving}",
             s.events,
