@@ -19,7 +19,7 @@ pub use export::chrome_json::ChromeJsonWriter;
 pub use export::perfetto::PerfettoWriter;
 pub use export::summary::Summary;
 pub use import::{Format, ImportError, detect, import_path, import_path_reporting};
-pub use text::{Text, Texts};
+pub use text::{ByAddress, Text, Texts};
 
 use std::fmt;
 use std::rc::Rc;

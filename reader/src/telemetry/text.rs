@@ -8,7 +8,7 @@ use std::fmt;
 use std::ops::Deref;
 use std::rc::Rc;
 
-use rustc_hash::FxHashSet;
+use rustc_hash::{FxHashMap, FxHashSet};
 
 /// An immutable string shared by the records that name it.
 #[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
@@ -108,6 +108,38 @@ impl PartialEq<Text> for str {
 impl PartialEq<Text> for &str {
     fn eq(&self, other: &Text) -> bool {
         *self == &*other.0
+    }
+}
+
+/// Values found by the address of a shared [`Text`] ([`Text::addr`]): a repeated name is found
+/// without hashing or comparing its text. Each text is kept beside its value, so that no other
+/// string takes its address; past [`ByAddress::LIMIT`] entries (texts made anew per record, not
+/// shared) all are forgotten, so memory stays bounded.
+#[derive(Debug)]
+pub struct ByAddress<V> {
+    map: FxHashMap<usize, (Text, V)>,
+}
+
+impl<V> Default for ByAddress<V> {
+    fn default() -> Self {
+        ByAddress {
+            map: FxHashMap::default(),
+        }
+    }
+}
+
+impl<V> ByAddress<V> {
+    pub const LIMIT: usize = 1 << 16;
+
+    pub fn get(&self, t: &Text) -> Option<&V> {
+        self.map.get(&t.addr()).map(|(_, v)| v)
+    }
+
+    pub fn insert(&mut self, t: &Text, value: V) {
+        if self.map.len() >= Self::LIMIT {
+            self.map.clear();
+        }
+        self.map.insert(t.addr(), (t.clone(), value));
     }
 }
 

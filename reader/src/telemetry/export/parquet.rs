@@ -32,7 +32,7 @@ use parquet::file::writer::SerializedFileWriter;
 use parquet::schema::parser::parse_message_type;
 use parquet::schema::types::ColumnPath;
 
-use crate::telemetry::{Arg, Lane, Process, Record, RecordSink, Span, Text};
+use crate::telemetry::{Arg, ByAddress, Lane, Process, Record, RecordSink, Span, Text};
 
 /// Rows per row group: what is held in memory before it is written (~30 MB of spans).
 pub const ROW_GROUP: usize = 1 << 16;
@@ -101,9 +101,8 @@ struct Column {
     levels: Option<Vec<i16>>,
     /// A text column's values made so far: a repeated string is shared, not copied per row.
     texts: FxHashMap<Box<str>, ByteArray>,
-    /// The same by the address of a [`Text`] ([`Text::addr`]), the text kept so that no other
-    /// takes its address: a model's names are found without hashing them.
-    by_addr: FxHashMap<usize, (Text, ByteArray)>,
+    /// The same for the model's shared texts, found by their address.
+    by_addr: ByAddress<ByteArray>,
 }
 
 /// `s` as a column value, shared with the rows before that hold it.
@@ -145,7 +144,7 @@ impl Table {
                 },
                 levels: (f.get_basic_info().repetition() == Repetition::OPTIONAL).then(Vec::new),
                 texts: FxHashMap::default(),
-                by_addr: FxHashMap::default(),
+                by_addr: ByAddress::default(),
             })
             .collect();
         // Min/max statistics for the numbers (times, ids: what a reader skips row groups by),
@@ -192,16 +191,11 @@ impl Table {
                 (Values::Double(v), Cell::F64(x)) => v.push(*x),
                 (Values::Text(v), Cell::Text(x)) => v.push(shared(&mut column.texts, x)),
                 (Values::Text(v), Cell::Shared(x)) => {
-                    let value = match column.by_addr.get(&x.addr()) {
-                        Some((_, value)) => value.clone(),
+                    let value = match column.by_addr.get(x) {
+                        Some(value) => value.clone(),
                         None => {
-                            if column.by_addr.len() >= KEPT_TEXTS {
-                                column.by_addr.clear();
-                            }
                             let value = shared(&mut column.texts, x);
-                            column
-                                .by_addr
-                                .insert(x.addr(), ((*x).clone(), value.clone()));
+                            column.by_addr.insert(x, value.clone());
                             value
                         }
                     };

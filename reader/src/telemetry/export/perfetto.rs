@@ -38,7 +38,7 @@ use std::rc::Rc;
 use rustc_hash::FxHashMap;
 
 use super::protobuf::Message;
-use crate::telemetry::{Arg, Args, Lane, Process, Record, RecordSink, Span, Text, rpc};
+use crate::telemetry::{Arg, Args, ByAddress, Lane, Process, Record, RecordSink, Span, Text, rpc};
 
 /// The sequence of descriptions, counters and instants; lane `l`'s slices are sequence `l + 2`.
 const GLOBAL_SEQUENCE: u64 = 1;
@@ -69,10 +69,8 @@ fn counter_track(n: u64) -> u64 {
 #[derive(Default)]
 struct Interned {
     iids: FxHashMap<String, u64>,
-    /// By the address of a shared text ([`Text::addr`]), its iid: a repeated name is found
-    /// without hashing its text. The texts are kept (`kept`), so no other takes their address.
-    by_addr: FxHashMap<usize, u64>,
-    kept: Vec<Text>,
+    /// Each shared text's iid, found by its address.
+    by_addr: ByAddress<u64>,
     fresh: Vec<(u64, String)>,
 }
 
@@ -88,17 +86,11 @@ impl Interned {
     }
 
     fn text_iid(&mut self, t: &Text) -> u64 {
-        if let Some(&iid) = self.by_addr.get(&t.addr()) {
+        if let Some(&iid) = self.by_addr.get(t) {
             return iid;
         }
-        if self.kept.len() >= JOINED_KEPT {
-            // Texts not shared (made anew per span): memory stays bounded.
-            self.by_addr.clear();
-            self.kept.clear();
-        }
         let iid = self.iid(t);
-        self.by_addr.insert(t.addr(), iid);
-        self.kept.push(t.clone());
+        self.by_addr.insert(t, iid);
         iid
     }
 }

@@ -16,7 +16,7 @@
 
 use rustc_hash::FxHashMap;
 
-use crate::telemetry::{Record, RecordSink, Span, Text};
+use crate::telemetry::{ByAddress, Record, RecordSink, Span, Text};
 
 /// A row's place in [`Summary::rows`].
 type RowIndex = u32;
@@ -188,11 +188,8 @@ pub struct Summary {
     /// One row per distinct name, in the order first seen.
     rows: Vec<(Text, Row)>,
     by_name: FxHashMap<Text, RowIndex>,
-    /// By the address of a shared name ([`Text::addr`]), its row: a span's name is found without
-    /// hashing or comparing its text. Each address's `Text` is kept in `seen`, so that no other
-    /// string can take its place.
-    by_addr: FxHashMap<usize, RowIndex>,
-    seen: Vec<Text>,
+    /// Each shared name's row, found by its address.
+    by_addr: ByAddress<RowIndex>,
     /// Coverage gathered from the closed children of spans still open, by span id; the parent
     /// last handed to is kept apart in `hot` (most spans share their parent with the span closed
     /// before them: their hand-over skips the map).
@@ -227,7 +224,7 @@ impl Summary {
     }
 
     fn row_index(&mut self, name: &Text) -> RowIndex {
-        if let Some(&i) = self.by_addr.get(&name.addr()) {
+        if let Some(&i) = self.by_addr.get(name) {
             return i;
         }
         let i = match self.by_name.get(name.as_str()) {
@@ -239,8 +236,7 @@ impl Summary {
                 i
             }
         };
-        self.by_addr.insert(name.addr(), i);
-        self.seen.push(name.clone());
+        self.by_addr.insert(name, i);
         i
     }
 
