@@ -128,7 +128,15 @@ fn every_worker_records_its_share_of_every_node(how: &Run<'_>) {
         read_trace(&path).0
     };
     let threads = trace("threads.ggmlviz", &[]);
-    let unfused = trace("unfused.ggmlviz", &[("GGML_CPU_DISABLE_FUSION", "1")]);
+    // Flushed every millisecond: workers' shares and their graph's begin are often drained by
+    // different flushes, whose times must still agree (the clock's conversion).
+    let unfused = trace(
+        "unfused.ggmlviz",
+        &[
+            ("GGML_CPU_DISABLE_FUSION", "1"),
+            ("GGML_VIZ_FLUSH_INTERVAL", "1"),
+        ],
+    );
     let sched = trace("sched.ggmlviz", &[("GGML_VIZ_OP_TIMING", "sched")]);
 
     let mode = settings(&threads);
