@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The test command: installs what the tests need (Debian packages, Python packages, llama.cpp built
-# from the llama-cpp-python sdist), then runs clippy, the quick benchmark suite, 60 s of fuzzing a
+# from the llama-cpp-python sdist, whisper.cpp from the pywhispercpp sdist), then runs clippy, the quick benchmark suite, 60 s of fuzzing a
 # target, the whole workspace's tests, and the loom model check of the ring.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -60,6 +60,9 @@ GGML_VIZ_LLAMA_THREADPOOL_BUILD="$(bash scripts/setup-llama.sh threadpool | tail
 export GGML_VIZ_LLAMA_THREADPOOL_BUILD
 GGML_VIZ_LLAMA_DL_BUILD="$(bash scripts/setup-llama.sh dl | tail -n 1)"
 export GGML_VIZ_LLAMA_DL_BUILD
+# A second GGML program, not llama.cpp: whisper-cli from the pywhispercpp sdist (~2.5 min cold).
+GGML_VIZ_WHISPER_BUILD="$(bash scripts/setup-whisper.sh | tail -n 1)"
+export GGML_VIZ_WHISPER_BUILD
 # Windows under Wine: MinGW, Wine, llama-simple.exe and a prefix (cached).
 windows="$(bash scripts/setup-windows.sh | tail -n 2)"
 GGML_VIZ_WINDOWS_BUILD="$(echo "$windows" | sed -n 1p)"

@@ -77,6 +77,43 @@ pub fn llama_dl_bin() -> PathBuf {
     PathBuf::from(build).join("bin")
 }
 
+/// The whisper.cpp build (scripts/setup-whisper.sh): `bin/whisper-cli` and its shared libraries.
+pub fn whisper_build() -> PathBuf {
+    let build = std::env::var_os("GGML_VIZ_WHISPER_BUILD").expect(
+        "GGML_VIZ_WHISPER_BUILD is not set: run the tests through scripts/test.sh, which builds whisper.cpp",
+    );
+    let build = PathBuf::from(build);
+    assert!(
+        build.join("bin/whisper-cli").exists(),
+        "no whisper-cli in {}",
+        build.display()
+    );
+    build
+}
+
+/// The tiny random-weight whisper model and the WAV file it transcribes, generated once per test
+/// process (tests/fixtures/make_tiny_whisper.py).
+pub fn tiny_whisper() -> (PathBuf, PathBuf) {
+    static MODEL: OnceLock<(PathBuf, PathBuf)> = OnceLock::new();
+    MODEL
+        .get_or_init(|| {
+            let dir = scratch("whisper-model");
+            let (model, audio) = (dir.join("tiny-whisper.bin"), dir.join("tones.wav"));
+            let out = Command::new("python3")
+                .arg(fixture("make_tiny_whisper.py"))
+                .args([&model, &audio])
+                .output()
+                .unwrap();
+            assert!(
+                out.status.success(),
+                "model generation failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            (model, audio)
+        })
+        .clone()
+}
+
 /// What `ldd` says of an executable or library: the shared objects it loads.
 pub fn ldd(path: &Path) -> String {
     let out = run({

@@ -1,5 +1,5 @@
 //! The end-to-end tests, one binary: the built hook preloaded into real programs (llama.cpp
-//! shared and static, Python ctypes hosts, C programs built here, Windows under Wine), the built CLI on their traces,
+//! shared and static, whisper.cpp, Python ctypes hosts, C programs built here, Windows under Wine), the built CLI on their traces,
 //! the report in headless Chromium, the live view in tmux.
 
 mod c_hosts;
@@ -13,4 +13,5 @@ mod report;
 mod rpc;
 mod server;
 mod threads;
+mod whisper;
 mod windows;

@@ -237,7 +237,10 @@ mod tests {
         let mut conv = TickConverter::starting_at((0, 0), true);
         conv.calibrate_at((1_000, 1_000));
         // Flush 1 drains a worker's events, stamped at 1,200 and 1,500 ticks.
-        let worker = [conv.convert_monotonic_ns(1_200), conv.convert_monotonic_ns(1_500)];
+        let worker = [
+            conv.convert_monotonic_ns(1_200),
+            conv.convert_monotonic_ns(1_500),
+        ];
         // Flush 2 calibrates, then drains the main thread's event stamped at 1,100 ticks.
         conv.calibrate_at((1_600, 1_600));
         let main = conv.convert_monotonic_ns(1_100);
@@ -266,7 +269,10 @@ mod tests {
         let all: Vec<u64> = first.iter().chain(&second).copied().collect();
         assert!(all.is_sorted(), "went backwards: {all:?}");
         // The new segment begins where the old line got to, slower, to catch up with the clock.
-        assert_eq!(second[2], 1_600 + ((1_700 - 1_600) as f64 * (0.875 - 200.0 / 600.0)) as u64);
+        assert_eq!(
+            second[2],
+            1_600 + ((1_700 - 1_600) as f64 * (0.875 - 200.0 / 600.0)) as u64
+        );
         // Without a TSC, ticks are nanoseconds already.
         let mut plain = TickConverter::starting_at((5, 5), false);
         assert_eq!(plain.convert_monotonic_ns(1_234), 1_234);
