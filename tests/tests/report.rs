@@ -17,7 +17,7 @@ fn artifacts() -> PathBuf {
     dir
 }
 
-fn report(inputs: &[&Path], out: &Path) -> String {
+pub(crate) fn report(inputs: &[&Path], out: &Path) -> String {
     let o = run({
         let mut c = Command::new(ggml_viz());
         c.arg("report").args(inputs).arg("-o").arg(out);
@@ -28,7 +28,7 @@ fn report(inputs: &[&Path], out: &Path) -> String {
 }
 
 /// Runs the browser check; returns what it measured.
-fn check_in_browser(page: &Path, screenshot: &str, extra: &[&str]) -> Value {
+pub(crate) fn check_in_browser(page: &Path, screenshot: &str, extra: &[&str]) -> Value {
     let shot = artifacts().join(screenshot);
     let o = run({
         let mut c = Command::new("python3");

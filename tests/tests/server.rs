@@ -12,6 +12,8 @@ use ggml_viz_e2e::*;
 use ggml_viz_reader::telemetry::{Arg, Collected, Ids, import_path};
 use serde_json::Value;
 
+use crate::report::{check_in_browser, report};
+
 /// A loopback port nobody listens on now.
 pub(crate) fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
@@ -315,6 +317,59 @@ fn llama_server_under_concurrent_load_decodes_what_it_reports() {
     ] {
         assert!(end.contains(&expected), "{expected} in {end}");
     }
+
+    // The report's per-sequence table: per slot, the requests and tokens of the responses it
+    // gave; one slot also ran the server's start-up decode (2 prompt tokens, nothing generated,
+    // before the load). Its data, and the page in Chromium.
+    let page = dir.join("server.html");
+    report(&[&trace], &page);
+    let html = std::fs::read_to_string(&page).unwrap();
+    let data = html
+        .split_once(r#"id="ggml-viz-data">"#)
+        .and_then(|(_, rest)| rest.split_once("</script>"))
+        .map(|(json, _)| serde_json::from_str::<Value>(json).unwrap())
+        .expect("the page's data");
+    let rows = data["sequences"].as_array().unwrap();
+    assert_eq!(rows.len(), served.len(), "{rows:?}");
+    let mut start_up = 0;
+    for row in rows {
+        let slot: u64 = row["name"].as_str().unwrap()["sequence ".len()..]
+            .parse()
+            .unwrap();
+        let responses = &served[&slot];
+        let field = |k: &str| row[k].as_u64().unwrap();
+        let mut from_server = (
+            responses.len() as u64,
+            responses.iter().map(|r| r.0).sum::<u64>(),
+            responses.iter().map(|r| r.1).sum::<u64>(),
+        );
+        let reported = (
+            field("requests"),
+            field("prefill_tokens"),
+            field("generation_tokens"),
+        );
+        if reported != from_server {
+            start_up += 1;
+            from_server = (from_server.0 + 1, from_server.1 + 2, from_server.2);
+        }
+        assert_eq!(
+            reported, from_server,
+            "slot {slot}: (requests, prompt, generated)"
+        );
+        assert!(field("request_p99_ns") >= field("request_p50_ns"));
+        assert!(field("per_token_ns") > 0);
+    }
+    assert!(start_up <= 1, "{rows:?}");
+    check_in_browser(
+        &page,
+        "report-llama-server.png",
+        &[
+            "--expect-text",
+            "Sequences",
+            "--expect-text",
+            "per generated token",
+        ],
+    );
 }
 
 /// One client, the same completions (temperature 0, fixed seed) with and without the hook: the

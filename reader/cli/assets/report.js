@@ -334,6 +334,27 @@
   bars('by-tensor', D.by_tensor, D.tensors_not_shown ? fmtCount(D.tensors_not_shown) + ' more tensors not shown.' :
     (D.by_tensor.length ? '' : 'No op spans with tensor names (record with GGML_VIZ_OP_TIMING=1).'));
 
+  // ---- sequences: a batching server's slots ----
+  if (D.sequences.length) {
+    document.getElementById('sequences-section').hidden = false;
+    const t = el('table', 'bars');
+    const head = el('tr');
+    for (const h of ['sequence', 'requests', 'prefill tokens', 'generated tokens', 'request p50', 'request p99', 'per generated token']) head.appendChild(el('th', '', h));
+    t.appendChild(head);
+    for (const r of D.sequences) {
+      const tr = el('tr');
+      tr.appendChild(el('td', '', r.name));
+      tr.appendChild(el('td', '', fmtCount(r.requests)));
+      tr.appendChild(el('td', '', fmtCount(r.prefill_tokens)));
+      tr.appendChild(el('td', '', fmtCount(r.generation_tokens)));
+      tr.appendChild(el('td', '', fmtNs(r.request_p50_ns)));
+      tr.appendChild(el('td', '', fmtNs(r.request_p99_ns)));
+      tr.appendChild(el('td', '', r.per_token_ns === null ? '-' : fmtNs(r.per_token_ns)));
+      t.appendChild(tr);
+    }
+    document.getElementById('sequences').appendChild(t);
+  }
+
   // ---- charts ----
   const palette = ['#3b6fd8', '#e8590c', '#2f9e44', '#ae3ec9', '#1098ad', '#f59f00', '#e03131', '#495057'];
   function chartWidth(host) { return Math.max(300, host.clientWidth || 800); }

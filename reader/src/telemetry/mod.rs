@@ -18,7 +18,9 @@ mod text;
 pub use export::chrome_json::ChromeJsonWriter;
 pub use export::perfetto::PerfettoWriter;
 pub use export::summary::Summary;
-pub use import::{Format, ImportError, detect, import_path, import_path_reporting};
+pub use import::{
+    Format, ImportError, SEQUENCE_CATEGORY, detect, import_path, import_path_reporting,
+};
 pub use text::{ByAddress, Text, Texts};
 
 use std::fmt;

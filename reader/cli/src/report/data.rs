@@ -8,6 +8,7 @@ use serde::Serialize;
 
 use ggml_viz_reader::telemetry::{Arg, Record, RecordSink, Span};
 
+use super::sequences::{SequenceRow, SequenceTable};
 use super::series::{Latency, Series, TopKind, TopSpan, latency, memory};
 
 /// Spans the timeline carries at most (about 40 bytes of HTML each).
@@ -36,6 +37,8 @@ pub struct ReportData {
     /// What `by_op` groups: op spans, or every span by name when there are none.
     pub by_op_source: String,
     pub latency: Latency,
+    /// A batching server's sequences (slots), in the timeline's order.
+    pub sequences: Vec<SequenceRow>,
     pub memory: Vec<Series>,
     pub memory_note: Option<String>,
 }
@@ -151,6 +154,7 @@ pub struct ReportBuilder {
     /// Graph spans whose parent is still open, by parent id: outermost unless it is a graph.
     graphs_by_parent: HashMap<u64, Vec<(String, Aggregate)>>,
     tops: HashMap<u32, Vec<TopSpan>>,
+    sequences: SequenceTable,
     counters: HashMap<String, Vec<(u64, f64)>>,
     first_ns: u64,
     last_ns: u64,
@@ -215,6 +219,7 @@ impl ReportBuilder {
             op_timing: Vec::new(),
             graphs_by_parent: HashMap::new(),
             tops: HashMap::new(),
+            sequences: SequenceTable::default(),
             counters: HashMap::new(),
             first_ns: u64::MAX,
             last_ns: 0,
@@ -267,6 +272,7 @@ impl ReportBuilder {
         self.earliest_ns = self.earliest_ns.min(span.start_ns);
         self.first_ns = self.first_ns.min(span.start_ns);
         self.last_ns = self.last_ns.max(span.end_ns);
+        self.sequences.span(&span);
         let tensor = arg_str(&span, "tensor");
         let backend = arg_str(&span, "backend");
         let is_op = span.category == "op";
@@ -423,8 +429,8 @@ impl ReportBuilder {
     }
 
     /// Lanes in the order the page draws them: per process, its threads as met, then its
-    /// sequences (a server's slots) by number.
-    fn order_lanes(&mut self) {
+    /// sequences (a server's slots) by number. Returns each lane's new index by its old one.
+    fn order_lanes(&mut self) -> Vec<u32> {
         let key = |l: &LaneOut| {
             let sequence = l
                 .name
@@ -446,6 +452,7 @@ impl ReportBuilder {
         for lane in &mut self.data.spans.lane {
             *lane = new_index[*lane as usize];
         }
+        new_index
     }
 
     pub fn finish(mut self) -> ReportData {
@@ -455,7 +462,21 @@ impl ReportBuilder {
         {
             self.outermost_graph(&backend, &graph);
         }
-        self.order_lanes();
+        let new_index = self.order_lanes();
+        let (lanes, out) = (&self.lanes, &self.data.lanes);
+        let several_processes = out.iter().any(|l| l.process != out[0].process);
+        // A lane's place in the timeline, once ordered (a sequence's lane has spans: it has one).
+        let place = |id: u32| Some(new_index[lanes.get(&id)?.2? as usize]);
+        self.data.sequences = std::mem::take(&mut self.sequences).finish(
+            |id| place(id).unwrap_or(u32::MAX),
+            |id| {
+                let name = lanes.get(&id).map_or_else(String::new, |l| l.1.clone());
+                match place(id) {
+                    Some(i) if several_processes => format!("{} · {name}", out[i as usize].process),
+                    _ => name,
+                }
+            },
+        );
         let origin = if self.earliest_ns == u64::MAX {
             0
         } else {

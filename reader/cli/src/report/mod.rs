@@ -1,9 +1,10 @@
 //! `report`: one self-contained HTML page of one or more inputs (no network, everything
-//! inlined) with a zoomable timeline, time per op type / tensor / backend, per-token latency and
-//! live bytes. [`data`] computes what the page shows from the telemetry model, [`page`] writes it.
+//! inlined) with a zoomable timeline, time per op type / tensor / backend, per-token latency,
+//! a batching server's sequences and live bytes. [`data`] computes what the page shows from the telemetry model, [`page`] writes it.
 
 mod data;
 mod page;
+mod sequences;
 mod series;
 
 use std::fs::File;
@@ -23,7 +24,8 @@ use page::write_html;
 
 /// Write one HTML file that opens offline (everything inlined, no network): a zoomable timeline
 /// per thread with op spans under their graphs, time per op type / tensor / backend, per-call
-/// latency (prefill and generation apart) and live bytes per buffer type.
+/// latency (prefill and generation apart), a batching server's sequences (requests and tokens per
+/// slot) and live bytes per buffer type.
 ///
 /// Large traces are drawn in part (every graph, the ops of a uniform sample of graphs; the page
 /// says so); the tables and charts count everything.

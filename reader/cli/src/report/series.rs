@@ -52,7 +52,7 @@ pub(super) enum TopKind {
     Other,
 }
 
-fn quantile(sorted: &[u64], q: f64) -> u64 {
+pub(super) fn quantile(sorted: &[u64], q: f64) -> u64 {
     if sorted.is_empty() {
         return 0;
     }

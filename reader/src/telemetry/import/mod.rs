@@ -14,6 +14,9 @@ pub mod ge_log;
 pub mod ggmlviz;
 mod sequences;
 
+/// The category of the spans on a sequence's lane (`request`, `prefill`, `generate`).
+pub use sequences::CATEGORY as SEQUENCE_CATEGORY;
+
 use super::{Ids, RecordSink};
 
 /// Input formats, recognised by content.
