@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds the real llama.cpp the hook tests preload into, from the llama-cpp-python sdist on PyPI.
 # Prints the build directory (holding bin/llama-simple, bin/llama-bench, bin/llama-quantize,
-# bin/llama-server, bin/llama-completion, bin/ggml-rpc-server and the shared ggml libraries, with
+# bin/llama-server, bin/llama-completion, bin/llama-batched, bin/ggml-rpc-server and the shared ggml libraries, with
 # ggml-rpc) on its last line. The build is cached outside
 # the clone, keyed by version, so a second run returns at once.
 #   bash scripts/setup-llama.sh              # shared ggml libraries (build/)
@@ -16,7 +16,7 @@ set -euo pipefail
 
 # The targets of the shared build; a cached build that lacks one (an older checkout's) gets it
 # built incrementally.
-targets=(llama-simple llama-bench llama-quantize llama-server llama-completion ggml-rpc-server)
+targets=(llama-simple llama-bench llama-quantize llama-server llama-completion ggml-rpc-server llama-batched)
 
 # A variant build from the shared build's source, in build-$1/: "$2" says what it is, the flags
 # up to "--" are CMake's (beside the common ones), the rest are the targets. Prints its directory.

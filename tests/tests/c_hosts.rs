@@ -337,3 +337,144 @@ fn a_ggml_rpc_without_the_known_transport_is_said_once() {
         text(&out.stderr)
     );
 }
+
+/// A C program (built against this llama.cpp's `llama.h`) decodes two batches and prints what it
+/// put in them and the logits:
+/// - a classic `llama_batch` through `llama_decode`: 3 prompt tokens shared by sequences 2 and 3
+///   (`n_seq_id` 2), then one token of each: 4 tokens for each sequence in a batch of 5;
+/// - a `llama_batch_ext` of input embeddings through `llama_process`: 3 for sequence 0 and 4 for
+///   sequence 1, as a multimodal server adds an image's (`llama_batch_ext_add_embd` takes
+///   `struct llama_embd` by value, in the caller's stack frame on x86-64).
+///
+/// With the hook: the same indices and logits, and each decode span holds its batch's tokens by
+/// sequence (before: neither batch's sequences were counted).
+#[test]
+fn input_embeddings_and_classic_batches_are_counted_by_sequence() {
+    let dir = scratch("embd-batch");
+    let llama = ggml_source().join("..");
+    let source = r#"#include <stdio.h>
+#include <stdlib.h>
+#include "llama.h"
+
+int main(int argc, char ** argv) {
+    llama_backend_init();
+    struct llama_model * model = llama_model_load_from_file(argv[1], llama_model_default_params());
+    struct llama_context_params cp = llama_context_default_params();
+    cp.n_ctx = 256;
+    cp.n_batch = 64;
+    cp.n_seq_max = 4;
+    cp.kv_unified = true;
+    cp.n_threads = cp.n_threads_batch = 2;
+    struct llama_context * ctx = llama_init_from_model(model, cp);
+    if (!model || !ctx) return 2;
+
+    struct llama_batch classic = llama_batch_init(8, 0, 2);
+    for (int i = 0; i < 5; i++) {
+        const int shared = i < 3;
+        classic.token[i] = 10 + i;
+        classic.pos[i] = shared ? i : 3;
+        classic.n_seq_id[i] = shared ? 2 : 1;
+        classic.seq_id[i][0] = shared ? 2 : i - 1;
+        classic.seq_id[i][1] = 3;
+        classic.logits[i] = i == 4;
+        printf("classic token %d in %d sequence(s)\n", i, classic.n_seq_id[i]);
+    }
+    classic.n_tokens = 5;
+    const int decoded = llama_decode(ctx, classic);
+    const float * first = llama_get_logits_ith(ctx, -1);
+    printf("decode %d logits %.6f %.6f\n", decoded, first[0], first[1]);
+    llama_batch_free(classic);
+
+    const int n_embd = llama_model_n_embd(model);
+    float * rows = malloc(sizeof(float) * 4 * n_embd);
+    for (int i = 0; i < 4 * n_embd; i++) rows[i] = (float) ((i * 37) % 101) / 101.0f - 0.5f;
+    struct llama_batch_ext * batch = llama_batch_ext_init(ctx);
+    int last = -1;
+    for (int seq = 0; seq < 2; seq++) {
+        for (int i = 0; i < 3 + seq; i++) {
+            struct llama_embd embd = { rows + (size_t) i * n_embd, 1, (size_t) n_embd };
+            last = llama_batch_ext_add_embd(batch, seq, embd);
+            llama_pos pos[4] = { i, 0, 0, 0 };
+            if (last < 0 || !llama_batch_ext_set_pos(batch, last, pos)) return 3;
+            printf("seq %d index %d\n", seq, last);
+        }
+    }
+    llama_batch_ext_set_output_logits(batch, last, true);
+    const int ret = llama_process(ctx, LLAMA_PROCESS_TYPE_DECODE, batch);
+    const float * logits = llama_get_logits_ith(ctx, -1);
+    printf("process %d logits %.6f %.6f %.6f\n", ret, logits[0], logits[1], logits[2]);
+    llama_batch_ext_free(batch);
+    llama_free(ctx);
+    llama_model_free(model);
+    free(rows);
+    return ret;
+}
+"#;
+    let file = dir.join("embd.c");
+    std::fs::write(&file, source).unwrap();
+    let exe = dir.join("embd");
+    let bin = llama_bin();
+    let built = run({
+        let mut cc = Command::new("cc");
+        cc.arg(&file)
+            .arg("-o")
+            .arg(&exe)
+            .arg(format!("-I{}", llama.join("include").display()))
+            .arg(format!("-I{}", llama.join("ggml/include").display()))
+            .arg(format!("-L{}", bin.display()))
+            .args(["-lllama", "-lggml-base"])
+            .arg(format!("-Wl,-rpath,{}", bin.display()));
+        cc
+    });
+    assert!(built.status.success(), "{}", text(&built.stderr));
+    let program = || {
+        let mut c = Command::new(&exe);
+        c.arg(tiny_model());
+        c
+    };
+    let plain = run(program());
+    assert!(plain.status.success(), "{}", text(&plain.stderr));
+    let said = text(&plain.stdout);
+    let indices: Vec<&str> = said.lines().filter(|l| l.starts_with("seq ")).collect();
+    assert_eq!(indices.len(), 7, "{said}");
+    assert!(said.contains("decode 0 logits"), "{said}");
+    assert!(said.contains("process 0 logits"), "{said}");
+
+    let trace = dir.join("embd.ggmlviz");
+    let hooked = run(with_hook(
+        program(),
+        &[("GGML_VIZ_OUTPUT", trace.to_str().unwrap())],
+    ));
+    assert!(hooked.status.success(), "{}", text(&hooked.stderr));
+    assert_eq!(
+        text(&hooked.stdout),
+        said,
+        "the hook changed the embeddings' batch"
+    );
+    let mut c = ggml_viz_reader::telemetry::Collected::default();
+    ggml_viz_reader::telemetry::import_path(
+        &trace,
+        None,
+        None,
+        &mut ggml_viz_reader::telemetry::Ids::default(),
+        &mut c,
+    )
+    .unwrap();
+    let decodes: Vec<_> = (c.spans.iter())
+        .filter(|s| s.name == "llama_decode")
+        .map(|s| {
+            let arg = |key: &str| {
+                (s.args.iter())
+                    .find(|(k, _)| k == key)
+                    .map(|(_, v)| v.to_string())
+            };
+            (arg("n_tokens"), arg("seq_tokens"))
+        })
+        .collect();
+    let expected = |n: &str, seqs: &str| (Some(n.to_string()), Some(seqs.to_string()));
+    assert_eq!(
+        decodes,
+        [expected("5", "2:4 3:4"), expected("7", "0:3 1:4")],
+        "the classic batch, then the embeddings"
+    );
+}

@@ -1,5 +1,6 @@
 //! llama-server, as people run it: several slots, concurrent clients, continuous batching, traced
-//! with the hook and checked against what the server itself says it did.
+//! with the hook and checked against what the server itself says it did; and llama-batched, one
+//! prompt shared by several sequences.
 
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
@@ -172,28 +173,7 @@ fn llama_server_under_concurrent_load_decodes_what_it_reports() {
 
     let mut c = Collected::default();
     import_path(&trace, None, None, &mut Ids::default(), &mut c).unwrap();
-    let decodes: Vec<(u64, BTreeMap<u64, u64>)> = c
-        .spans
-        .iter()
-        .filter(|s| s.category == "llama" && s.name == "llama_decode" && s.start_ns >= started_ns)
-        .map(|s| {
-            let arg = |key: &str| s.args.iter().find(|(k, _)| k == key).map(|(_, v)| v);
-            let Some(Arg::UInt(n)) = arg("n_tokens") else {
-                panic!("a decode without n_tokens: {s:?}")
-            };
-            let Some(Arg::Str(seqs)) = arg("seq_tokens") else {
-                panic!("a decode without its sequences: {s:?}")
-            };
-            let seqs = seqs
-                .split(' ')
-                .map(|pair| {
-                    let (id, n) = pair.split_once(':').unwrap_or_else(|| panic!("{seqs}"));
-                    (id.parse().unwrap(), n.parse().unwrap())
-                })
-                .collect();
-            (*n, seqs)
-        })
-        .collect();
+    let decodes = decode_batches(&c, started_ns);
     assert_eq!(decodes.len() as f64, metric("llamacpp:n_decode_total"));
     assert_eq!(decodes.iter().map(|(n, _)| n).sum::<u64>(), decoded);
     // Per sequence: a server's slot is the sequence its tokens are added to (`id_slot`), so each
@@ -370,6 +350,134 @@ fn llama_server_under_concurrent_load_decodes_what_it_reports() {
             "per generated token",
         ],
     );
+}
+
+/// The decode spans begun at or after `since_ns`: each one's tokens and its tokens per sequence.
+fn decode_batches(c: &Collected, since_ns: u64) -> Vec<(u64, BTreeMap<u64, u64>)> {
+    c.spans
+        .iter()
+        .filter(|s| s.category == "llama" && s.name == "llama_decode" && s.start_ns >= since_ns)
+        .map(|s| {
+            let arg = |key: &str| s.args.iter().find(|(k, _)| k == key).map(|(_, v)| v);
+            let Some(Arg::UInt(n)) = arg("n_tokens") else {
+                panic!("a decode without n_tokens: {s:?}")
+            };
+            let Some(Arg::Str(seqs)) = arg("seq_tokens") else {
+                panic!("a decode without its sequences: {s:?}")
+            };
+            let seqs = seqs
+                .split(' ')
+                .map(|pair| {
+                    let (id, n) = pair.split_once(':').unwrap_or_else(|| panic!("{seqs}"));
+                    (id.parse().unwrap(), n.parse().unwrap())
+                })
+                .collect();
+            (*n, seqs)
+        })
+        .collect()
+}
+
+/// `llama-batched`: one prompt decoded once for 3 sequences (each token added to sequence 0, then
+/// put in 1 and 2 with `llama_batch_ext_add_seq`), then one token per sequence per batch. What
+/// the program prints says what each batch held: the prompt's length P from its `n_kv_req = P +
+/// (n_predict - P) x n_parallel`, each stream's tokens from `stream i finished at n_cur = X`
+/// (X - P), their sum from `decoded N tokens`. (Its generated text is not compared with an
+/// unhooked run: llama.cpp's logger thread loses the tail of what it prints at exit, hook or not,
+/// llama.cpp #22142.)
+#[test]
+fn llama_batched_shares_its_prompt_between_sequences() {
+    let dir = scratch("batched");
+    let trace = dir.join("batched.ggmlviz");
+    let batched = || {
+        let mut c = Command::new(llama_bin().join("llama-batched"));
+        c.arg("-m").arg(tiny_model()).args([
+            "-p",
+            "hello world",
+            "-np",
+            "3",
+            "-n",
+            "32",
+            "-kvu",
+            "-s",
+            "42",
+            "--no-log-timestamps",
+            "--no-log-prefix",
+        ]);
+        c
+    };
+    let out = run(with_hook(
+        batched(),
+        &[("GGML_VIZ_OUTPUT", trace.to_str().unwrap())],
+    ));
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let said = text(&out.stderr);
+    let number_after = |line: &str, key: &str| -> u64 {
+        let rest = &line[line.find(key).unwrap_or_else(|| panic!("{key} in {line}")) + key.len()..];
+        let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+        digits.parse().unwrap_or_else(|_| panic!("{key} in {line}"))
+    };
+    let params = said
+        .lines()
+        .find(|l| l.contains("n_kv_req = "))
+        .expect("the parameters line");
+    let (n_predict, n_parallel, n_kv_req) = (
+        number_after(params, "n_predict = "),
+        number_after(params, "n_parallel = "),
+        number_after(params, "n_kv_req = "),
+    );
+    assert_eq!(n_parallel, 3);
+    let prompt = (n_parallel * n_predict - n_kv_req) / (n_parallel - 1);
+    // The streams' lines run together (no newline between them).
+    let streams: Vec<u64> = said
+        .split("stream ")
+        .skip(1)
+        .filter(|s| s.contains(" finished at n_cur = "))
+        .map(|s| number_after(s, "n_cur = ") - prompt)
+        .collect();
+    assert_eq!(streams.len(), 3, "{said}");
+    let decoded_line = said.lines().find(|l| l.contains("decoded ")).unwrap();
+    assert_eq!(
+        streams.iter().sum::<u64>(),
+        number_after(decoded_line, "decoded "),
+        "{said}"
+    );
+
+    let mut c = Collected::default();
+    import_path(&trace, None, None, &mut Ids::default(), &mut c).unwrap();
+    let decodes = decode_batches(&c, 0);
+    let (first, rest) = decodes.split_first().expect("decodes");
+    assert_eq!(first.0, prompt, "the prompt is decoded once");
+    assert_eq!(
+        first.1,
+        (0..3).map(|s| (s, prompt)).collect::<BTreeMap<u64, u64>>(),
+        "each sequence holds the whole prompt"
+    );
+    let mut generated: BTreeMap<u64, u64> = BTreeMap::new();
+    for (n, seqs) in rest {
+        assert_eq!(seqs.values().sum::<u64>(), *n);
+        assert!(seqs.values().all(|&t| t == 1), "{seqs:?}");
+        for (seq, tokens) in seqs {
+            *generated.entry(*seq).or_default() += tokens;
+        }
+    }
+    assert_eq!(generated.values().copied().collect::<Vec<u64>>(), streams);
+    // Each sequence's lane: one request, the shared prompt and its own generated tokens.
+    for (i, tokens) in streams.iter().enumerate() {
+        let lane = (c.lanes.iter())
+            .find(|l| l.name == format!("sequence {i}"))
+            .unwrap_or_else(|| panic!("no lane for sequence {i}"));
+        let requests: Vec<(u64, u64)> = (c.spans.iter())
+            .filter(|s| s.lane == lane.id && s.name == "request")
+            .map(|s| {
+                let get = |key: &str| match s.args.iter().find(|(k, _)| k == key) {
+                    Some((_, Arg::UInt(n))) => *n,
+                    other => panic!("{key}: {other:?}"),
+                };
+                (get("prefill_tokens"), get("generation_tokens"))
+            })
+            .collect();
+        assert_eq!(requests, [(prompt, *tokens)], "sequence {i}");
+    }
 }
 
 /// One client, the same completions (temperature 0, fixed seed) with and without the hook: the

@@ -26,10 +26,12 @@ pub enum Entry {
     BufferInit = 16,
     BufferFree = 17,
     SchedFree = 18,
+    LlamaBatchExtAddEmbd = 19,
+    LlamaBatchExtAddSeq = 20,
 }
 
 impl Entry {
-    pub const ALL: [Entry; 18] = [
+    pub const ALL: [Entry; 20] = [
         Entry::SchedGraphCompute,
         Entry::SchedGraphComputeAsync,
         Entry::BackendGraphCompute,
@@ -48,6 +50,8 @@ impl Entry {
         Entry::BufferInit,
         Entry::BufferFree,
         Entry::SchedFree,
+        Entry::LlamaBatchExtAddEmbd,
+        Entry::LlamaBatchExtAddSeq,
     ];
 
     pub fn from_code(code: u8) -> Option<Entry> {
@@ -74,6 +78,8 @@ impl Entry {
             Entry::BufferInit => c"ggml_backend_buffer_init",
             Entry::BufferFree => c"ggml_backend_buffer_free",
             Entry::SchedFree => c"ggml_backend_sched_free",
+            Entry::LlamaBatchExtAddEmbd => c"llama_batch_ext_add_embd",
+            Entry::LlamaBatchExtAddSeq => c"llama_batch_ext_add_seq",
         }
     }
 

@@ -1,10 +1,12 @@
 //! What the user asked for: a span per `llama_decode` / `llama_encode` / `llama_process` call,
 //! with the batch's token count, so that prefill and generation can be told apart.
 //!
-//! `llama_batch` carries its count; the opaque `llama_batch_ext` of newer llama.cpp does not, so
+//! `llama_batch` carries its count, and its tokens' sequences in arrays read at the call; the opaque `llama_batch_ext` of newer llama.cpp does not, so
 //! the tokens added to each one (`llama_batch_ext_add[_token]`, which return the token's index)
-//! are followed here, and `llama_batch_ext_clear` starts it over. The sequence each token was
-//! added to is counted too: a server's batch says how many tokens each sequence (slot) put in it.
+//! are followed here (`_add_embd` too: an input embedding is one entry), and
+//! `llama_batch_ext_clear` starts it over. The sequence each token was added to is counted too
+//! (and each further sequence `llama_batch_ext_add_seq` puts it in): a server's batch says how
+//! many tokens each sequence (slot) put in it.
 
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicI32, AtomicI64, AtomicU32, AtomicUsize, Ordering};
@@ -41,6 +43,55 @@ pub struct Composition {
     pub n_seqs: usize,
     pub other_tokens: u32,
 }
+
+impl Composition {
+    /// `tokens` more of sequence `seq`.
+    fn add(&mut self, seq: i32, tokens: u32) {
+        match self.seqs[..self.n_seqs].iter().position(|&(s, _)| s == seq) {
+            Some(i) => self.seqs[i].1 += tokens,
+            None if self.n_seqs < SEQS => {
+                self.seqs[self.n_seqs] = (seq, tokens);
+                self.n_seqs += 1;
+            }
+            None => self.other_tokens += tokens,
+        }
+    }
+}
+
+/// Tokens a classic `llama_batch` may hold for its sequences to be counted (beyond, none are).
+const CLASSIC_MAX_TOKENS: i32 = 1 << 20;
+/// Sequences one token of it may belong to.
+const CLASSIC_MAX_SEQS: i32 = 1 << 12;
+
+/// The sequences of a classic `llama_batch` (`llama_decode`): token `i` belongs to the
+/// `n_seq_id[i]` sequences in `seq_id[i]` (each counts it). `None` when the batch names none
+/// (`llama_batch_get_one`: llama.cpp puts every token in sequence 0) or a count is out of range.
+///
+/// # Safety
+/// The arrays are the caller's batch's, valid for `n_tokens` entries as `llama_decode` requires.
+pub unsafe fn classic_composition(
+    n_tokens: i32,
+    n_seq_id: *const i32,
+    seq_id: *const *const i32,
+) -> Option<Composition> {
+    if n_seq_id.is_null() || seq_id.is_null() || !(1..=CLASSIC_MAX_TOKENS).contains(&n_tokens) {
+        return None;
+    }
+    let mut c = Composition::default();
+    for i in 0..n_tokens as usize {
+        // SAFETY: `i` < n_tokens, per the contract.
+        let (n, ids) = unsafe { (*n_seq_id.add(i), *seq_id.add(i)) };
+        if ids.is_null() || !(0..=CLASSIC_MAX_SEQS).contains(&n) {
+            return None;
+        }
+        for j in 0..n as usize {
+            // SAFETY: token i's `n` sequence ids, per the contract.
+            c.add(unsafe { *ids.add(j) }, 1);
+        }
+    }
+    Some(c)
+}
+
 static BATCH_SIZES: [BatchSize; BATCHES] = [NO_BATCH; BATCHES];
 
 fn slot(batch: *mut c_void, create: bool) -> Option<&'static BatchSize> {
@@ -61,13 +112,26 @@ fn slot(batch: *mut c_void, create: bool) -> Option<&'static BatchSize> {
         })
 }
 
-/// `llama_batch_ext_add[_token]` returned `index` for `batch`, adding a token of `seq_id`.
+/// `llama_batch_ext_add[_token|_embd]` returned `index` for `batch`, adding a token of `seq_id`.
 pub fn token_added(batch: *mut c_void, index: i32, seq_id: i32) {
     if index < 0 {
         return;
     }
     let Some(s) = slot(batch, true) else { return };
     s.tokens.fetch_max(index + 1, Ordering::Relaxed);
+    count_for(s, seq_id);
+}
+
+/// `llama_batch_ext_add_seq` put a token of `batch` in `seq_id` too: a token of that sequence
+/// as well (a prompt shared by several sequences counts for each of them).
+pub fn seq_added(batch: *mut c_void, seq_id: i32) {
+    if let Some(s) = slot(batch, true) {
+        count_for(s, seq_id);
+    }
+}
+
+/// One more token of `seq_id` in the batch `s`.
+fn count_for(s: &BatchSize, seq_id: i32) {
     let seq = i64::from(seq_id);
     let known = s.seqs.iter().position(|k| {
         k.load(Ordering::Relaxed) == seq
@@ -112,4 +176,38 @@ pub fn batch_composition(batch: *mut c_void) -> Option<Composition> {
 /// Tokens in `batch` as far as we saw them added; `None` for a batch we never saw.
 pub fn batch_tokens(batch: *mut c_void) -> Option<u32> {
     slot(batch, false).map(|s| s.tokens.load(Ordering::Relaxed).max(0) as u32)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Eight tokens, one each of sequences 0..8 but token 0 also in sequence 1: the first six
+    /// sequences by name, the last two's tokens together; a batch without sequence arrays, or
+    /// with a count out of range, names none.
+    #[test]
+    fn a_classic_batch_counts_each_token_in_each_of_its_sequences() {
+        let ids: Vec<[i32; 2]> = (0..8).map(|i| [i, 1]).collect();
+        let mut n_seq_id = [1; 8];
+        n_seq_id[0] = 2;
+        let seq_id: Vec<*const i32> = ids.iter().map(|s| s.as_ptr()).collect();
+        // SAFETY: eight entries each.
+        let c = unsafe { classic_composition(8, n_seq_id.as_ptr(), seq_id.as_ptr()) }.unwrap();
+        assert_eq!(
+            &c.seqs[..c.n_seqs],
+            [(0, 1), (1, 2), (2, 1), (3, 1), (4, 1), (5, 1)]
+        );
+        assert_eq!(c.other_tokens, 2);
+        // SAFETY: null arrays are not read.
+        assert_eq!(
+            unsafe { classic_composition(8, std::ptr::null(), seq_id.as_ptr()) },
+            None
+        );
+        n_seq_id[3] = -1;
+        // SAFETY: as above.
+        assert_eq!(
+            unsafe { classic_composition(8, n_seq_id.as_ptr(), seq_id.as_ptr()) },
+            None
+        );
+    }
 }

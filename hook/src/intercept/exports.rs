@@ -91,6 +91,10 @@ trampoline!(llama_batch_ext_add(batch: Ptr, seq_id: i32) -> i32, batch_ext_add, 
 trampoline!(llama_batch_ext_add_token(batch: Ptr, seq_id: i32, token: i32) -> i32, batch_ext_add_token, x86_64: "rcx", aarch64: "x3");
 trampoline!(llama_batch_ext_clear(batch: Ptr), batch_ext_clear, x86_64: "rsi", aarch64: "x1");
 trampoline!(ggml_backend_sched_free(sched: Ptr), sched_free, x86_64: "rsi", aarch64: "x1");
+// The embedding is passed in memory on x86-64 (24 bytes) and by reference on aarch64, so the
+// return address goes in the register after `seq_id` on x86-64 and after the reference on aarch64.
+trampoline!(llama_batch_ext_add_embd(batch: Ptr, seq_id: i32, embd: LlamaEmbd) -> i32, batch_ext_add_embd, x86_64: "rdx", aarch64: "x3");
+trampoline!(llama_batch_ext_add_seq(batch: Ptr, idx: i32, seq_id: i32) -> bool, batch_ext_add_seq, x86_64: "rcx", aarch64: "x3");
 
 /// Our exported wrapper of `entry` (where an inline hook sends the executable's own calls).
 #[cfg(any(target_os = "linux", windows))]
@@ -111,6 +115,8 @@ pub fn wrapper(entry: Entry) -> *const () {
         Entry::LlamaBatchExtAdd => llama_batch_ext_add as *const (),
         Entry::LlamaBatchExtAddToken => llama_batch_ext_add_token as *const (),
         Entry::LlamaBatchExtClear => llama_batch_ext_clear as *const (),
+        Entry::LlamaBatchExtAddEmbd => llama_batch_ext_add_embd as *const (),
+        Entry::LlamaBatchExtAddSeq => llama_batch_ext_add_seq as *const (),
         Entry::BufferInit => ggml_backend_buffer_init as *const (),
         Entry::BufferFree => ggml_backend_buffer_free as *const (),
         Entry::SchedFree => ggml_backend_sched_free as *const (),
@@ -530,11 +536,26 @@ unsafe extern "C" fn llama_decode_impl(ctx: Ptr, batch: LlamaBatch, ret: usize) 
     let Some(real) = real_function(Entry::LlamaDecode, ret) else {
         return -1;
     };
+    let composition = (!real.untraced)
+        .then(|| {
+            guarded(|| {
+                // SAFETY: the batch's arrays, valid for its tokens as llama_decode requires.
+                unsafe {
+                    batches::classic_composition(
+                        batch.n_tokens,
+                        batch.n_seq_id as *const i32,
+                        batch.seq_id as *const *const i32,
+                    )
+                }
+            })
+            .flatten()
+        })
+        .flatten();
     // SAFETY: the real llama_decode, with the caller's arguments.
     traced_span(
         Entry::LlamaDecode,
         batch.n_tokens.max(0) as u32,
-        None,
+        composition,
         real,
         |f| unsafe { std::mem::transmute::<usize, LlamaFn>(f)(ctx, batch) },
     )
@@ -601,6 +622,47 @@ unsafe extern "C" fn batch_ext_add_token(batch: Ptr, seq_id: i32, token: i32, re
         guarded(|| batches::token_added(batch, index, seq_id));
     }
     index
+}
+
+/// `struct llama_embd` (llama.h): rows of an input embedding, passed by value to
+/// `llama_batch_ext_add_embd` (one batch entry whatever its rows).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct LlamaEmbd {
+    data: *const f32,
+    n_rows: usize,
+    n_embd: usize,
+}
+
+unsafe extern "C" fn batch_ext_add_embd(
+    batch: Ptr,
+    seq_id: i32,
+    embd: LlamaEmbd,
+    ret: usize,
+) -> i32 {
+    let Some(real) = real_function(Entry::LlamaBatchExtAddEmbd, ret) else {
+        return -1;
+    };
+    type AddEmbdFn = unsafe extern "C" fn(Ptr, i32, LlamaEmbd) -> i32;
+    // SAFETY: the real llama_batch_ext_add_embd, with the caller's arguments.
+    let index = unsafe { std::mem::transmute::<usize, AddEmbdFn>(real.real)(batch, seq_id, embd) };
+    if !real.untraced {
+        guarded(|| batches::token_added(batch, index, seq_id));
+    }
+    index
+}
+
+unsafe extern "C" fn batch_ext_add_seq(batch: Ptr, idx: i32, seq_id: i32, ret: usize) -> bool {
+    let Some(real) = real_function(Entry::LlamaBatchExtAddSeq, ret) else {
+        return false;
+    };
+    type AddSeqFn = unsafe extern "C" fn(Ptr, i32, i32) -> bool;
+    // SAFETY: the real llama_batch_ext_add_seq, with the caller's arguments.
+    let added = unsafe { std::mem::transmute::<usize, AddSeqFn>(real.real)(batch, idx, seq_id) };
+    if added && !real.untraced {
+        guarded(|| batches::seq_added(batch, seq_id));
+    }
+    added
 }
 
 unsafe extern "C" fn batch_ext_clear(batch: Ptr, ret: usize) {

@@ -55,6 +55,8 @@ interpose_table!(
     "ggml_backend_buffer_init",
     "ggml_backend_buffer_free",
     "ggml_backend_sched_free",
+    "llama_batch_ext_add_embd",
+    "llama_batch_ext_add_seq",
 );
 
 unsafe extern "C" {
