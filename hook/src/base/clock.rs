@@ -180,10 +180,12 @@ impl TickConverter {
             return ticks;
         }
         self.used = true;
-        let segment = self
-            .segments
-            .iter()
-            .rev()
+        let newest = self.segments.back().expect("never empty");
+        if ticks >= newest.tick {
+            // Nearly every event: stamped since the latest calibration.
+            return newest.at(ticks);
+        }
+        let segment = (self.segments.iter().rev())
             .find(|s| s.tick <= ticks)
             .or(self.segments.front())
             .expect("never empty");
