@@ -179,10 +179,10 @@ impl OpAnalysis {
                         let t = threads.entry(e.thread_id).or_default();
                         let span = ext::parse_payload::<SpanBoundary>(label).unwrap_or_default();
                         t.phase = (x.kind == ExtensionKind::SpanBegin)
-                            .then_some(span.n_tokens)
+                            .then(|| span.is_prefill())
                             .flatten()
-                            .map(|n| {
-                                if n > 1 {
+                            .map(|prefill| {
+                                if prefill {
                                     Phase::Prefill
                                 } else {
                                     Phase::Generation

@@ -164,6 +164,19 @@ pub struct SpanBoundary {
     pub other_seq_tokens: u32,
 }
 
+impl SpanBoundary {
+    /// Whether the batch holds a prompt: a sequence with several tokens in it, where the
+    /// sequences are known (a server's batch of one token for each of four sequences is
+    /// generation); else several tokens. `None` without a token count.
+    pub fn is_prefill(&self) -> Option<bool> {
+        if self.seqs.is_empty() {
+            self.n_tokens.map(|n| n > 1)
+        } else {
+            Some(self.seqs.iter().any(|&(_, n)| n > 1))
+        }
+    }
+}
+
 /// Which end of a ggml-rpc command an RPC record describes.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -273,4 +286,27 @@ pub struct LiveBuffer {
     pub ptr: u64,
     pub size: u64,
     pub buffer_type: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_batch_is_prefill_when_a_sequence_brings_several_tokens() {
+        let batch = |n_tokens, seqs: &[(i32, u32)]| SpanBoundary {
+            name: "llama_decode".into(),
+            n_tokens,
+            seqs: seqs.to_vec(),
+            other_seq_tokens: 0,
+        };
+        assert_eq!(
+            batch(Some(4), &[(0, 1), (1, 1), (2, 1), (3, 1)]).is_prefill(),
+            Some(false)
+        );
+        assert_eq!(batch(Some(14), &[(0, 1), (1, 13)]).is_prefill(), Some(true));
+        assert_eq!(batch(Some(4), &[]).is_prefill(), Some(true));
+        assert_eq!(batch(Some(1), &[]).is_prefill(), Some(false));
+        assert_eq!(batch(None, &[]).is_prefill(), None);
+    }
 }

@@ -332,7 +332,7 @@ impl ReportBuilder {
                 ("graph", _) => TopKind::Graph,
                 _ => TopKind::Other,
             };
-            let n_tokens = match arg(&span, "n_tokens") {
+            let tokens = |key| match arg(&span, key) {
                 Some(Arg::UInt(n)) => Some(*n),
                 _ => None,
             };
@@ -340,7 +340,9 @@ impl ReportBuilder {
                 start: span.start_ns,
                 end: span.end_ns,
                 kind,
-                n_tokens,
+                n_tokens: tokens("n_tokens"),
+                // Where the batch's sequences are known: a sequence's prompt in it.
+                prefill: tokens("prefill_tokens").map(|n| n > 0),
             });
         }
         let op_parent = is_op.then(|| mix(span.parent.unwrap_or(0)));
@@ -588,6 +590,7 @@ mod tests {
             end,
             kind,
             n_tokens,
+            prefill: None,
         }
     }
 
@@ -613,6 +616,26 @@ mod tests {
         let generation = &l.series[1];
         assert_eq!(generation.count, 2);
         assert_eq!((generation.p50_ns, generation.p99_ns), (2, 30));
+    }
+
+    /// A server's batch of four sequences generating a token each is generation, not a prefill of
+    /// four tokens; a batch holding a prompt is prefill, whatever else it carries.
+    #[test]
+    fn a_batch_is_prefill_only_when_a_sequence_brings_several_tokens() {
+        let mut tops = HashMap::new();
+        let batch = |start, n_tokens, prefill| TopSpan {
+            prefill: Some(prefill),
+            ..top(start, start + 10, TopKind::Decode, Some(n_tokens))
+        };
+        tops.insert(
+            1,
+            vec![batch(0, 4, false), batch(20, 4, false), batch(40, 13, true)],
+        );
+        let l = latency(&mut tops, |ns| ns as f64);
+        let counts: Vec<(&str, u64)> = (l.series.iter())
+            .map(|s| (s.name.as_str(), s.count))
+            .collect();
+        assert_eq!(counts, [("prefill", 1), ("generation", 2)]);
     }
 
     #[test]

@@ -43,6 +43,9 @@ pub(super) struct TopSpan {
     pub(super) end: u64,
     pub(super) kind: TopKind,
     pub(super) n_tokens: Option<u64>,
+    /// Whether a decode batch holds a prompt (a sequence with several tokens in it), where its
+    /// sequences are known; else several tokens are taken for a prompt.
+    pub(super) prefill: Option<bool>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -81,9 +84,10 @@ pub(super) fn latency(
         let mut current: Option<TopSpan> = None;
         let flush = |c: Option<TopSpan>, calls: &mut Vec<_>| {
             if let Some(c) = c {
-                let series = match (unit, c.n_tokens) {
-                    (TopKind::Decode, Some(n)) if n > 1 => 0,
-                    (TopKind::Decode, _) => 1,
+                let prefill = c.prefill.unwrap_or(c.n_tokens.is_some_and(|n| n > 1));
+                let series = match unit {
+                    TopKind::Decode if prefill => 0,
+                    TopKind::Decode => 1,
                     _ => 2,
                 };
                 calls.push((series, c.start, c.end - c.start, c.n_tokens));
