@@ -77,6 +77,20 @@ pub fn llama_dl_bin() -> PathBuf {
     PathBuf::from(build).join("bin")
 }
 
+/// Runs the model generator `script` (a Python fixture) writing `outputs`.
+fn generate(script: &str, outputs: &[&Path]) {
+    let out = Command::new("python3")
+        .arg(fixture(script))
+        .args(outputs)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{script} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 /// The whisper.cpp build (scripts/setup-whisper.sh): `bin/whisper-cli` and its shared libraries.
 pub fn whisper_build() -> PathBuf {
     let build = std::env::var_os("GGML_VIZ_WHISPER_BUILD").expect(
@@ -99,16 +113,7 @@ pub fn tiny_whisper() -> (PathBuf, PathBuf) {
         .get_or_init(|| {
             let dir = scratch("whisper-model");
             let (model, audio) = (dir.join("tiny-whisper.bin"), dir.join("tones.wav"));
-            let out = Command::new("python3")
-                .arg(fixture("make_tiny_whisper.py"))
-                .args([&model, &audio])
-                .output()
-                .unwrap();
-            assert!(
-                out.status.success(),
-                "model generation failed: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
+            generate("make_tiny_whisper.py", &[&model, &audio]);
             (model, audio)
         })
         .clone()
@@ -144,16 +149,7 @@ pub fn tiny_model() -> PathBuf {
     MODEL
         .get_or_init(|| {
             let path = scratch("model").join("tiny-llama.gguf");
-            let out = Command::new("python3")
-                .arg(fixture("make_tiny_llama.py"))
-                .arg(&path)
-                .output()
-                .unwrap();
-            assert!(
-                out.status.success(),
-                "model generation failed: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
+            generate("make_tiny_llama.py", &[&path]);
             path
         })
         .clone()
