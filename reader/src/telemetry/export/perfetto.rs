@@ -111,50 +111,61 @@ struct Sequence {
 /// Uncompressed bytes of packets per `compressed_packets` packet.
 const DEFLATE_CHUNK: usize = 1 << 20;
 
-/// Where packets go: the output, its first error, and the count; when compressing, the packets
-/// not yet deflated.
+/// Where packets go: the output, its first error, and the count; the packets not yet written,
+/// built in place (a megabyte at a time), and whether they are deflated when written.
 struct Output<W: Write> {
     out: W,
     error: Option<io::Error>,
     packets: u64,
-    deflating: Option<Vec<u8>>,
+    /// The `Trace`'s packets (field 1) not yet written.
+    held: Message,
+    deflate: bool,
 }
 
 impl<W: Write> Output<W> {
-    fn write(&mut self, packet: &Message) {
+    fn new(out: W, deflate: bool) -> Output<W> {
+        Output {
+            out,
+            error: None,
+            packets: 0,
+            held: Message {
+                bytes: Vec::with_capacity(DEFLATE_CHUNK + (64 << 10)),
+            },
+            deflate,
+        }
+    }
+
+    /// One packet, built by `build` where it will be written from.
+    fn packet(&mut self, build: impl FnOnce(&mut Message)) {
         if self.error.is_some() {
             return;
         }
         self.packets += 1;
-        let written = match &mut self.deflating {
-            Some(chunk) => {
-                packet
-                    .write_as_field(1, chunk)
-                    .expect("a Vec takes every byte");
-                if chunk.len() < DEFLATE_CHUNK {
-                    return;
-                }
-                self.deflate()
-            }
-            None => packet.write_as_field(1, &mut self.out),
-        };
-        if let Err(err) = written {
+        self.held.nested(1, build);
+        if self.held.bytes.len() >= DEFLATE_CHUNK
+            && let Err(err) = self.write_held()
+        {
             self.error = Some(err);
         }
     }
 
-    /// The packets held, deflated (zlib, as the tracing service writes them when its
-    /// `compression_type` is set) into one packet's `compressed_packets`.
-    fn deflate(&mut self) -> io::Result<()> {
-        let Some(chunk) = self.deflating.as_mut().filter(|c| !c.is_empty()) else {
+    /// Writes the packets held: as they are, or deflated (zlib, as the tracing service writes
+    /// them when its `compression_type` is set) into one packet's `compressed_packets`.
+    fn write_held(&mut self) -> io::Result<()> {
+        if self.held.bytes.is_empty() {
             return Ok(());
+        }
+        let written = if self.deflate {
+            let mut z = flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::fast());
+            z.write_all(&self.held.bytes)?;
+            let mut packet = Message::default();
+            packet.bytes(50, &z.finish()?);
+            packet.write_as_field(1, &mut self.out)
+        } else {
+            self.out.write_all(&self.held.bytes)
         };
-        let mut z = flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::fast());
-        z.write_all(chunk)?;
-        chunk.clear();
-        let mut packet = Message::default();
-        packet.bytes(50, &z.finish()?);
-        packet.write_as_field(1, &mut self.out)
+        self.held.clear();
+        written
     }
 }
 
@@ -166,37 +177,41 @@ impl Sequence {
         }
     }
 
-    /// Writes `packet` on this sequence, with the strings interned since its last packet. The
+    /// Ends `packet` on this sequence, with the strings interned since its last packet. The
     /// first packet clears the sequence's incremental state; later ones do not say that they
     /// need it (`SEQ_NEEDS_INCREMENTAL_STATE` only lets a reader skip packets of a sequence whose
     /// state was lost, which cannot happen in a file written whole: two bytes a packet saved).
-    fn emit<W: Write>(&mut self, out: &mut Output<W>, packet: &mut Message) {
-        if out.error.is_some() {
-            return;
-        }
+    fn seal(&mut self, packet: &mut Message) {
         packet.uint(10, self.id);
         if !self.started {
             packet.uint(13, SEQ_INCREMENTAL_STATE_CLEARED);
         }
         self.started = true;
-        let fresh = [
-            (1, std::mem::take(&mut self.categories.fresh)),
-            (2, std::mem::take(&mut self.names.fresh)),
-            (3, std::mem::take(&mut self.arg_names.fresh)),
-            (29, std::mem::take(&mut self.arg_values.fresh)),
+        let mut fresh = [
+            (1, &mut self.categories.fresh),
+            (2, &mut self.names.fresh),
+            (3, &mut self.arg_names.fresh),
+            (29, &mut self.arg_values.fresh),
         ];
         if fresh.iter().any(|(_, f)| !f.is_empty()) {
             packet.nested(12, |interned| {
-                for (field, strings) in &fresh {
-                    for (iid, s) in strings {
+                for (field, strings) in &mut fresh {
+                    for (iid, s) in strings.drain(..) {
                         interned.nested(*field, |entry| {
-                            entry.uint(1, *iid).string(2, s);
+                            entry.uint(1, iid).string(2, &s);
                         });
                     }
                 }
             });
         }
-        out.write(packet);
+    }
+
+    /// Writes a packet on this sequence, built by `build` (then sealed).
+    fn emit<W: Write>(&mut self, out: &mut Output<W>, build: impl FnOnce(&mut Self, &mut Message)) {
+        out.packet(|packet| {
+            build(self, packet);
+            self.seal(packet);
+        });
     }
 
     /// The packet's timestamp: on a lane sequence the delta on its incremental clock (absolute
@@ -236,24 +251,24 @@ fn lane_sequence<'a, W: Write>(
 ) -> &'a mut Sequence {
     lanes.entry(lane).or_insert_with(|| {
         let mut seq = Sequence::new(u64::from(lane) + 2);
-        let mut defaults = Message::default();
-        defaults.nested(59, |d| {
-            d.uint(58, LANE_CLOCK).nested(11, |track_event| {
-                track_event.uint(11, lane_track(lane));
+        seq.emit(out, |_, defaults| {
+            defaults.nested(59, |d| {
+                d.uint(58, LANE_CLOCK).nested(11, |track_event| {
+                    track_event.uint(11, lane_track(lane));
+                });
             });
         });
-        seq.emit(out, &mut defaults);
-        let mut snapshot = Message::default();
-        snapshot.nested(6, |clocks| {
-            clocks
-                .nested(1, |clock| {
-                    clock.uint(1, LANE_CLOCK).uint(2, 0).uint(3, 1);
-                })
-                .nested(1, |clock| {
-                    clock.uint(1, BOOTTIME).uint(2, time_ns);
-                });
+        seq.emit(out, |_, snapshot| {
+            snapshot.nested(6, |clocks| {
+                clocks
+                    .nested(1, |clock| {
+                        clock.uint(1, LANE_CLOCK).uint(2, 0).uint(3, 1);
+                    })
+                    .nested(1, |clock| {
+                        clock.uint(1, BOOTTIME).uint(2, time_ns);
+                    });
+            });
         });
-        seq.emit(out, &mut snapshot);
         seq.clock_ns = Some(time_ns);
         seq
     })
@@ -266,8 +281,6 @@ pub struct PerfettoWriter<W: Write> {
     pending: HashMap<u32, Vec<Span>>,
     global: Sequence,
     lanes: FxHashMap<u32, Sequence>,
-    /// The packet being built, its buffer reused.
-    packet: Message,
     /// Each distinct argument list's `args` text, by the list's address (the importers share one
     /// list among the spans of a node; the list is kept, so the address is not reused).
     joined: FxHashMap<usize, (Args, Text)>,
@@ -275,24 +288,14 @@ pub struct PerfettoWriter<W: Write> {
 
 impl<W: Write> PerfettoWriter<W> {
     pub fn new(out: W) -> PerfettoWriter<W> {
-        PerfettoWriter::with_output(Output {
-            out,
-            error: None,
-            packets: 0,
-            deflating: None,
-        })
+        PerfettoWriter::with_output(Output::new(out, false))
     }
 
     /// A writer whose packets are deflated, a megabyte of them at a time, into
     /// `compressed_packets` (which Perfetto's trace processor and UI inflate as they read):
     /// several times smaller again, for some time spent compressing.
     pub fn compressed(out: W) -> PerfettoWriter<W> {
-        PerfettoWriter::with_output(Output {
-            out,
-            error: None,
-            packets: 0,
-            deflating: Some(Vec::with_capacity(DEFLATE_CHUNK + (64 << 10))),
-        })
+        PerfettoWriter::with_output(Output::new(out, true))
     }
 
     fn with_output(out: Output<W>) -> PerfettoWriter<W> {
@@ -303,16 +306,13 @@ impl<W: Write> PerfettoWriter<W> {
             global: Sequence::new(GLOBAL_SEQUENCE),
             lanes: FxHashMap::default(),
             joined: FxHashMap::default(),
-            packet: Message::default(),
         }
     }
 
     fn describe(&mut self, build: impl FnOnce(&mut Message)) {
-        let mut packet = std::mem::take(&mut self.packet);
-        packet.clear();
-        packet.nested(60, build);
-        self.global.emit(&mut self.out, &mut packet);
-        self.packet = packet;
+        self.global.emit(&mut self.out, |_, packet| {
+            packet.nested(60, build);
+        });
     }
 
     fn process(&mut self, p: &Process) {
@@ -352,15 +352,13 @@ impl<W: Write> PerfettoWriter<W> {
         track: u64,
         build: impl FnOnce(&mut Message),
     ) {
-        let mut packet = std::mem::take(&mut self.packet);
-        packet.clear();
-        self.global.stamp(&mut packet, time_ns);
-        packet.nested(11, |event| {
-            event.uint(9, ty).uint(11, track);
-            build(event);
+        self.global.emit(&mut self.out, |global, packet| {
+            global.stamp(packet, time_ns);
+            packet.nested(11, |event| {
+                event.uint(9, ty).uint(11, track);
+                build(event);
+            });
         });
-        self.global.emit(&mut self.out, &mut packet);
-        self.packet = packet;
     }
 
     /// Holds `s` until its lane's outermost span closes; then writes that span's tree.
@@ -419,35 +417,31 @@ impl<W: Write> PerfettoWriter<W> {
             Arg::UInt(id) if &**k == rpc::FLOW => Some(*id),
             _ => None,
         });
-        let mut packet = std::mem::take(&mut self.packet);
-        packet.clear();
-        seq.stamp(&mut packet, s.start_ns);
-        packet.nested(11, |event| {
-            event.uint(9, SLICE_BEGIN).uint(3, category).uint(10, name);
-            if let Some(id) = flow {
-                // `flow_ids`: slices that carry one id are joined by an arrow, in time order.
-                event.fixed64(47, id);
-            }
-            if let Some((key, value)) = args {
-                event.nested(4, |annotation| {
-                    annotation.uint(1, key).uint(17, value);
-                });
-            }
+        seq.emit(&mut self.out, |seq, packet| {
+            seq.stamp(packet, s.start_ns);
+            packet.nested(11, |event| {
+                event.uint(9, SLICE_BEGIN).uint(3, category).uint(10, name);
+                if let Some(id) = flow {
+                    // `flow_ids`: slices that carry one id are joined by an arrow, in time order.
+                    event.fixed64(47, id);
+                }
+                if let Some((key, value)) = args {
+                    event.nested(4, |annotation| {
+                        annotation.uint(1, key).uint(17, value);
+                    });
+                }
+            });
         });
-        seq.emit(&mut self.out, &mut packet);
-        self.packet = packet;
     }
 
     fn end(&mut self, s: &Span) {
         let seq = lane_sequence(&mut self.lanes, &mut self.out, s.lane, s.end_ns);
-        let mut packet = std::mem::take(&mut self.packet);
-        packet.clear();
-        seq.stamp(&mut packet, s.end_ns);
-        packet.nested(11, |event| {
-            event.uint(9, SLICE_END);
+        seq.emit(&mut self.out, |seq, packet| {
+            seq.stamp(packet, s.end_ns);
+            packet.nested(11, |event| {
+                event.uint(9, SLICE_END);
+            });
         });
-        seq.emit(&mut self.out, &mut packet);
-        self.packet = packet;
     }
 
     fn counter_track(&mut self, process: u32, name: &str) -> u64 {
@@ -480,7 +474,7 @@ impl<W: Write> PerfettoWriter<W> {
         if let Some(err) = self.out.error.take() {
             return Err(err);
         }
-        self.out.deflate()?;
+        self.out.write_held()?;
         self.out.out.flush()?;
         Ok((self.out.out, self.out.packets))
     }

@@ -16,12 +16,20 @@ pub struct Message {
 
 #[inline]
 fn varint(out: &mut Vec<u8>, mut v: u64) {
-    out.reserve(10);
-    while v >= 0x80 {
-        out.push((v as u8) | 0x80);
-        v >>= 7;
+    if v < 0x80 {
+        // Most tags and small values: one byte.
+        out.push(v as u8);
+        return;
     }
-    out.push(v as u8);
+    let mut bytes = [0u8; 10];
+    let mut n = 0;
+    while v >= 0x80 {
+        bytes[n] = (v as u8) | 0x80;
+        v >>= 7;
+        n += 1;
+    }
+    bytes[n] = v as u8;
+    out.extend_from_slice(&bytes[..=n]);
 }
 
 impl Message {
