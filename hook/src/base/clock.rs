@@ -204,10 +204,21 @@ impl Default for TickConverter {
     }
 }
 
-/// (ticks, monotonic ns) read back to back.
+/// (ticks, monotonic ns) read together: the clock read between two tick readings, the pair of
+/// the tightest of a few tries taken (a thread preempted between its readings would pair times
+/// milliseconds apart, and the function would steer towards a wrong point).
 fn calibration_point() -> (u64, u64) {
-    let ticks = now_ticks();
-    (ticks, monotonic_ns())
+    let mut best = (u64::MAX, (0, 0));
+    for _ in 0..4 {
+        let before = now_ticks();
+        let ns = monotonic_ns();
+        let after = now_ticks();
+        let spread = after.saturating_sub(before);
+        if spread < best.0 {
+            best = (spread, (before + spread / 2, ns));
+        }
+    }
+    best.1
 }
 
 #[cfg(test)]
