@@ -288,8 +288,11 @@ fn rpc_job_on_two_hosts_joins_every_compute_and_finds_the_shifted_clock() {
     let untraced = job(&hosts, None);
     let dir = scratch("rpc-traces");
     let traced = job(&hosts, Some(&dir));
+    // Compared without trailing whitespace: llama.cpp's logger thread may not have written the
+    // final newlines when the client exits (llama.cpp #22142), hook or not.
     assert_eq!(
-        traced, untraced,
+        traced.trim_end(),
+        untraced.trim_end(),
         "the client's output changed under the hook"
     );
     assert!(!untraced.trim().is_empty());

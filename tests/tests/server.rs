@@ -271,6 +271,21 @@ fn llama_server_under_concurrent_load_decodes_what_it_reports() {
         inferred, served,
         "requests per slot: (prompt, generated) tokens"
     );
+    // What tells a request's start for certain: the server clears the slot's sequence from its
+    // start (`llama_memory_seq_rm(mem, slot, 0, -1)`, no prompt cache here) once per request.
+    let clears = (c.spans.iter())
+        .filter(|s| s.name == "llama_memory_seq_rm" && s.start_ns >= started_ns)
+        .filter(|s| {
+            let arg = |key: &str| {
+                s.args
+                    .iter()
+                    .find(|(k, _)| k == key)
+                    .map(|(_, v)| v.clone())
+            };
+            arg("from") == Some(Arg::Int(0)) && arg("to") == Some(Arg::Int(-1))
+        })
+        .count();
+    assert_eq!(clears, results.len(), "a cleared sequence per request");
 
     // The live view of the same trace (a second reader of the raw events): every batch that
     // named its sequences, and as many sequences per batch as the importer's decode spans.

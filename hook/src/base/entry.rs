@@ -28,10 +28,11 @@ pub enum Entry {
     SchedFree = 18,
     LlamaBatchExtAddEmbd = 19,
     LlamaBatchExtAddSeq = 20,
+    LlamaMemorySeqRm = 21,
 }
 
 impl Entry {
-    pub const ALL: [Entry; 20] = [
+    pub const ALL: [Entry; 21] = [
         Entry::SchedGraphCompute,
         Entry::SchedGraphComputeAsync,
         Entry::BackendGraphCompute,
@@ -52,6 +53,7 @@ impl Entry {
         Entry::SchedFree,
         Entry::LlamaBatchExtAddEmbd,
         Entry::LlamaBatchExtAddSeq,
+        Entry::LlamaMemorySeqRm,
     ];
 
     pub fn from_code(code: u8) -> Option<Entry> {
@@ -80,6 +82,7 @@ impl Entry {
             Entry::SchedFree => c"ggml_backend_sched_free",
             Entry::LlamaBatchExtAddEmbd => c"llama_batch_ext_add_embd",
             Entry::LlamaBatchExtAddSeq => c"llama_batch_ext_add_seq",
+            Entry::LlamaMemorySeqRm => c"llama_memory_seq_rm",
         }
     }
 

@@ -95,6 +95,7 @@ trampoline!(ggml_backend_sched_free(sched: Ptr), sched_free, x86_64: "rsi", aarc
 // return address goes in the register after `seq_id` on x86-64 and after the reference on aarch64.
 trampoline!(llama_batch_ext_add_embd(batch: Ptr, seq_id: i32, embd: LlamaEmbd) -> i32, batch_ext_add_embd, x86_64: "rdx", aarch64: "x3");
 trampoline!(llama_batch_ext_add_seq(batch: Ptr, idx: i32, seq_id: i32) -> bool, batch_ext_add_seq, x86_64: "rcx", aarch64: "x3");
+trampoline!(llama_memory_seq_rm(mem: Ptr, seq_id: i32, p0: i32, p1: i32) -> bool, memory_seq_rm, x86_64: "r8", aarch64: "x4");
 
 /// Our exported wrapper of `entry` (where an inline hook sends the executable's own calls).
 #[cfg(any(target_os = "linux", windows))]
@@ -117,6 +118,7 @@ pub fn wrapper(entry: Entry) -> *const () {
         Entry::LlamaBatchExtClear => llama_batch_ext_clear as *const (),
         Entry::LlamaBatchExtAddEmbd => llama_batch_ext_add_embd as *const (),
         Entry::LlamaBatchExtAddSeq => llama_batch_ext_add_seq as *const (),
+        Entry::LlamaMemorySeqRm => llama_memory_seq_rm as *const (),
         Entry::BufferInit => ggml_backend_buffer_init as *const (),
         Entry::BufferFree => ggml_backend_buffer_free as *const (),
         Entry::SchedFree => ggml_backend_sched_free as *const (),
@@ -663,6 +665,24 @@ unsafe extern "C" fn batch_ext_add_seq(batch: Ptr, idx: i32, seq_id: i32, ret: u
         guarded(|| batches::seq_added(batch, seq_id));
     }
     added
+}
+
+/// A span around `llama_memory_seq_rm`: a server clears a slot's sequence (from position 0) when
+/// its next request starts, which tells where a request begins.
+unsafe extern "C" fn memory_seq_rm(mem: Ptr, seq_id: i32, p0: i32, p1: i32, ret: usize) -> bool {
+    let Some(real) = real_function(Entry::LlamaMemorySeqRm, ret) else {
+        return false;
+    };
+    type SeqRmFn = unsafe extern "C" fn(Ptr, i32, i32, i32) -> bool;
+    // SAFETY: the real llama_memory_seq_rm, with the caller's arguments.
+    let call = || unsafe { std::mem::transmute::<usize, SeqRmFn>(real.real)(mem, seq_id, p0, p1) };
+    if real.untraced {
+        return call();
+    }
+    guarded(|| record::seq_removed(true, seq_id, p0, p1));
+    let removed = call();
+    guarded(|| record::seq_removed(false, seq_id, p0, p1));
+    removed
 }
 
 unsafe extern "C" fn batch_ext_clear(batch: Ptr, ret: usize) {

@@ -427,6 +427,23 @@ pub fn span(entry: Entry, begin: bool, count: u32, seqs: &[(i32, u32)], other_to
     local(r, |l| push(l, r, event));
 }
 
+/// `llama_memory_seq_rm(mem, seq, p0, p1)` begins or ends: a span of its own, with the sequence
+/// in `a` and the positions removed, [p0, p1), in `d` and `size` (as `u32`s).
+pub fn seq_removed(begin: bool, seq: i32, p0: i32, p1: i32) {
+    let Some(r) = current(1) else { return };
+    let event = RawEvent {
+        type_code: EXTENSION_TYPE_CODE,
+        entry: Entry::LlamaMemorySeqRm as u8,
+        b: u32::MAX,
+        c: u32::from(begin),
+        a: u64::from(seq as u32),
+        d: u64::from(p0 as u32),
+        size: u64::from(p1 as u32),
+        ..RawEvent::default()
+    };
+    local(r, |l| push(l, r, event));
+}
+
 /// One edge of one part of a ggml-rpc command (see [`super::rpc`]).
 pub struct RpcEdge<'a> {
     pub part: RpcPart,

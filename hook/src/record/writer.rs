@@ -376,12 +376,22 @@ impl TraceWriter {
         } else {
             ExtensionKind::SpanEnd
         };
-        let name = Entry::from_code(e.entry).map_or("span", Entry::name);
-        let span = ext::SpanBoundary {
-            name: name.into(),
-            n_tokens: (e.b != u32::MAX).then_some(e.b),
-            seqs: super::events::span_seqs(e),
-            other_seq_tokens: u32::from(e.name_id),
+        let entry = Entry::from_code(e.entry);
+        let name = entry.map_or("span", Entry::name);
+        let span = if entry == Some(Entry::LlamaMemorySeqRm) {
+            ext::SpanBoundary {
+                name: name.into(),
+                removed: Some((e.a as u32 as i32, e.d as u32 as i32, e.size as u32 as i32)),
+                ..ext::SpanBoundary::default()
+            }
+        } else {
+            ext::SpanBoundary {
+                name: name.into(),
+                n_tokens: (e.b != u32::MAX).then_some(e.b),
+                seqs: super::events::span_seqs(e),
+                other_seq_tokens: u32::from(e.name_id),
+                removed: None,
+            }
         };
         ext::encode_extension(
             &mut self.buf,

@@ -162,6 +162,10 @@ pub struct SpanBoundary {
     /// Tokens of sequences beyond those in `seqs`.
     #[serde(skip_serializing_if = "is_zero")]
     pub other_seq_tokens: u32,
+    /// `llama_memory_seq_rm`'s sequence and the positions it removes, `[p0, p1)` (negative: from
+    /// the start, to the end).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub removed: Option<(i32, i32, i32)>,
 }
 
 impl SpanBoundary {
@@ -298,7 +302,7 @@ mod tests {
             name: "llama_decode".into(),
             n_tokens,
             seqs: seqs.to_vec(),
-            other_seq_tokens: 0,
+            ..SpanBoundary::default()
         };
         assert_eq!(
             batch(Some(4), &[(0, 1), (1, 1), (2, 1), (3, 1)]).is_prefill(),

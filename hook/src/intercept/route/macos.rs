@@ -57,6 +57,7 @@ interpose_table!(
     "ggml_backend_sched_free",
     "llama_batch_ext_add_embd",
     "llama_batch_ext_add_seq",
+    "llama_memory_seq_rm",
 );
 
 unsafe extern "C" {

@@ -394,7 +394,7 @@ mod tests {
             name: "llama_decode".into(),
             n_tokens: Some(seqs.iter().map(|s| s.1).sum()),
             seqs: if begin { seqs.to_vec() } else { Vec::new() },
-            other_seq_tokens: 0,
+            ..ext::SpanBoundary::default()
         };
         let kind = if begin {
             ExtensionKind::SpanBegin

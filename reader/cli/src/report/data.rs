@@ -326,9 +326,16 @@ impl ReportBuilder {
                 None => self.outermost_graph(&key, &graph),
             }
         }
-        if span.depth == 0 {
+        // Other llama calls (`llama_memory_seq_rm` between a server's decodes) are not waits that
+        // complete a call.
+        let other_llama_call = span.category == "llama"
+            && !matches!(
+                span.name.as_str(),
+                "llama_decode" | "llama_process" | "llama_encode"
+            );
+        if span.depth == 0 && !other_llama_call {
             let kind = match (span.category.as_str(), span.name.as_str()) {
-                ("llama", "llama_decode" | "llama_process" | "llama_encode") => TopKind::Decode,
+                ("llama", _) => TopKind::Decode,
                 ("graph", _) => TopKind::Graph,
                 _ => TopKind::Other,
             };

@@ -465,6 +465,14 @@ impl<S: RecordSink> Importer<'_, S> {
             ExtensionKind::SpanBegin => {
                 let span = ext::parse_payload::<ext::SpanBoundary>(bytes).unwrap_or_default();
                 let mut args = Vec::new();
+                if let Some((seq, p0, p1)) = span.removed {
+                    for (key, v) in [("sequence", seq), ("from", p0), ("to", p1)] {
+                        args.push((self.texts.get(key), Arg::Int(v.into())));
+                    }
+                    if p0 <= 0 && p1 < 0 {
+                        self.sequences.cleared(seq);
+                    }
+                }
                 if let Some(n) = span.n_tokens {
                     args.push((self.texts.get("n_tokens"), Arg::UInt(n as u64)));
                 }

@@ -6,8 +6,9 @@
 //! are prompt or generated, nor where a request begins. A sequence with several tokens in a
 //! batch is prefilling (or checking a speculative draft); one token is a generation step. A
 //! request begins with a prefill, unless the sequence prefilled in the batch just before (a
-//! prompt split over consecutive batches stays one request), and ends with the last step before
-//! the next one. A request that finds all but one token of its prompt cached starts with one
+//! prompt split over consecutive batches stays one request), or after the sequence was cleared
+//! (`llama_memory_seq_rm` from its start: a server does so when a slot's next request starts),
+//! and ends with the last step before the next one. A request that finds all but one token of its prompt cached starts with one
 //! token, and is taken for the previous request's continuation. Tokens of sequences beyond the six a
 //! batch names one by one are not drawn.
 
@@ -26,6 +27,8 @@ struct Sequence {
     generating: bool,
     /// The number of the last batch that carried this sequence.
     last_batch: u64,
+    /// Whether the sequence was cleared since that batch (its next batch begins a request).
+    cleared: bool,
     last_end_ns: u64,
     prompt_tokens: u64,
     generated_tokens: u64,
@@ -94,6 +97,7 @@ impl Sequences {
                     stack: SpanStack::default(),
                     generating: false,
                     last_batch: 0,
+                    cleared: false,
                     last_end_ns: 0,
                     prompt_tokens: 0,
                     generated_tokens: 0,
@@ -101,7 +105,7 @@ impl Sequences {
             });
             let prefill = tokens > 1;
             let continues_prompt = !seq.generating && seq.last_batch + 1 == self.batches;
-            if (prefill && !continues_prompt) || seq.stack.is_empty() {
+            if (prefill && !continues_prompt) || seq.stack.is_empty() || seq.cleared {
                 seq.close_request(sink, names);
                 let args: Args = vec![(names.sequence.clone(), Arg::Int(id.into()))].into();
                 let (name, category) = (names.request.clone(), names.category.clone());
@@ -121,8 +125,17 @@ impl Sequences {
                 sink.record(Record::Span(span));
             }
             seq.generating = !prefill;
+            seq.cleared = false;
             seq.last_batch = self.batches;
             seq.last_end_ns = end_ns;
+        }
+    }
+
+    /// Sequence `id` was cleared from its start (`llama_memory_seq_rm(mem, id, p0 <= 0, -1)`): what
+    /// comes next on it is a new request, even a prompt in the very next batch.
+    pub fn cleared(&mut self, id: i32) {
+        if let Some(seq) = self.by_id.get_mut(&id) {
+            seq.cleared = true;
         }
     }
 
@@ -222,5 +235,26 @@ mod tests {
                 .filter(|s| s.name != "request")
                 .all(|s| s.depth == 1 && s.parent.is_some())
         );
+    }
+
+    /// A warm-up prefill, then the sequence cleared (`llama_memory_seq_rm` from position 0, as a
+    /// server does when its next request starts) and a prompt in the very next batch: two
+    /// requests, not one prompt split over two batches.
+    #[test]
+    fn a_cleared_sequence_begins_a_new_request() {
+        let mut texts = Texts::default();
+        let names = Names::new(&mut texts);
+        let (mut seqs, mut ids, mut out) =
+            (Sequences::default(), Ids::default(), Collected::default());
+        seqs.batch(&mut out, &mut ids, &names, 7, &[(0, 2)], 0, 50);
+        seqs.cleared(0);
+        seqs.batch(&mut out, &mut ids, &names, 7, &[(0, 23)], 100, 150);
+        seqs.batch(&mut out, &mut ids, &names, 7, &[(0, 1)], 200, 250);
+        seqs.finish(&mut out, &names);
+        let requests: Vec<(u64, u64)> = (out.spans.iter())
+            .filter(|s| s.name == "request")
+            .map(|s| (s.start_ns, s.end_ns))
+            .collect();
+        assert_eq!(requests, [(0, 50), (100, 250)]);
     }
 }
