@@ -3,11 +3,10 @@
 //! The producer reads a raw tick counter, the cheapest clock there is: on x86-64 the TSC, when
 //! the kernel itself keeps time with it (its clocksource is `tsc`, which it only is when the TSC is
 //! invariant and synchronized); anywhere else `CLOCK_MONOTONIC`, whose ticks are nanoseconds. The
-//! flusher turns ticks into nanoseconds with [`TickConverter`]: one increasing function of the
-//! ticks, steered towards the (ticks, `CLOCK_MONOTONIC`) pairs it reads at every flush, offset by
-//! one realtime reading taken at start. Measured here: `clock_gettime` costs ~30 ns in this VM, `rdtsc` ~11 ns.
+//! flusher turns ticks into nanoseconds with [`TickConverter`]: piecewise linear through
+//! (ticks, `CLOCK_MONOTONIC`) pairs it reads at every flush, offset by one realtime reading taken
+//! at start. Measured here: `clock_gettime` costs ~30 ns in this VM, `rdtsc` ~11 ns.
 
-use std::collections::VecDeque;
 use std::sync::OnceLock;
 
 use super::os::{monotonic_ns, realtime_ns};
@@ -54,55 +53,23 @@ pub fn init() {
 
 /// Converts ticks to nanoseconds since the epoch. Owned by the flusher.
 ///
-/// The conversion is one increasing function of the ticks, fixed for every tick it has
-/// converted: events of different threads keep their order whichever flush drains them (a
-/// worker's events can be drained in one flush and the main thread's earlier one in the next).
-/// It is made of segments, one begun at each calibration point (ticks, `CLOCK_MONOTONIC`) read
-/// at every flush: a segment begins where the previous one's line has got to at that tick, never
-/// jumping back, and its slope is the rate measured since the first point, steered so as to
-/// make up the distance to the measured clock over one more interval like the last. Only a clock
-/// found more than [`JUMP_NS`] ahead (the machine was suspended) is jumped to.
+/// Between calibrations the conversion is the line through the last two (ticks,
+/// `CLOCK_MONOTONIC`) points: events stamped before the latest point, which are the ones drained
+/// after it, are interpolated. A new point can move the line down, below what was already
+/// extrapolated for events stamped after the previous point, so each thread's conversions are
+/// kept at least at its own latest one (`floor`, one per thread): a thread's events, drained in
+/// order, never go backwards across flushes, and nothing moves another thread's events (a worker's
+/// events drained in one flush and the main thread's earlier one in the next keep their order).
 #[derive(Debug)]
 pub struct TickConverter {
     /// Ticks are TSC cycles (else monotonic nanoseconds, converted by an offset alone).
     tsc: bool,
-    /// The first calibration point and the latest, (ticks, monotonic ns).
-    origin: (u64, u64),
+    /// The last two calibration points, (ticks, monotonic ns).
+    previous: (u64, u64),
     latest: (u64, u64),
-    /// Nanoseconds per tick from the first point to the latest (1 until two points exist).
-    rate: f64,
-    /// The function's segments, oldest first, at most [`SEGMENTS`].
-    segments: VecDeque<Segment>,
-    /// Whether a tick has been converted (before that, a new point replaces the function).
-    used: bool,
-}
-
-/// From `tick` on: `ns + (ticks - tick) × slope`.
-#[derive(Clone, Copy, Debug)]
-struct Segment {
-    tick: u64,
-    ns: u64,
+    /// Nanoseconds per tick between them (1 for nanosecond ticks, and until two points exist).
     slope: f64,
 }
-
-impl Segment {
-    fn at(&self, ticks: u64) -> u64 {
-        if ticks >= self.tick {
-            self.ns + ((ticks - self.tick) as f64 * self.slope) as u64
-        } else {
-            self.ns
-                .saturating_sub(((self.tick - ticks) as f64 * self.slope) as u64)
-        }
-    }
-}
-
-/// Segments kept: an event stamped before the oldest's start (its thread was preempted between
-/// stamping and publishing it for that many flushes) is converted by the oldest's line.
-const SEGMENTS: usize = 16;
-
-/// How far ahead of the function the measured clock may be found before the function jumps to
-/// it instead of catching up by its slope.
-const JUMP_NS: u64 = 1_000_000;
 
 impl TickConverter {
     pub fn new() -> TickConverter {
@@ -112,15 +79,9 @@ impl TickConverter {
     fn starting_at(point: (u64, u64), tsc: bool) -> TickConverter {
         TickConverter {
             tsc,
-            origin: point,
+            previous: point,
             latest: point,
-            rate: 1.0,
-            segments: VecDeque::from([Segment {
-                tick: point.0,
-                ns: point.1,
-                slope: 1.0,
-            }]),
-            used: false,
+            slope: 1.0,
         }
     }
 
@@ -130,71 +91,41 @@ impl TickConverter {
     }
 
     fn calibrate_at(&mut self, point: (u64, u64)) {
-        if !self.tsc || point.0 <= self.latest.0 || point.1 <= self.latest.1 {
-            return;
-        }
-        let previous = std::mem::replace(&mut self.latest, point);
-        let ((t0, m0), (t, m)) = (self.origin, point);
-        self.rate = (m - m0) as f64 / (t - t0) as f64;
-        let newest = *self.segments.back().expect("never empty");
-        let segment = if !self.used {
-            // Nothing converted yet: the function may still start anywhere.
-            self.segments.clear();
-            Segment {
-                tick: t,
-                ns: m,
-                slope: self.rate,
+        if point.0 > self.latest.0 && point.1 > self.latest.1 {
+            self.previous = self.latest;
+            self.latest = point;
+            let ((t0, m0), (t1, m1)) = (self.previous, self.latest);
+            if self.tsc {
+                self.slope = (m1 - m0) as f64 / (t1 - t0) as f64;
             }
-        } else {
-            let reached = newest.at(t);
-            if m > reached + JUMP_NS {
-                Segment {
-                    tick: t,
-                    ns: m,
-                    slope: self.rate,
-                }
-            } else {
-                let behind = m as f64 - reached as f64;
-                let steered = self.rate + behind / (t - previous.0) as f64;
-                Segment {
-                    tick: t,
-                    ns: reached,
-                    slope: steered.clamp(self.rate / 2.0, self.rate * 2.0),
-                }
-            }
-        };
-        if self.segments.len() == SEGMENTS {
-            self.segments.pop_front();
         }
-        self.segments.push_back(segment);
     }
 
-    /// A tick reading as nanoseconds since the Unix epoch.
-    pub fn convert_epoch_ns(&mut self, ticks: u64) -> u64 {
-        self.convert_monotonic_ns(ticks)
+    /// A tick reading of the thread whose latest conversion is `floor` (updated) as nanoseconds
+    /// since the Unix epoch.
+    pub fn convert_epoch_ns(&self, ticks: u64, floor: &mut u64) -> u64 {
+        self.convert_monotonic_ns(ticks, floor)
             .wrapping_add(epoch_offset())
     }
 
-    fn convert_monotonic_ns(&mut self, ticks: u64) -> u64 {
+    fn convert_monotonic_ns(&self, ticks: u64, floor: &mut u64) -> u64 {
         if !self.tsc {
             return ticks;
         }
-        self.used = true;
-        let newest = self.segments.back().expect("never empty");
-        if ticks >= newest.tick {
-            // Nearly every event: stamped since the latest calibration.
-            return newest.at(ticks);
-        }
-        let segment = (self.segments.iter().rev())
-            .find(|s| s.tick <= ticks)
-            .or(self.segments.front())
-            .expect("never empty");
-        segment.at(ticks)
+        let (t1, m1) = self.latest;
+        let line = if ticks >= t1 {
+            m1 + ((ticks - t1) as f64 * self.slope) as u64
+        } else {
+            m1.saturating_sub(((t1 - ticks) as f64 * self.slope) as u64)
+        };
+        let mono = line.max(*floor);
+        *floor = mono;
+        mono
     }
 
     /// A tick interval as nanoseconds.
     pub fn to_ns(&self, ticks: u64) -> u64 {
-        (ticks as f64 * self.rate) as u64
+        (ticks as f64 * self.slope) as u64
     }
 }
 
@@ -230,91 +161,62 @@ mod tests {
         let mut conv = TickConverter::new();
         std::thread::sleep(std::time::Duration::from_millis(30));
         conv.recalibrate();
-        let converted = conv.convert_epoch_ns(now_ticks());
+        let mut floor = 0;
+        let converted = conv.convert_epoch_ns(now_ticks(), &mut floor);
         let real = realtime_ns();
         let diff = converted.abs_diff(real);
         assert!(
             diff < 2_000_000,
             "converted clock is {diff} ns off realtime"
         );
-        let a = conv.convert_epoch_ns(now_ticks());
-        let b = conv.convert_epoch_ns(now_ticks());
+        let a = conv.convert_epoch_ns(now_ticks(), &mut floor);
+        let b = conv.convert_epoch_ns(now_ticks(), &mut floor);
         assert!(b >= a);
     }
 
-    /// Events are drained a ring at a time: a worker's events stamped after the main thread's
-    /// can be converted in one flush and the main thread's earlier one in the next, after a new
-    /// calibration point. Conversion depends on ticks alone: the earlier tick stays earlier.
-    #[test]
-    fn an_earlier_event_drained_a_flush_later_stays_earlier() {
-        let mut conv = TickConverter::starting_at((0, 0), true);
-        conv.calibrate_at((1_000, 1_000));
-        // Flush 1 drains a worker's events, stamped at 1,200 and 1,500 ticks.
-        let worker = [
-            conv.convert_monotonic_ns(1_200),
-            conv.convert_monotonic_ns(1_500),
-        ];
-        // Flush 2 calibrates, then drains the main thread's event stamped at 1,100 ticks.
-        conv.calibrate_at((1_600, 1_600));
-        let main = conv.convert_monotonic_ns(1_100);
-        assert!(main < worker[0], "{main} is not before {worker:?}");
-        assert_eq!(main, 1_100);
-    }
-
     /// A later calibration point below the line extrapolated from the earlier ones: events after
-    /// it must not come out earlier than events converted before it.
+    /// it must not come out earlier than events of the same thread converted before it.
     #[test]
     fn a_lower_calibration_point_never_moves_a_thread_backwards() {
         let mut conv = TickConverter::starting_at((0, 0), true);
         conv.calibrate_at((1_000, 1_000)); // 1 ns per tick
+        let mut floor = 0;
         // Flush 1 drains a thread's events stamped after its calibration point: extrapolated.
         let first: Vec<u64> = [1_200, 1_500]
             .iter()
-            .map(|&t| conv.convert_monotonic_ns(t))
+            .map(|&t| conv.convert_monotonic_ns(t, &mut floor))
             .collect();
         assert_eq!(first, [1_200, 1_500]);
         // Flush 2 calibrates: the clock ran slower than extrapolated (1,600 ticks = 1,400 ns).
         conv.calibrate_at((1_600, 1_400));
         let second: Vec<u64> = [1_550, 1_580, 1_700, 2_000]
             .iter()
-            .map(|&t| conv.convert_monotonic_ns(t))
+            .map(|&t| conv.convert_monotonic_ns(t, &mut floor))
             .collect();
         let all: Vec<u64> = first.iter().chain(&second).copied().collect();
         assert!(all.is_sorted(), "went backwards: {all:?}");
-        // The new segment begins where the old line got to, slower, to catch up with the clock.
-        assert_eq!(
-            second[2],
-            1_600 + ((1_700 - 1_600) as f64 * (0.875 - 200.0 / 600.0)) as u64
-        );
+        // Past the floor, the new line is followed again: (1,600, 1,400) and 2/3 ns per tick.
+        assert_eq!(second[3], 1_400 + 400 * 2 / 3);
         // Without a TSC, ticks are nanoseconds already.
-        let mut plain = TickConverter::starting_at((5, 5), false);
-        assert_eq!(plain.convert_monotonic_ns(1_234), 1_234);
+        let plain = TickConverter::starting_at((5, 5), false);
+        assert_eq!(plain.convert_monotonic_ns(1_234, &mut 0), 1_234);
     }
 
-    /// A 2.5 GHz TSC calibrated every 10,000 ticks with ±30 ns of jitter in each reading: the
-    /// function stays increasing and comes within 100 ns of the clock; a clock found 5 ms ahead
-    /// (a suspended machine) is jumped to.
+    /// Events are drained a ring at a time: a worker's events stamped after the main thread's
+    /// can be converted in one flush and the main thread's earlier one in the next, after a new
+    /// calibration point. One thread's floor does not move another's events: the earlier tick
+    /// stays earlier (before: one floor for all threads moved it past the worker's).
     #[test]
-    fn the_function_follows_a_jittery_clock_and_jumps_after_a_suspend() {
-        let clock = |t: u64| t * 2 / 5;
+    fn an_earlier_event_drained_a_flush_later_stays_earlier() {
         let mut conv = TickConverter::starting_at((0, 0), true);
-        let mut converted = Vec::new();
-        for i in 1..=40u64 {
-            let t = i * 10_000;
-            let jitter = if i % 2 == 0 { 30 } else { 0 };
-            conv.calibrate_at((t, clock(t) + jitter));
-            for at in [t + 1, t + 5_000, t + 9_999] {
-                converted.push(conv.convert_monotonic_ns(at));
-            }
-        }
-        assert!(converted.is_sorted());
-        let at = 400_000 + 5_000;
-        let off = conv.convert_monotonic_ns(at).abs_diff(clock(at));
-        assert!(off < 100, "{off} ns off");
-        let before = conv.convert_monotonic_ns(410_000);
-        conv.calibrate_at((410_000, clock(410_000) + 5_000_000));
-        let after = conv.convert_monotonic_ns(410_001);
-        assert!(after > before + 4_999_000, "{before} -> {after}");
-        assert!(after.abs_diff(clock(410_001) + 5_000_000) < 1_000);
+        conv.calibrate_at((1_000, 1_000));
+        let (mut worker_floor, mut main_floor) = (0, 0);
+        // Flush 1 drains a worker's events, stamped at 1,200 and 1,500 ticks.
+        let worker = [1_200, 1_500].map(|t| conv.convert_monotonic_ns(t, &mut worker_floor));
+        // Flush 2 calibrates, then drains the main thread's event stamped at 1,100 ticks.
+        conv.calibrate_at((1_600, 1_600));
+        let main = conv.convert_monotonic_ns(1_100, &mut main_floor);
+        assert!(main < worker[0], "{main} is not before {worker:?}");
+        assert_eq!(main, 1_100);
     }
 }

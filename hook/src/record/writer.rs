@@ -71,6 +71,10 @@ pub struct TraceWriter {
     counters_written: Counters,
     closed: bool,
     clock: TickConverter,
+    /// Per ring (one thread's), the latest time its events were converted to.
+    floors: Vec<u64>,
+    /// The ring being drained.
+    ring: usize,
 }
 
 impl TraceWriter {
@@ -113,6 +117,8 @@ impl TraceWriter {
             counters_written: Counters::default(),
             closed: false,
             clock: TickConverter::new(),
+            floors: Vec::new(),
+            ring: 0,
         })
     }
 
@@ -143,7 +149,12 @@ impl TraceWriter {
         // few microseconds newer.
         self.clock.recalibrate();
         let events_at = self.buf.len();
-        for ring in &d.rings {
+        for (i, ring) in d.rings.iter().enumerate() {
+            // A ring is one thread's: its events are converted against that thread's floor.
+            if self.floors.len() <= i {
+                self.floors.resize(i + 1, 0);
+            }
+            self.ring = i;
             // SAFETY: the writer's lock is held by our caller, so this is the only consumer.
             unsafe { ring.drain(|event| self.encode(event, &d)) };
         }
@@ -222,7 +233,9 @@ impl TraceWriter {
     }
 
     fn encode(&mut self, e: &RawEvent, d: &Drain<'_>) {
-        let timestamp_ns = self.clock.convert_epoch_ns(e.ticks);
+        let timestamp_ns = self
+            .clock
+            .convert_epoch_ns(e.ticks, &mut self.floors[self.ring]);
         let payload = match e.type_code {
             GRAPH_BEGIN | GRAPH_END => Payload::Graph {
                 graph_ptr: e.a,
