@@ -137,7 +137,7 @@ impl Default for TickConverter {
 
 /// (ticks, monotonic ns) read together: the clock read between two tick readings, the pair of
 /// the tightest of a few tries taken (a thread preempted between its readings would pair times
-/// milliseconds apart, and the function would steer towards a wrong point).
+/// milliseconds apart, and bend the conversion's line through a wrong point).
 fn calibration_point() -> (u64, u64) {
     let mut best = (u64::MAX, (0, 0));
     for _ in 0..4 {

@@ -538,21 +538,19 @@ unsafe extern "C" fn llama_decode_impl(ctx: Ptr, batch: LlamaBatch, ret: usize) 
     let Some(real) = real_function(Entry::LlamaDecode, ret) else {
         return -1;
     };
-    let composition = (!real.untraced)
-        .then(|| {
-            guarded(|| {
-                // SAFETY: the batch's arrays, valid for its tokens as llama_decode requires.
-                unsafe {
-                    batches::classic_composition(
-                        batch.n_tokens,
-                        batch.n_seq_id as *const i32,
-                        batch.seq_id as *const *const i32,
-                    )
-                }
-            })
-            .flatten()
+    let composition = if real.untraced {
+        None
+    } else {
+        // SAFETY: the batch's arrays, valid for its tokens as llama_decode requires.
+        guarded(|| unsafe {
+            batches::classic_composition(
+                batch.n_tokens,
+                batch.n_seq_id as *const i32,
+                batch.seq_id as *const *const i32,
+            )
         })
-        .flatten();
+        .flatten()
+    };
     // SAFETY: the real llama_decode, with the caller's arguments.
     traced_span(
         Entry::LlamaDecode,

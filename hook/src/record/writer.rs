@@ -73,8 +73,6 @@ pub struct TraceWriter {
     clock: TickConverter,
     /// Per ring (one thread's), the latest time its events were converted to.
     floors: Vec<u64>,
-    /// The ring being drained.
-    ring: usize,
 }
 
 impl TraceWriter {
@@ -118,7 +116,6 @@ impl TraceWriter {
             closed: false,
             clock: TickConverter::new(),
             floors: Vec::new(),
-            ring: 0,
         })
     }
 
@@ -149,14 +146,13 @@ impl TraceWriter {
         // few microseconds newer.
         self.clock.recalibrate();
         let events_at = self.buf.len();
+        self.floors.resize(self.floors.len().max(d.rings.len()), 0);
         for (i, ring) in d.rings.iter().enumerate() {
             // A ring is one thread's: its events are converted against that thread's floor.
-            if self.floors.len() <= i {
-                self.floors.resize(i + 1, 0);
-            }
-            self.ring = i;
+            let mut floor = self.floors[i];
             // SAFETY: the writer's lock is held by our caller, so this is the only consumer.
-            unsafe { ring.drain(|event| self.encode(event, &d)) };
+            unsafe { ring.drain(|event| self.encode(event, &d, &mut floor)) };
+            self.floors[i] = floor;
         }
         // Names are interned before the events that use them are pushed, so the names known
         // now cover every event drained; they go in front of those events, so that a reader
@@ -232,10 +228,9 @@ impl TraceWriter {
         Ok(())
     }
 
-    fn encode(&mut self, e: &RawEvent, d: &Drain<'_>) {
-        let timestamp_ns = self
-            .clock
-            .convert_epoch_ns(e.ticks, &mut self.floors[self.ring]);
+    /// One event of the thread whose latest conversion is `floor`.
+    fn encode(&mut self, e: &RawEvent, d: &Drain<'_>, floor: &mut u64) {
+        let timestamp_ns = self.clock.convert_epoch_ns(e.ticks, floor);
         let payload = match e.type_code {
             GRAPH_BEGIN | GRAPH_END => Payload::Graph {
                 graph_ptr: e.a,

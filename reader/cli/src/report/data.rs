@@ -326,19 +326,17 @@ impl ReportBuilder {
                 None => self.outermost_graph(&key, &graph),
             }
         }
-        // Other llama calls (`llama_memory_seq_rm` between a server's decodes) are not waits that
-        // complete a call.
-        let other_llama_call = span.category == "llama"
-            && !matches!(
-                span.name.as_str(),
-                "llama_decode" | "llama_process" | "llama_encode"
-            );
-        if span.depth == 0 && !other_llama_call {
-            let kind = match (span.category.as_str(), span.name.as_str()) {
-                ("llama", _) => TopKind::Decode,
-                ("graph", _) => TopKind::Graph,
-                _ => TopKind::Other,
-            };
+        let kind = match (span.category.as_str(), span.name.as_str()) {
+            ("llama", "llama_decode" | "llama_process" | "llama_encode") => Some(TopKind::Decode),
+            // Other llama calls (`llama_memory_seq_rm` between a server's decodes) are not waits
+            // that complete a call.
+            ("llama", _) => None,
+            ("graph", _) => Some(TopKind::Graph),
+            _ => Some(TopKind::Other),
+        };
+        if span.depth == 0
+            && let Some(kind) = kind
+        {
             let tokens = |key| match arg(&span, key) {
                 Some(Arg::UInt(n)) => Some(*n),
                 _ => None,
