@@ -176,6 +176,14 @@ fn arg_str(span: &Span, key: &str) -> Option<String> {
     arg(span, key).map(|a| a.to_string())
 }
 
+/// An unsigned count argument of `span` (tokens, bytes).
+pub(super) fn arg_uint(span: &Span, key: &str) -> Option<u64> {
+    match arg(span, key) {
+        Some(Arg::UInt(n)) => Some(*n),
+        _ => None,
+    }
+}
+
 /// Counts one span (or outermost graph) of `total_ns`, `self_ns` under `key`.
 fn add(map: &mut HashMap<String, Aggregate>, key: &str, total_ns: u64, self_ns: u64) {
     let a = map.entry(key.to_string()).or_insert_with(|| Aggregate {
@@ -337,17 +345,13 @@ impl ReportBuilder {
         if span.depth == 0
             && let Some(kind) = kind
         {
-            let tokens = |key| match arg(&span, key) {
-                Some(Arg::UInt(n)) => Some(*n),
-                _ => None,
-            };
             self.tops.entry(span.lane).or_default().push(TopSpan {
                 start: span.start_ns,
                 end: span.end_ns,
                 kind,
-                n_tokens: tokens("n_tokens"),
+                n_tokens: arg_uint(&span, "n_tokens"),
                 // Where the batch's sequences are known: a sequence's prompt in it.
-                prefill: tokens("prefill_tokens").map(|n| n > 0),
+                prefill: arg_uint(&span, "prefill_tokens").map(|n| n > 0),
             });
         }
         let op_parent = is_op.then(|| mix(span.parent.unwrap_or(0)));
@@ -366,10 +370,7 @@ impl ReportBuilder {
         .flatten()
         .collect::<Vec<_>>()
         .join(" ");
-        let bytes = match arg(&span, "bytes") {
-            Some(Arg::UInt(b)) => *b,
-            _ => 0,
-        };
+        let bytes = arg_uint(&span, "bytes").unwrap_or(0);
         let name = self.string(&span.name);
         let cat = self.string(&span.category);
         let tensor = tensor.map_or(0, |t| self.string(&t));

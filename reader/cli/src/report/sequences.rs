@@ -6,8 +6,9 @@ use std::collections::HashMap;
 
 use serde::Serialize;
 
-use ggml_viz_reader::telemetry::{Arg, SEQUENCE_CATEGORY, Span};
+use ggml_viz_reader::telemetry::{SEQUENCE_CATEGORY, Span};
 
+use super::data::arg_uint;
 use super::series::quantile;
 
 #[derive(Debug, Default, PartialEq, Serialize)]
@@ -41,13 +42,6 @@ pub(super) struct SequenceTable {
     lanes: HashMap<u32, Lane>,
 }
 
-fn tokens(span: &Span, key: &str) -> u64 {
-    match span.args.iter().find(|(k, _)| k == key) {
-        Some((_, Arg::UInt(n))) => *n,
-        _ => 0,
-    }
-}
-
 impl SequenceTable {
     pub(super) fn span(&mut self, span: &Span) {
         if span.category != SEQUENCE_CATEGORY {
@@ -58,8 +52,8 @@ impl SequenceTable {
             "prefill" => lane.prefill_end_ns = span.end_ns,
             "request" => {
                 lane.durations.push(span.duration_ns());
-                lane.prefill_tokens += tokens(span, "prefill_tokens");
-                lane.generation_tokens += tokens(span, "generation_tokens");
+                lane.prefill_tokens += arg_uint(span, "prefill_tokens").unwrap_or(0);
+                lane.generation_tokens += arg_uint(span, "generation_tokens").unwrap_or(0);
                 let generating_from = lane.prefill_end_ns.clamp(span.start_ns, span.end_ns);
                 lane.generating_ns += span.end_ns - generating_from;
             }
@@ -98,7 +92,7 @@ impl SequenceTable {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use ggml_viz_reader::telemetry::Texts;
+    use ggml_viz_reader::telemetry::{Arg, Texts};
 
     fn span(
         texts: &mut Texts,
