@@ -105,6 +105,8 @@ struct Sequence {
     names: Interned,
     categories: Interned,
     arg_names: Interned,
+    /// The iid of the one annotation name, `args` (0 until interned).
+    args_iid: u64,
     arg_values: Interned,
 }
 
@@ -206,6 +208,13 @@ impl Sequence {
         }
     }
 
+    fn args_iid(&mut self) -> u64 {
+        if self.args_iid == 0 {
+            self.args_iid = self.arg_names.iid("args");
+        }
+        self.args_iid
+    }
+
     /// Writes a packet on this sequence, built by `build` (then sealed).
     fn emit<W: Write>(&mut self, out: &mut Output<W>, build: impl FnOnce(&mut Self, &mut Message)) {
         out.packet(|packet| {
@@ -277,8 +286,12 @@ fn lane_sequence<'a, W: Write>(
 pub struct PerfettoWriter<W: Write> {
     out: Output<W>,
     counters: HashMap<(u32, String), u64>,
-    /// Per lane, the closed spans of its outermost open span.
-    pending: HashMap<u32, Vec<Span>>,
+    /// Per lane, the closed spans of its outermost open span (the list kept, emptied, for the
+    /// lane's next tree).
+    pending: FxHashMap<u32, Vec<Span>>,
+    /// A tree's spans in the order their begins are written, and those open: kept between trees.
+    order: Vec<(u64, u32, u32)>,
+    open: Vec<u32>,
     global: Sequence,
     lanes: FxHashMap<u32, Sequence>,
     /// Each distinct argument list's `args` text, by the list's address (the importers share one
@@ -302,7 +315,9 @@ impl<W: Write> PerfettoWriter<W> {
         PerfettoWriter {
             out,
             counters: HashMap::new(),
-            pending: HashMap::new(),
+            pending: FxHashMap::default(),
+            order: Vec::new(),
+            open: Vec::new(),
             global: Sequence::new(GLOBAL_SEQUENCE),
             lanes: FxHashMap::default(),
             joined: FxHashMap::default(),
@@ -365,83 +380,49 @@ impl<W: Write> PerfettoWriter<W> {
     fn span(&mut self, s: Span) {
         let lane = s.lane;
         let outermost = s.depth == 0;
-        self.pending.entry(lane).or_default().push(s);
+        let held = self.pending.entry(lane).or_default();
+        held.push(s);
         if outermost {
-            let tree = self.pending.remove(&lane).unwrap_or_default();
-            self.tree(tree);
+            let mut tree = std::mem::take(held);
+            self.tree(&tree);
+            tree.clear();
+            self.pending.insert(lane, tree);
         }
     }
 
-    /// One outermost span and its descendants: begins in order of start (parents first), each
-    /// span's end written before the next span that starts at or after it.
-    fn tree(&mut self, spans: Vec<Span>) {
-        // Sorted by index (a span is ~100 bytes; its key and index 16).
-        let mut order: Vec<(u64, u32, u32)> = (spans.iter().enumerate())
-            .map(|(i, s)| (s.start_ns, s.depth, i as u32))
-            .collect();
-        order.sort_unstable();
-        let mut open: Vec<&Span> = Vec::new();
-        for &(_, _, i) in &order {
+    /// One outermost span and its descendants, all of one lane: begins in order of start
+    /// (parents first), each span's end written before the next span that starts at or after it.
+    fn tree(&mut self, spans: &[Span]) {
+        let Some(root) = spans.last() else { return };
+        // Sorted by index (a span is ~100 bytes; its key and index 16). Spans arrive as they
+        // close: the root last, its descendants mostly in order before it, so the root is put
+        // first and the sort is skipped where that is already the order.
+        let key = |(i, s): (usize, &Span)| (s.start_ns, s.depth, i as u32);
+        let last = spans.len() - 1;
+        self.order.clear();
+        self.order.push(key((last, root)));
+        self.order.extend(spans[..last].iter().enumerate().map(key));
+        if !self.order.is_sorted() {
+            self.order.sort_unstable();
+        }
+        let seq = lane_sequence(&mut self.lanes, &mut self.out, root.lane, root.start_ns);
+        self.open.clear();
+        for &(_, _, i) in &self.order {
             let s = &spans[i as usize];
-            while let Some(top) = open.last()
-                && (top.end_ns <= s.start_ns || top.depth >= s.depth)
-            {
-                let top = open.pop().expect("checked");
-                self.end(top);
+            while let Some(&top) = self.open.last() {
+                let top = &spans[top as usize];
+                if top.end_ns > s.start_ns && top.depth < s.depth {
+                    break;
+                }
+                self.open.pop();
+                end(seq, &mut self.out, top);
             }
-            self.begin(s);
-            open.push(s);
+            begin(seq, &mut self.out, &mut self.joined, s);
+            self.open.push(i);
         }
-        while let Some(top) = open.pop() {
-            self.end(top);
+        while let Some(top) = self.open.pop() {
+            end(seq, &mut self.out, &spans[top as usize]);
         }
-    }
-
-    fn begin(&mut self, s: &Span) {
-        if self.joined.len() >= JOINED_KEPT {
-            // Lists not shared (an importer that makes one per span): memory stays bounded.
-            self.joined.clear();
-        }
-        let joined = (!s.args.is_empty()).then(|| {
-            let (_, text) = self
-                .joined
-                .entry(Rc::as_ptr(&s.args) as *const () as usize)
-                .or_insert_with(|| (s.args.clone(), join(&s.args)));
-            text
-        });
-        let seq = lane_sequence(&mut self.lanes, &mut self.out, s.lane, s.start_ns);
-        let name = seq.names.text_iid(&s.name);
-        let category = seq.categories.text_iid(&s.category);
-        let args = joined.map(|text| (seq.arg_names.iid("args"), seq.arg_values.text_iid(text)));
-        let flow = s.args.iter().find_map(|(k, v)| match v {
-            Arg::UInt(id) if &**k == rpc::FLOW => Some(*id),
-            _ => None,
-        });
-        seq.emit(&mut self.out, |seq, packet| {
-            seq.stamp(packet, s.start_ns);
-            packet.nested(11, |event| {
-                event.uint(9, SLICE_BEGIN).uint(3, category).uint(10, name);
-                if let Some(id) = flow {
-                    // `flow_ids`: slices that carry one id are joined by an arrow, in time order.
-                    event.fixed64(47, id);
-                }
-                if let Some((key, value)) = args {
-                    event.nested(4, |annotation| {
-                        annotation.uint(1, key).uint(17, value);
-                    });
-                }
-            });
-        });
-    }
-
-    fn end(&mut self, s: &Span) {
-        let seq = lane_sequence(&mut self.lanes, &mut self.out, s.lane, s.end_ns);
-        seq.emit(&mut self.out, |seq, packet| {
-            seq.stamp(packet, s.end_ns);
-            packet.nested(11, |event| {
-                event.uint(9, SLICE_END);
-            });
-        });
     }
 
     fn counter_track(&mut self, process: u32, name: &str) -> u64 {
@@ -469,7 +450,7 @@ impl<W: Write> PerfettoWriter<W> {
         lanes.sort_unstable();
         for lane in lanes {
             let tree = self.pending.remove(&lane).unwrap_or_default();
-            self.tree(tree);
+            self.tree(&tree);
         }
         if let Some(err) = self.out.error.take() {
             return Err(err);
@@ -478,6 +459,57 @@ impl<W: Write> PerfettoWriter<W> {
         self.out.out.flush()?;
         Ok((self.out.out, self.out.packets))
     }
+}
+
+/// A span's begin on its lane's sequence `seq`.
+fn begin<W: Write>(
+    seq: &mut Sequence,
+    out: &mut Output<W>,
+    joined: &mut FxHashMap<usize, (Args, Text)>,
+    s: &Span,
+) {
+    if joined.len() >= JOINED_KEPT {
+        // Lists not shared (an importer that makes one per span): memory stays bounded.
+        joined.clear();
+    }
+    let joined = (!s.args.is_empty()).then(|| {
+        let (_, text) = joined
+            .entry(Rc::as_ptr(&s.args) as *const () as usize)
+            .or_insert_with(|| (s.args.clone(), join(&s.args)));
+        text
+    });
+    let name = seq.names.text_iid(&s.name);
+    let category = seq.categories.text_iid(&s.category);
+    let args = joined.map(|text| (seq.args_iid(), seq.arg_values.text_iid(text)));
+    let flow = s.args.iter().find_map(|(k, v)| match v {
+        Arg::UInt(id) if &**k == rpc::FLOW => Some(*id),
+        _ => None,
+    });
+    seq.emit(out, |seq, packet| {
+        seq.stamp(packet, s.start_ns);
+        packet.nested(11, |event| {
+            event.uint(9, SLICE_BEGIN).uint(3, category).uint(10, name);
+            if let Some(id) = flow {
+                // `flow_ids`: slices that carry one id are joined by an arrow, in time order.
+                event.fixed64(47, id);
+            }
+            if let Some((key, value)) = args {
+                event.nested(4, |annotation| {
+                    annotation.uint(1, key).uint(17, value);
+                });
+            }
+        });
+    });
+}
+
+/// A span's end on its lane's sequence `seq`.
+fn end<W: Write>(seq: &mut Sequence, out: &mut Output<W>, s: &Span) {
+    seq.emit(out, |seq, packet| {
+        seq.stamp(packet, s.end_ns);
+        packet.nested(11, |event| {
+            event.uint(9, SLICE_END);
+        });
+    });
 }
 
 impl<W: Write> RecordSink for PerfettoWriter<W> {
