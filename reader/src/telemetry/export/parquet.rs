@@ -15,30 +15,36 @@
 //!   `world_size`.
 //!
 //! Rows are written in row groups of [`ROW_GROUP`] rows, so memory stays bounded whatever the
-//! input's size; pages are Snappy-compressed.
+//! input's size. Each column chunk is encoded here, not by the parquet crate's generic column
+//! writer (whose dictionary hashed every string of every row, the most of an export's time):
+//! one Snappy-compressed data page (format v1) per chunk; numbers PLAIN, with min/max statistics
+//! (what a reader skips row groups by); texts dictionary-encoded (a PLAIN dictionary page, then
+//! `RLE_DICTIONARY` indices), the dictionary built by the address of the model's shared texts, so
+//! a repeated name costs a lookup, not a hash of its bytes; definition levels of OPTIONAL columns
+//! RLE. The crate writes the page headers and the file's metadata.
 
-use std::collections::HashMap;
 use std::fs::File;
 use std::io::{self, BufWriter};
 use std::path::Path;
 use std::sync::Arc;
 
+use bytes::Bytes;
 use rustc_hash::FxHashMap;
 
-use parquet::basic::{Compression, Repetition, Type as Physical};
-use parquet::data_type::{ByteArray, ByteArrayType, DoubleType, Int32Type, Int64Type};
-use parquet::file::properties::{EnabledStatistics, WriterProperties};
-use parquet::file::writer::SerializedFileWriter;
+use parquet::basic::{Compression, Encoding, Repetition, Type as Physical};
+use parquet::column::page::{CompressedPage, Page, PageWriter};
+use parquet::column::writer::ColumnCloseResult;
+use parquet::file::metadata::ColumnChunkMetaData;
+use parquet::file::properties::WriterProperties;
+use parquet::file::statistics::Statistics;
+use parquet::file::writer::{SerializedFileWriter, SerializedPageWriter, TrackedWrite};
 use parquet::schema::parser::parse_message_type;
-use parquet::schema::types::ColumnPath;
+use parquet::schema::types::ColumnDescPtr;
 
-use crate::telemetry::{Arg, ByAddress, Lane, Process, Record, RecordSink, Span, Text};
+use crate::telemetry::{Arg, Lane, Process, Record, RecordSink, Span, Text};
 
-/// Rows per row group: what is held in memory before it is written (~30 MB of spans).
+/// Rows per row group: what is held in memory before it is written (~10 MB of spans).
 pub const ROW_GROUP: usize = 1 << 16;
-
-/// Distinct strings a text column keeps made (names, tensors, hosts repeat on every row).
-const KEPT_TEXTS: usize = 1 << 16;
 
 const SPANS: &str = "message spans {
   REQUIRED BYTE_ARRAY input (UTF8); REQUIRED INT32 process; REQUIRED INT64 pid;
@@ -67,7 +73,7 @@ enum Cell<'a> {
     I64(i64),
     F64(f64),
     Text(&'a str),
-    /// A text of the model: its column value is found by the text's address.
+    /// A text of the model, found in the column's dictionary by its address.
     Shared(&'a Text),
     Null,
 }
@@ -88,124 +94,391 @@ fn ns(v: u64) -> Cell<'static> {
     Cell::I64(v.min(i64::MAX as u64) as i64)
 }
 
+fn err(e: parquet::errors::ParquetError) -> io::Error {
+    io::Error::other(e)
+}
+
+/// The distinct texts of one column chunk, in the order of first sight: a value is its index.
+#[derive(Default)]
+struct Dictionary {
+    /// The texts PLAIN-encoded (each a 4-byte little-endian length, then its bytes): the
+    /// dictionary page as it is written.
+    plain: Vec<u8>,
+    /// Where each text's bytes begin in `plain`.
+    plain_at: Vec<usize>,
+    len: u32,
+    by_text: FxHashMap<Box<str>, u32>,
+    /// The model's shared texts, by address; each kept, so that no other text takes it.
+    by_addr: FxHashMap<usize, (Text, u32)>,
+    /// The last shared text and its index: a run of one value (a lane's spans' category) costs
+    /// a comparison.
+    last: Option<(Text, u32)>,
+    /// The last other text's index and where its bytes lie in `plain`: the same for the input's
+    /// name or a process's host on every row.
+    last_str: Option<(u32, usize, usize)>,
+}
+
+impl Dictionary {
+    fn index(&mut self, s: &str) -> u32 {
+        if let Some((i, from, to)) = self.last_str
+            && &self.plain[from..to] == s.as_bytes()
+        {
+            return i;
+        }
+        let i = self.interned(s);
+        let at = self.plain_at[i as usize];
+        self.last_str = Some((i, at, at + s.len()));
+        i
+    }
+
+    /// `s`'s index, added if new.
+    fn interned(&mut self, s: &str) -> u32 {
+        if let Some(&i) = self.by_text.get(s) {
+            return i;
+        }
+        let i = self.len;
+        self.len += 1;
+        self.plain
+            .extend_from_slice(&(s.len() as u32).to_le_bytes());
+        self.plain_at.push(self.plain.len());
+        self.plain.extend_from_slice(s.as_bytes());
+        self.by_text.insert(s.into(), i);
+        i
+    }
+
+    fn shared_index(&mut self, t: &Text) -> u32 {
+        if let Some((last, i)) = &self.last
+            && last.addr() == t.addr()
+        {
+            return *i;
+        }
+        let i = match self.by_addr.get(&t.addr()) {
+            Some(&(_, i)) => i,
+            None => {
+                let i = self.interned(t);
+                self.by_addr.insert(t.addr(), (t.clone(), i));
+                i
+            }
+        };
+        self.last = Some((t.clone(), i));
+        i
+    }
+
+    fn clear(&mut self) {
+        self.plain.clear();
+        self.plain_at.clear();
+        self.len = 0;
+        self.by_text.clear();
+        self.by_addr.clear();
+        self.last = None;
+        self.last_str = None;
+    }
+}
+
+/// A column's values in the row group being built.
 enum Values {
     Int32(Vec<i32>),
     Int64(Vec<i64>),
     Double(Vec<f64>),
-    Text(Vec<ByteArray>),
+    /// Each value's index in the dictionary.
+    Text(Vec<u32>, Dictionary),
 }
 
 struct Column {
+    descr: ColumnDescPtr,
+    /// An OPTIONAL column's definition levels: whether each row has a value.
+    present: Option<Vec<u32>>,
     values: Values,
-    /// Definition levels of an OPTIONAL column (1 = present).
-    levels: Option<Vec<i16>>,
-    /// A text column's values made so far: a repeated string is shared, not copied per row.
-    texts: FxHashMap<Box<str>, ByteArray>,
-    /// The same for the model's shared texts, found by their address.
-    by_addr: ByAddress<ByteArray>,
 }
 
-/// `s` as a column value, shared with the rows before that hold it.
-fn shared(texts: &mut FxHashMap<Box<str>, ByteArray>, s: &str) -> ByteArray {
-    if let Some(b) = texts.get(s) {
-        return b.clone();
+/// Appends `values` to `out` in the RLE / bit-packing hybrid encoding, `width` bits a value:
+/// a run of 8 or more equal values as one RLE run, the rest bit-packed in groups of 8 (at most
+/// 63 groups a run, as parquet-mr writes them; the last group padded with zeros).
+fn rle_hybrid(values: &[u32], width: u8, out: &mut Vec<u8>) {
+    const MAX_GROUPS: usize = 63;
+    let value_bytes = usize::from(width).div_ceil(8);
+    let mut at = 0;
+    // Where the pending bit-packed groups begin.
+    let mut packed_from = 0;
+    let flush_packed = |out: &mut Vec<u8>, from: usize, to: usize| {
+        for run in values[from..to].chunks(8 * MAX_GROUPS) {
+            let groups = run.len().div_ceil(8);
+            varint(out, ((groups as u64) << 1) | 1);
+            let (mut acc, mut bits) = (0u64, 0u32);
+            for i in 0..groups * 8 {
+                acc |= u64::from(run.get(i).copied().unwrap_or(0)) << bits;
+                bits += u32::from(width);
+                while bits >= 8 {
+                    out.push(acc as u8);
+                    acc >>= 8;
+                    bits -= 8;
+                }
+            }
+        }
+    };
+    while at < values.len() {
+        let v = values[at];
+        let run = values[at..].iter().take_while(|&&x| x == v).count();
+        if run >= 8 {
+            flush_packed(out, packed_from, at);
+            varint(out, (run as u64) << 1);
+            out.extend_from_slice(&v.to_le_bytes()[..value_bytes]);
+            at += run;
+            packed_from = at;
+        } else {
+            at = (at + 8).min(values.len());
+        }
     }
-    if texts.len() >= KEPT_TEXTS {
-        texts.clear();
-    }
-    let b = ByteArray::from(s);
-    texts.insert(s.into(), b.clone());
-    b
+    flush_packed(out, packed_from, values.len());
 }
 
-fn err(e: parquet::errors::ParquetError) -> io::Error {
-    io::Error::other(e)
+fn varint(out: &mut Vec<u8>, mut v: u64) {
+    while v >= 0x80 {
+        out.push(v as u8 | 0x80);
+        v >>= 7;
+    }
+    out.push(v as u8);
+}
+
+/// Bits a value up to `max` needs (at least 1).
+fn width_of(max: u32) -> u8 {
+    (32 - max.leading_zeros()).max(1) as u8
+}
+
+/// Min and max of `v` (`None` when empty).
+fn min_max<T: Copy + PartialOrd>(v: &[T]) -> (Option<T>, Option<T>) {
+    let mut it = v.iter().copied();
+    let Some(first) = it.next() else {
+        return (None, None);
+    };
+    let (min, max) = it.fold((first, first), |(lo, hi), x| {
+        (if x < lo { x } else { lo }, if x > hi { x } else { hi })
+    });
+    (Some(min), Some(max))
+}
+
+impl Column {
+    fn push(&mut self, cell: &Cell<'_>) -> io::Result<()> {
+        let present = !matches!(cell, Cell::Null);
+        if let Some(levels) = &mut self.present {
+            levels.push(u32::from(present));
+        }
+        match (&mut self.values, cell) {
+            (_, Cell::Null) if self.present.is_some() => {}
+            (Values::Int32(v), Cell::I32(x)) => v.push(*x),
+            (Values::Int64(v), Cell::I64(x)) => v.push(*x),
+            (Values::Double(v), Cell::F64(x)) => v.push(*x),
+            (Values::Text(v, d), Cell::Text(x)) => v.push(d.index(x)),
+            (Values::Text(v, d), Cell::Shared(x)) => v.push(d.shared_index(x)),
+            _ => return Err(io::Error::other("a cell of the wrong type for its column")),
+        }
+        Ok(())
+    }
+
+    /// The row group's chunk of this column, encoded, and its metadata; the column is then
+    /// emptied for the next group.
+    fn chunk(
+        &mut self,
+        rows: usize,
+        scratch: &mut Scratch,
+    ) -> io::Result<(Bytes, ColumnCloseResult)> {
+        let Scratch {
+            snappy,
+            page,
+            compressed: out,
+        } = scratch;
+        let mut sink = TrackedWrite::new(Vec::new());
+        let mut pages = SerializedPageWriter::new(&mut sink);
+        let (mut compressed, mut uncompressed) = (0, 0);
+        let mut compress = |page: &[u8]| -> io::Result<Bytes> {
+            let need = snap::raw::max_compress_len(page.len());
+            if out.len() < need {
+                out.resize(need, 0);
+            }
+            let len = snappy.compress(page, out).map_err(io::Error::other)?;
+            Ok(Bytes::copy_from_slice(&out[..len]))
+        };
+        let mut dictionary_at = None;
+        let mut encodings = vec![Encoding::PLAIN, Encoding::RLE];
+        if let Values::Text(_, d) = &self.values {
+            let page = Page::DictionaryPage {
+                buf: compress(&d.plain)?,
+                num_values: d.len,
+                encoding: Encoding::PLAIN,
+                is_sorted: false,
+            };
+            let spec = pages
+                .write_page(CompressedPage::new(page, d.plain.len()))
+                .map_err(err)?;
+            dictionary_at = Some(spec.offset as i64);
+            compressed += spec.compressed_size;
+            uncompressed += spec.uncompressed_size;
+            encodings.push(Encoding::RLE_DICTIONARY);
+        }
+        page.clear();
+        let mut nulls = 0;
+        if let Some(levels) = &self.present {
+            let mut encoded = Vec::new();
+            rle_hybrid(levels, 1, &mut encoded);
+            page.extend_from_slice(&(encoded.len() as u32).to_le_bytes());
+            page.extend_from_slice(&encoded);
+            nulls = levels.iter().filter(|&&l| l == 0).count() as u64;
+        }
+        let (encoding, statistics) = match &self.values {
+            Values::Int32(v) => {
+                v.iter()
+                    .for_each(|x| page.extend_from_slice(&x.to_le_bytes()));
+                let (lo, hi) = min_max(v);
+                (
+                    Encoding::PLAIN,
+                    Some(Statistics::int32(lo, hi, None, Some(nulls), false)),
+                )
+            }
+            Values::Int64(v) => {
+                v.iter()
+                    .for_each(|x| page.extend_from_slice(&x.to_le_bytes()));
+                let (lo, hi) = min_max(v);
+                (
+                    Encoding::PLAIN,
+                    Some(Statistics::int64(lo, hi, None, Some(nulls), false)),
+                )
+            }
+            Values::Double(v) => {
+                v.iter()
+                    .for_each(|x| page.extend_from_slice(&x.to_le_bytes()));
+                let (lo, hi) = min_max(v);
+                (
+                    Encoding::PLAIN,
+                    Some(Statistics::double(lo, hi, None, Some(nulls), false)),
+                )
+            }
+            Values::Text(v, d) => {
+                let width = width_of(d.len.saturating_sub(1));
+                page.push(width);
+                rle_hybrid(v, width, page);
+                (Encoding::RLE_DICTIONARY, None)
+            }
+        };
+        let data = Page::DataPage {
+            buf: compress(page)?,
+            num_values: rows as u32,
+            encoding,
+            def_level_encoding: Encoding::RLE,
+            rep_level_encoding: Encoding::RLE,
+            statistics: None,
+        };
+        let spec = pages
+            .write_page(CompressedPage::new(data, page.len()))
+            .map_err(err)?;
+        compressed += spec.compressed_size;
+        uncompressed += spec.uncompressed_size;
+        pages.close().map_err(err)?;
+        let mut metadata = ColumnChunkMetaData::builder(self.descr.clone())
+            .set_encodings(encodings)
+            .set_compression(Compression::SNAPPY)
+            .set_num_values(rows as i64)
+            .set_total_compressed_size(compressed as i64)
+            .set_total_uncompressed_size(uncompressed as i64)
+            .set_data_page_offset(spec.offset as i64)
+            .set_dictionary_page_offset(dictionary_at);
+        if let Some(statistics) = statistics {
+            metadata = metadata.set_statistics(statistics);
+        }
+        let metadata = metadata.build().map_err(err)?;
+        let bytes_written = sink.bytes_written() as u64;
+        let chunk = Bytes::from(sink.into_inner().map_err(err)?);
+        self.clear();
+        Ok((
+            chunk,
+            ColumnCloseResult {
+                bytes_written,
+                rows_written: rows as u64,
+                metadata,
+                bloom_filter: None,
+                column_index: None,
+                offset_index: None,
+            },
+        ))
+    }
+
+    fn clear(&mut self) {
+        if let Some(levels) = &mut self.present {
+            levels.clear();
+        }
+        match &mut self.values {
+            Values::Int32(v) => v.clear(),
+            Values::Int64(v) => v.clear(),
+            Values::Double(v) => v.clear(),
+            Values::Text(v, d) => {
+                v.clear();
+                d.clear();
+            }
+        }
+    }
+}
+
+/// Buffers a table reuses from chunk to chunk: the Snappy encoder, a page as built, compressed.
+struct Scratch {
+    snappy: snap::raw::Encoder,
+    page: Vec<u8>,
+    compressed: Vec<u8>,
 }
 
 /// One Parquet file being written, a row group at a time.
 struct Table {
     file: SerializedFileWriter<BufWriter<File>>,
     columns: Vec<Column>,
-    rows: usize,
+    /// Rows buffered for the next row group, and all rows pushed.
+    buffered: usize,
+    rows: u64,
+    scratch: Scratch,
 }
 
 impl Table {
     fn create(path: &Path, schema: &str) -> io::Result<Table> {
         let schema = Arc::new(parse_message_type(schema).map_err(err)?);
-        let columns = schema
-            .get_fields()
-            .iter()
-            .map(|f| Column {
-                values: match f.get_physical_type() {
-                    Physical::INT32 => Values::Int32(Vec::new()),
-                    Physical::INT64 => Values::Int64(Vec::new()),
-                    Physical::DOUBLE => Values::Double(Vec::new()),
-                    _ => Values::Text(Vec::new()),
-                },
-                levels: (f.get_basic_info().repetition() == Repetition::OPTIONAL).then(Vec::new),
-                texts: FxHashMap::default(),
-                by_addr: ByAddress::default(),
-            })
-            .collect();
-        // Min/max statistics for the numbers (times, ids: what a reader skips row groups by),
-        // not for the text columns, where computing them per value costs more than all else.
-        // No dictionary for the numbers: times, durations and span ids hardly repeat (a row
-        // group's dictionary would hold every value, interned one by one, for nothing), and the
-        // few values of the others (process, lane, depth) compress as well without one.
-        let props = schema
-            .get_fields()
-            .iter()
-            .fold(
-                WriterProperties::builder().set_compression(Compression::SNAPPY),
-                |props, f| {
-                    let column = ColumnPath::from(f.name());
-                    if f.get_physical_type() == Physical::BYTE_ARRAY {
-                        props.set_column_statistics_enabled(column, EnabledStatistics::None)
-                    } else {
-                        props.set_column_dictionary_enabled(column, false)
-                    }
-                },
-            )
-            .build();
-        let props = Arc::new(props);
+        let props = Arc::new(WriterProperties::builder().build());
         let out = BufWriter::with_capacity(1 << 20, File::create(path)?);
         let file = SerializedFileWriter::new(out, schema, props).map_err(err)?;
+        let descr = file.schema_descr();
+        let columns = (0..descr.num_columns())
+            .map(|i| {
+                let descr = descr.column(i);
+                Column {
+                    present: (descr.self_type().get_basic_info().repetition()
+                        == Repetition::OPTIONAL)
+                        .then(Vec::new),
+                    values: match descr.physical_type() {
+                        Physical::INT32 => Values::Int32(Vec::new()),
+                        Physical::INT64 => Values::Int64(Vec::new()),
+                        Physical::DOUBLE => Values::Double(Vec::new()),
+                        _ => Values::Text(Vec::new(), Dictionary::default()),
+                    },
+                    descr,
+                }
+            })
+            .collect();
         Ok(Table {
             file,
             columns,
+            buffered: 0,
             rows: 0,
+            scratch: Scratch {
+                snappy: snap::raw::Encoder::new(),
+                page: Vec::new(),
+                compressed: Vec::new(),
+            },
         })
     }
 
     fn push(&mut self, row: &[Cell<'_>]) -> io::Result<()> {
         debug_assert_eq!(row.len(), self.columns.len());
         for (column, cell) in self.columns.iter_mut().zip(row) {
-            let present = !matches!(cell, Cell::Null);
-            if let Some(levels) = &mut column.levels {
-                levels.push(i16::from(present));
-            }
-            match (&mut column.values, cell) {
-                (_, Cell::Null) => {}
-                (Values::Int32(v), Cell::I32(x)) => v.push(*x),
-                (Values::Int64(v), Cell::I64(x)) => v.push(*x),
-                (Values::Double(v), Cell::F64(x)) => v.push(*x),
-                (Values::Text(v), Cell::Text(x)) => v.push(shared(&mut column.texts, x)),
-                (Values::Text(v), Cell::Shared(x)) => {
-                    let value = match column.by_addr.get(x) {
-                        Some(value) => value.clone(),
-                        None => {
-                            let value = shared(&mut column.texts, x);
-                            column.by_addr.insert(x, value.clone());
-                            value
-                        }
-                    };
-                    v.push(value)
-                }
-                _ => return Err(io::Error::other("a cell of the wrong type for its column")),
-            }
+            column.push(cell)?;
         }
+        self.buffered += 1;
         self.rows += 1;
-        if self.rows.is_multiple_of(ROW_GROUP) {
+        if self.buffered == ROW_GROUP {
             self.flush()?;
         }
         Ok(())
@@ -213,52 +486,23 @@ impl Table {
 
     /// Writes the rows buffered as one row group.
     fn flush(&mut self) -> io::Result<()> {
-        let buffered = self
-            .columns
-            .first()
-            .map_or(0, |c| match (&c.levels, &c.values) {
-                (Some(l), _) => l.len(),
-                (None, Values::Int32(v)) => v.len(),
-                (None, Values::Int64(v)) => v.len(),
-                (None, Values::Double(v)) => v.len(),
-                (None, Values::Text(v)) => v.len(),
-            });
-        if buffered == 0 {
+        if self.buffered == 0 {
             return Ok(());
         }
         let mut group = self.file.next_row_group().map_err(err)?;
-        let mut columns = self.columns.iter_mut();
-        while let Some(mut writer) = group.next_column().map_err(err)? {
-            let column = columns
-                .next()
-                .ok_or_else(|| io::Error::other("more columns than the schema"))?;
-            let levels = column.levels.as_deref();
-            match &mut column.values {
-                Values::Int32(v) => writer.typed::<Int32Type>().write_batch(v, levels, None),
-                Values::Int64(v) => writer.typed::<Int64Type>().write_batch(v, levels, None),
-                Values::Double(v) => writer.typed::<DoubleType>().write_batch(v, levels, None),
-                Values::Text(v) => writer.typed::<ByteArrayType>().write_batch(v, levels, None),
-            }
-            .map_err(err)?;
-            writer.close().map_err(err)?;
-            match &mut column.values {
-                Values::Int32(v) => v.clear(),
-                Values::Int64(v) => v.clear(),
-                Values::Double(v) => v.clear(),
-                Values::Text(v) => v.clear(),
-            }
-            if let Some(l) = &mut column.levels {
-                l.clear();
-            }
+        for column in &mut self.columns {
+            let (chunk, close) = column.chunk(self.buffered, &mut self.scratch)?;
+            group.append_column(&chunk, close).map_err(err)?;
         }
         group.close().map_err(err)?;
+        self.buffered = 0;
         Ok(())
     }
 
     fn finish(mut self) -> io::Result<u64> {
         self.flush()?;
         self.file.close().map_err(err)?;
-        Ok(self.rows as u64)
+        Ok(self.rows)
     }
 }
 
@@ -269,8 +513,8 @@ pub struct ParquetWriter {
     counters: Table,
     instants: Table,
     processes: Table,
-    process_of: HashMap<u32, Process>,
-    lanes: HashMap<u32, Lane>,
+    process_of: FxHashMap<u32, Process>,
+    lanes: FxHashMap<u32, Lane>,
     error: Option<io::Error>,
 }
 
@@ -288,8 +532,8 @@ impl ParquetWriter {
             counters: table("counters", COUNTERS)?,
             instants: table("instants", INSTANTS)?,
             processes: table("processes", PROCESSES)?,
-            process_of: HashMap::new(),
-            lanes: HashMap::new(),
+            process_of: FxHashMap::default(),
+            lanes: FxHashMap::default(),
             error: None,
         })
     }
@@ -409,6 +653,36 @@ mod tests {
     use crate::telemetry::{Arg, Args, Text};
     use parquet::file::reader::{FileReader, SerializedFileReader};
     use parquet::record::RowAccessor;
+
+    /// The hybrid encoding's bytes as the Parquet specification spells them out: its example of
+    /// a bit-packed run (0 to 7 at 3 bits: `10001000 11000110 11111010`, after the header
+    /// `(1 group << 1) | 1`), an RLE run (header `run << 1` as a ULEB128, then the value in
+    /// ceil(width / 8) bytes), and a run of more than 63 groups split as parquet-mr splits it.
+    #[test]
+    fn the_hybrid_encoding_is_the_specifications() {
+        let mut out = Vec::new();
+        rle_hybrid(&[0, 1, 2, 3, 4, 5, 6, 7], 3, &mut out);
+        assert_eq!(out, [0x03, 0b1000_1000, 0b1100_0110, 0b1111_1010]);
+        out.clear();
+        rle_hybrid(&[5; 100], 3, &mut out);
+        assert_eq!(out, [200, 1, 5]);
+        out.clear();
+        // Three values then a run of ten: a group of the three and the run's first five, then
+        // the run's other five (fewer than 8) in a second group, padded with zeros.
+        rle_hybrid(&[1, 2, 3, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9], 4, &mut out);
+        assert_eq!(out, [0x05, 0x21, 0x93, 0x99, 0x99, 0x99, 0x99, 0x09, 0x00]);
+        out.clear();
+        // A group, then a run of ten: the group, then an RLE run.
+        rle_hybrid(&[1, 2, 3, 4, 5, 6, 7, 8, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9], 4, &mut out);
+        assert_eq!(out, [0x03, 0x21, 0x43, 0x65, 0x87, 20, 9]);
+        out.clear();
+        // 64 groups of distinct values at 1 bit: 63 groups, then 1.
+        let alternating: Vec<u32> = (0..512).map(|i| i % 2).collect();
+        rle_hybrid(&alternating, 1, &mut out);
+        assert_eq!(out.len(), 1 + 63 + 1 + 1);
+        assert_eq!((out[0], out[64]), ((63 << 1) | 1, (1 << 1) | 1));
+        assert!(out[1..64].iter().chain(&out[65..]).all(|&b| b == 0b1010_1010));
+    }
 
     /// Spans enough for several row groups, read back by the parquet crate's own reader: every
     /// row, in groups of at most `ROW_GROUP`, the text columns' shared values intact.
