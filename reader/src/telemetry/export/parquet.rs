@@ -98,8 +98,10 @@ fn err(e: parquet::errors::ParquetError) -> io::Error {
     io::Error::other(e)
 }
 
+/// Entries of a dictionary's cache of recent shared texts (a power of two).
+const RECENT: usize = 64;
+
 /// The distinct texts of one column chunk, in the order of first sight: a value is its index.
-#[derive(Default)]
 struct Dictionary {
     /// The texts PLAIN-encoded (each a 4-byte little-endian length, then its bytes): the
     /// dictionary page as it is written.
@@ -110,15 +112,27 @@ struct Dictionary {
     by_text: FxHashMap<Box<str>, u32>,
     /// The model's shared texts, by address; each kept, so that no other text takes it.
     by_addr: FxHashMap<usize, (Text, u32)>,
-    /// The last shared text and its index: a run of one value (a lane's spans' category) costs
-    /// a comparison.
-    last: Option<(Text, u32)>,
+    /// The shared texts met last, direct-mapped by address, with their indices (each kept in
+    /// `by_addr`, so an address here is that text's): a repeated name costs a comparison.
+    recent: [(usize, u32); RECENT],
     /// The last other text's index and where its bytes lie in `plain`: the same for the input's
     /// name or a process's host on every row.
     last_str: Option<(u32, usize, usize)>,
 }
 
 impl Dictionary {
+    fn new() -> Dictionary {
+        Dictionary {
+            plain: Vec::new(),
+            plain_at: Vec::new(),
+            len: 0,
+            by_text: FxHashMap::default(),
+            by_addr: FxHashMap::default(),
+            recent: [(0, 0); RECENT],
+            last_str: None,
+        }
+    }
+
     fn index(&mut self, s: &str) -> u32 {
         if let Some((i, from, to)) = self.last_str
             && &self.plain[from..to] == s.as_bytes()
@@ -147,10 +161,11 @@ impl Dictionary {
     }
 
     fn shared_index(&mut self, t: &Text) -> u32 {
-        if let Some((last, i)) = &self.last
-            && last.addr() == t.addr()
-        {
-            return *i;
+        let addr = t.addr();
+        let slot = (addr >> 4).wrapping_mul(0x9E37_79B9) % RECENT;
+        let (cached, i) = self.recent[slot];
+        if cached == addr {
+            return i;
         }
         let i = match self.by_addr.get(&t.addr()) {
             Some(&(_, i)) => i,
@@ -160,7 +175,7 @@ impl Dictionary {
                 i
             }
         };
-        self.last = Some((t.clone(), i));
+        self.recent[slot] = (addr, i);
         i
     }
 
@@ -170,7 +185,7 @@ impl Dictionary {
         self.len = 0;
         self.by_text.clear();
         self.by_addr.clear();
-        self.last = None;
+        self.recent = [(0, 0); RECENT];
         self.last_str = None;
     }
 }
@@ -452,7 +467,7 @@ impl Table {
                         Physical::INT32 => Values::Int32(Vec::new()),
                         Physical::INT64 => Values::Int64(Vec::new()),
                         Physical::DOUBLE => Values::Double(Vec::new()),
-                        _ => Values::Text(Vec::new(), Dictionary::default()),
+                        _ => Values::Text(Vec::new(), Dictionary::new()),
                     },
                     descr,
                 }
@@ -541,15 +556,16 @@ impl ParquetWriter {
     fn span(&mut self, s: &Span) -> io::Result<()> {
         let lane = self.lanes.get(&s.lane);
         let process = lane.and_then(|l| self.process_of.get(&l.process));
-        let arg = |key: &str| {
-            s.args
-                .iter()
-                .find(|(k, _)| k == key)
-                .and_then(|(_, v)| match v {
-                    Arg::Str(text) => Some(text),
-                    _ => None,
-                })
-        };
+        let (mut tensor, mut backend) = (None, None);
+        for (key, value) in s.args.iter() {
+            if let Arg::Str(text) = value {
+                match key.as_str() {
+                    "tensor" => tensor = tensor.or(Some(text)),
+                    "backend" => backend = backend.or(Some(text)),
+                    _ => {}
+                }
+            }
+        }
         let row = [
             Cell::Text(&self.input),
             Cell::I32(process.map_or(0, |p| p.id as i32)),
@@ -566,8 +582,8 @@ impl ParquetWriter {
             Cell::Shared(&s.name),
             Cell::Shared(&s.category),
             opt_shared((s.category == "op").then_some(&s.name)),
-            opt_shared(arg("tensor")),
-            opt_shared(arg("backend")),
+            opt_shared(tensor),
+            opt_shared(backend),
             ns(s.start_ns),
             ns(s.duration_ns()),
             ns(s.self_ns),
@@ -673,7 +689,11 @@ mod tests {
         assert_eq!(out, [0x05, 0x21, 0x93, 0x99, 0x99, 0x99, 0x99, 0x09, 0x00]);
         out.clear();
         // A group, then a run of ten: the group, then an RLE run.
-        rle_hybrid(&[1, 2, 3, 4, 5, 6, 7, 8, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9], 4, &mut out);
+        rle_hybrid(
+            &[1, 2, 3, 4, 5, 6, 7, 8, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9],
+            4,
+            &mut out,
+        );
         assert_eq!(out, [0x03, 0x21, 0x43, 0x65, 0x87, 20, 9]);
         out.clear();
         // 64 groups of distinct values at 1 bit: 63 groups, then 1.
@@ -681,7 +701,12 @@ mod tests {
         rle_hybrid(&alternating, 1, &mut out);
         assert_eq!(out.len(), 1 + 63 + 1 + 1);
         assert_eq!((out[0], out[64]), ((63 << 1) | 1, (1 << 1) | 1));
-        assert!(out[1..64].iter().chain(&out[65..]).all(|&b| b == 0b1010_1010));
+        assert!(
+            out[1..64]
+                .iter()
+                .chain(&out[65..])
+                .all(|&b| b == 0b1010_1010)
+        );
     }
 
     /// Spans enough for several row groups, read back by the parquet crate's own reader: every
