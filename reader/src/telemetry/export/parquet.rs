@@ -196,7 +196,7 @@ enum Values {
     Int64(Vec<i64>),
     Double(Vec<f64>),
     /// Each value's index in the dictionary.
-    Text(Vec<u32>, Dictionary),
+    Text(Vec<u32>, Box<Dictionary>),
 }
 
 struct Column {
@@ -467,7 +467,7 @@ impl Table {
                         Physical::INT32 => Values::Int32(Vec::new()),
                         Physical::INT64 => Values::Int64(Vec::new()),
                         Physical::DOUBLE => Values::Double(Vec::new()),
-                        _ => Values::Text(Vec::new(), Dictionary::new()),
+                        _ => Values::Text(Vec::new(), Box::new(Dictionary::new())),
                     },
                     descr,
                 }
