@@ -4,6 +4,7 @@
 //! costs no allocation.
 
 use std::borrow::Borrow;
+use std::cell::Cell;
 use std::fmt;
 use std::ops::Deref;
 use std::rc::Rc;
@@ -114,32 +115,60 @@ impl PartialEq<Text> for &str {
 /// Values found by the address of a shared [`Text`] ([`Text::addr`]): a repeated name is found
 /// without hashing or comparing its text. Each text is kept beside its value, so that no other
 /// string takes its address; past [`ByAddress::LIMIT`] entries (texts made anew per record, not
-/// shared) all are forgotten, so memory stays bounded.
+/// shared) all are forgotten, so memory stays bounded. The texts found last are also kept in a
+/// small direct-mapped table, so that the few names a trace repeats millions of times cost a
+/// comparison, not a hash lookup.
 #[derive(Debug)]
-pub struct ByAddress<V> {
+pub struct ByAddress<V: Copy> {
     map: FxHashMap<usize, (Text, V)>,
+    /// Entries of `map` found last, by address (0: none).
+    recent: [Cell<(usize, Option<V>)>; RECENT],
 }
 
-impl<V> Default for ByAddress<V> {
+/// Entries of [`ByAddress`]'s table of recent texts (a power of two).
+const RECENT: usize = 64;
+
+impl<V: Copy> Default for ByAddress<V> {
     fn default() -> Self {
         ByAddress {
             map: FxHashMap::default(),
+            recent: std::array::from_fn(|_| Cell::new((0, None))),
         }
     }
 }
 
-impl<V> ByAddress<V> {
+impl<V: Copy> ByAddress<V> {
     pub const LIMIT: usize = 1 << 16;
 
-    pub fn get(&self, t: &Text) -> Option<&V> {
-        self.map.get(&t.addr()).map(|(_, v)| v)
+    fn slot(addr: usize) -> usize {
+        (addr >> 4).wrapping_mul(0x9E37_79B9) % RECENT
+    }
+
+    pub fn get(&self, t: &Text) -> Option<V> {
+        let addr = t.addr();
+        let recent = &self.recent[Self::slot(addr)];
+        if let (cached, Some(v)) = recent.get()
+            && cached == addr
+        {
+            return Some(v);
+        }
+        let v = self.map.get(&addr).map(|&(_, v)| v)?;
+        recent.set((addr, Some(v)));
+        Some(v)
     }
 
     pub fn insert(&mut self, t: &Text, value: V) {
         if self.map.len() >= Self::LIMIT {
-            self.map.clear();
+            self.clear();
         }
         self.map.insert(t.addr(), (t.clone(), value));
+        self.recent[Self::slot(t.addr())].set((t.addr(), Some(value)));
+    }
+
+    /// Forgets every text.
+    pub fn clear(&mut self) {
+        self.map.clear();
+        self.recent.iter().for_each(|r| r.set((0, None)));
     }
 }
 
@@ -164,5 +193,33 @@ impl Texts {
 impl serde::Serialize for Text {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         s.serialize_str(&self.0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A text found once (so in the table of recent texts) is forgotten with the rest: after
+    /// `clear`, and when the map passes its limit; an equal text made apart is another key.
+    #[test]
+    fn forgotten_texts_are_not_found_through_the_recent_table() {
+        let mut values = ByAddress::default();
+        let name = Text::from("MUL_MAT");
+        values.insert(&name, 7u32);
+        assert_eq!(values.get(&name), Some(7));
+        assert_eq!(values.get(&Text::from("MUL_MAT")), None);
+        values.clear();
+        assert_eq!(values.get(&name), None);
+        values.insert(&name, 8);
+        assert_eq!(values.get(&name), Some(8));
+        let others: Vec<Text> = (0..ByAddress::<u32>::LIMIT)
+            .map(|i| Text::from(i.to_string()))
+            .collect();
+        for (i, t) in others.iter().enumerate() {
+            values.insert(t, i as u32);
+        }
+        assert_eq!(values.get(&name), None, "forgotten when the map was full");
+        assert_eq!(values.get(others.last().unwrap()), Some(others.len() as u32 - 1));
     }
 }

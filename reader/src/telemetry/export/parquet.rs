@@ -41,7 +41,7 @@ use parquet::file::writer::{SerializedFileWriter, SerializedPageWriter, TrackedW
 use parquet::schema::parser::parse_message_type;
 use parquet::schema::types::ColumnDescPtr;
 
-use crate::telemetry::{Arg, Lane, Process, Record, RecordSink, Span, Text};
+use crate::telemetry::{Arg, ByAddress, Lane, Process, Record, RecordSink, Span, Text};
 
 /// Rows per row group: what is held in memory before it is written (~10 MB of spans).
 pub const ROW_GROUP: usize = 1 << 16;
@@ -98,9 +98,6 @@ fn err(e: parquet::errors::ParquetError) -> io::Error {
     io::Error::other(e)
 }
 
-/// Entries of a dictionary's cache of recent shared texts (a power of two).
-const RECENT: usize = 64;
-
 /// The distinct texts of one column chunk, in the order of first sight: a value is its index.
 struct Dictionary {
     /// The texts PLAIN-encoded (each a 4-byte little-endian length, then its bytes): the
@@ -110,11 +107,8 @@ struct Dictionary {
     plain_at: Vec<usize>,
     len: u32,
     by_text: FxHashMap<Box<str>, u32>,
-    /// The model's shared texts, by address; each kept, so that no other text takes it.
-    by_addr: FxHashMap<usize, (Text, u32)>,
-    /// The shared texts met last, direct-mapped by address, with their indices (each kept in
-    /// `by_addr`, so an address here is that text's): a repeated name costs a comparison.
-    recent: [(usize, u32); RECENT],
+    /// The model's shared texts' indices, by address.
+    by_addr: ByAddress<u32>,
     /// The last other text's index and where its bytes lie in `plain`: the same for the input's
     /// name or a process's host on every row.
     last_str: Option<(u32, usize, usize)>,
@@ -127,8 +121,7 @@ impl Dictionary {
             plain_at: Vec::new(),
             len: 0,
             by_text: FxHashMap::default(),
-            by_addr: FxHashMap::default(),
-            recent: [(0, 0); RECENT],
+            by_addr: ByAddress::default(),
             last_str: None,
         }
     }
@@ -161,21 +154,11 @@ impl Dictionary {
     }
 
     fn shared_index(&mut self, t: &Text) -> u32 {
-        let addr = t.addr();
-        let slot = (addr >> 4).wrapping_mul(0x9E37_79B9) % RECENT;
-        let (cached, i) = self.recent[slot];
-        if cached == addr {
+        if let Some(i) = self.by_addr.get(t) {
             return i;
         }
-        let i = match self.by_addr.get(&t.addr()) {
-            Some(&(_, i)) => i,
-            None => {
-                let i = self.interned(t);
-                self.by_addr.insert(t.addr(), (t.clone(), i));
-                i
-            }
-        };
-        self.recent[slot] = (addr, i);
+        let i = self.interned(t);
+        self.by_addr.insert(t, i);
         i
     }
 
@@ -185,7 +168,6 @@ impl Dictionary {
         self.len = 0;
         self.by_text.clear();
         self.by_addr.clear();
-        self.recent = [(0, 0); RECENT];
         self.last_str = None;
     }
 }

@@ -86,7 +86,7 @@ impl Interned {
     }
 
     fn text_iid(&mut self, t: &Text) -> u64 {
-        if let Some(&iid) = self.by_addr.get(t) {
+        if let Some(iid) = self.by_addr.get(t) {
             return iid;
         }
         let iid = self.iid(t);
@@ -506,9 +506,9 @@ fn begin<W: Write>(
 fn end<W: Write>(seq: &mut Sequence, out: &mut Output<W>, s: &Span) {
     seq.emit(out, |seq, packet| {
         seq.stamp(packet, s.end_ns);
-        packet.nested(11, |event| {
-            event.uint(9, SLICE_END);
-        });
+        // Field 11, `track_event`, two bytes long: its field 9, `type`, = TYPE_SLICE_END.
+        const TRACK_EVENT_SLICE_END: [u8; 4] = [(11 << 3) | 2, 2, 9 << 3, SLICE_END as u8];
+        packet.encoded(&TRACK_EVENT_SLICE_END);
     });
 }
 

@@ -95,6 +95,12 @@ impl Message {
         out.write_all(&self.bytes)
     }
 
+    /// Fields already encoded, appended as they are.
+    pub fn encoded(&mut self, fields: &[u8]) -> &mut Self {
+        self.bytes.extend_from_slice(fields);
+        self
+    }
+
     /// Empties the message, keeping its buffer.
     pub fn clear(&mut self) {
         self.bytes.clear();

@@ -224,7 +224,7 @@ impl Summary {
     }
 
     fn row_index(&mut self, name: &Text) -> RowIndex {
-        if let Some(&i) = self.by_addr.get(name) {
+        if let Some(i) = self.by_addr.get(name) {
             return i;
         }
         let i = match self.by_name.get(name.as_str()) {
