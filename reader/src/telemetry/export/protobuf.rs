@@ -14,7 +14,7 @@ pub struct Message {
     pub bytes: Vec<u8>,
 }
 
-#[inline]
+#[inline(always)]
 fn varint(out: &mut Vec<u8>, mut v: u64) {
     if v < 0x80 {
         // Most tags and small values: one byte.
@@ -33,13 +33,13 @@ fn varint(out: &mut Vec<u8>, mut v: u64) {
 }
 
 impl Message {
-    #[inline]
+    #[inline(always)]
     fn tag(&mut self, field: u32, wire: u64) {
         varint(&mut self.bytes, (u64::from(field) << 3) | wire);
     }
 
     /// `uint32`, `uint64`, `bool` and enum fields.
-    #[inline]
+    #[inline(always)]
     pub fn uint(&mut self, field: u32, v: u64) -> &mut Self {
         self.tag(field, VARINT);
         varint(&mut self.bytes, v);
@@ -115,6 +115,7 @@ impl Message {
 
     /// A message built by `build`, as field `field` of this one: built in place after a
     /// one-byte length (most are shorter than 128 bytes), which grows if it must.
+    #[inline(always)]
     pub fn nested(&mut self, field: u32, build: impl FnOnce(&mut Message)) -> &mut Self {
         self.tag(field, LEN);
         let at = self.bytes.len();
