@@ -135,12 +135,42 @@ pub fn fixture(name: &str) -> PathBuf {
         .join(name)
 }
 
-/// A fresh, empty directory for one test.
+/// Prefix of the scratch directories, followed by the test process's id.
+const SCRATCH: &str = "ggml-viz-e2e-";
+
+/// A fresh, empty directory for one test. Those of earlier test processes that have ended are
+/// removed on the first call (a test leaves its files for a failure to be looked at, until the
+/// next run).
 pub fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("ggml-viz-e2e-{}-{name}", std::process::id()));
+    static SWEPT: OnceLock<()> = OnceLock::new();
+    SWEPT.get_or_init(remove_ended_scratch);
+    let dir = std::env::temp_dir().join(format!("{SCRATCH}{}-{name}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     dir
+}
+
+/// Removes the scratch directories of test processes no longer running (`/proc/<pid>` gone).
+fn remove_ended_scratch() {
+    let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(pid) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix(SCRATCH))
+            .and_then(|rest| rest.split('-').next())
+            .and_then(|pid| pid.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        // Where there is no /proc (not Linux), nothing is known to have ended.
+        let ended = cfg!(target_os = "linux") && !Path::new(&format!("/proc/{pid}")).exists();
+        if pid != std::process::id() && ended {
+            let _ = std::fs::remove_dir_all(entry.path());
+        }
+    }
 }
 
 /// The tiny random-weight llama model, generated once per test process.

@@ -17,8 +17,10 @@ fn ggml_viz(args: &[&str]) -> Output {
         .unwrap()
 }
 
+/// A file of this test binary's own, in Cargo's scratch directory for integration tests (under
+/// `target/`: overwritten by the next run, never left in the system's temporary directory).
 fn temp_file(name: &str, bytes: &[u8]) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("ggml-viz-cli-{}", std::process::id()));
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("cli");
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join(name);
     std::fs::write(&path, bytes).unwrap();
@@ -324,7 +326,7 @@ fn summary_csv_diff_and_export_work_on_real_files() {
 
 #[test]
 fn odd_inputs_get_clear_messages_and_documented_exit_codes() {
-    let dir = std::env::temp_dir().join(format!("ggml-viz-cli-odd-{}", std::process::id()));
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("cli-odd");
     std::fs::create_dir_all(&dir).unwrap();
     for cmd in ["info", "dump", "ops", "summary"] {
         // A device is streamed, not mapped: zeros are not a trace.
