@@ -220,6 +220,9 @@ mod tests {
             values.insert(t, i as u32);
         }
         assert_eq!(values.get(&name), None, "forgotten when the map was full");
-        assert_eq!(values.get(others.last().unwrap()), Some(others.len() as u32 - 1));
+        assert_eq!(
+            values.get(others.last().unwrap()),
+            Some(others.len() as u32 - 1)
+        );
     }
 }

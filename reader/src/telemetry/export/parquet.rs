@@ -242,8 +242,14 @@ fn width_of(max: u32) -> u8 {
     (32 - max.leading_zeros()).max(1) as u8
 }
 
-/// Min and max of `v` (`None` when empty).
-fn min_max<T: Copy + PartialOrd>(v: &[T]) -> (Option<T>, Option<T>) {
+/// Appends `v` PLAIN-encoded (`bytes` of each, one after another) to `page`; their min and max
+/// (`None` when empty).
+fn plain<T: Copy + PartialOrd, const N: usize>(
+    v: &[T],
+    bytes: fn(T) -> [u8; N],
+    page: &mut Vec<u8>,
+) -> (Option<T>, Option<T>) {
+    v.iter().for_each(|&x| page.extend_from_slice(&bytes(x)));
     let mut it = v.iter().copied();
     let Some(first) = it.next() else {
         return (None, None);
@@ -323,31 +329,19 @@ impl Column {
         }
         let (encoding, statistics) = match &self.values {
             Values::Int32(v) => {
-                v.iter()
-                    .for_each(|x| page.extend_from_slice(&x.to_le_bytes()));
-                let (lo, hi) = min_max(v);
-                (
-                    Encoding::PLAIN,
-                    Some(Statistics::int32(lo, hi, None, Some(nulls), false)),
-                )
+                let (lo, hi) = plain(v, i32::to_le_bytes, page);
+                let stats = Statistics::int32(lo, hi, None, Some(nulls), false);
+                (Encoding::PLAIN, Some(stats))
             }
             Values::Int64(v) => {
-                v.iter()
-                    .for_each(|x| page.extend_from_slice(&x.to_le_bytes()));
-                let (lo, hi) = min_max(v);
-                (
-                    Encoding::PLAIN,
-                    Some(Statistics::int64(lo, hi, None, Some(nulls), false)),
-                )
+                let (lo, hi) = plain(v, i64::to_le_bytes, page);
+                let stats = Statistics::int64(lo, hi, None, Some(nulls), false);
+                (Encoding::PLAIN, Some(stats))
             }
             Values::Double(v) => {
-                v.iter()
-                    .for_each(|x| page.extend_from_slice(&x.to_le_bytes()));
-                let (lo, hi) = min_max(v);
-                (
-                    Encoding::PLAIN,
-                    Some(Statistics::double(lo, hi, None, Some(nulls), false)),
-                )
+                let (lo, hi) = plain(v, f64::to_le_bytes, page);
+                let stats = Statistics::double(lo, hi, None, Some(nulls), false);
+                (Encoding::PLAIN, Some(stats))
             }
             Values::Text(v, d) => {
                 let width = width_of(d.len.saturating_sub(1));
