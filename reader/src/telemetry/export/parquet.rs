@@ -720,6 +720,19 @@ mod tests {
         let groups = reader.metadata().row_groups();
         assert_eq!(groups.len(), 3);
         assert!(groups.iter().all(|g| g.num_rows() as usize <= ROW_GROUP));
+        // Each group's start_ns statistics: its first and last rows' (10 ns apart, in order).
+        let mut first = 0;
+        for g in groups {
+            let Some(parquet::file::statistics::Statistics::Int64(stats)) =
+                g.column(16).statistics()
+            else {
+                panic!("no int64 statistics for start_ns");
+            };
+            let last = first + g.num_rows() as u64 - 1;
+            let want = (Some(10 * first as i64), Some(10 * last as i64));
+            assert_eq!((stats.min_opt().copied(), stats.max_opt().copied()), want);
+            first = last + 1;
+        }
         let (mut rows, mut total, mut adds) = (0u64, 0i64, 0u64);
         for row in reader.get_row_iter(None).unwrap() {
             let row = row.unwrap();
