@@ -278,6 +278,28 @@ impl Column {
         Ok(())
     }
 
+    /// The previous row's value again (there is one in this row group).
+    fn repeat(&mut self) {
+        if let Some(levels) = &mut self.present {
+            let present = levels.last().copied().unwrap_or(0);
+            levels.push(present);
+            if present == 0 {
+                return;
+            }
+        }
+        fn again<T: Copy>(v: &mut Vec<T>) {
+            if let Some(&last) = v.last() {
+                v.push(last);
+            }
+        }
+        match &mut self.values {
+            Values::Int32(v) => again(v),
+            Values::Int64(v) => again(v),
+            Values::Double(v) => again(v),
+            Values::Text(v, _) => again(v),
+        }
+    }
+
     /// The row group's chunk of this column, encoded, and its metadata; the column is then
     /// emptied for the next group.
     fn chunk(
@@ -463,8 +485,25 @@ impl Table {
     }
 
     fn push(&mut self, row: &[Cell<'_>]) -> io::Result<()> {
+        self.push_repeating(row, 0)
+    }
+
+    /// Whether a row can repeat cells of the previous one: a row group has begun.
+    fn can_repeat(&self) -> bool {
+        self.buffered > 0
+    }
+
+    /// [`Table::push`], where the row's first `same` cells are known to equal the previous
+    /// row's: those are repeated from it (their cells in `row` are not read). Only where
+    /// [`Table::can_repeat`], or `same` is 0.
+    fn push_repeating(&mut self, row: &[Cell<'_>], same: usize) -> io::Result<()> {
         debug_assert_eq!(row.len(), self.columns.len());
-        for (column, cell) in self.columns.iter_mut().zip(row) {
+        if same > 0 && !self.can_repeat() {
+            return Err(io::Error::other("no previous row to repeat"));
+        }
+        let (repeated, pushed) = self.columns.split_at_mut(same);
+        repeated.iter_mut().for_each(Column::repeat);
+        for (column, cell) in pushed.iter_mut().zip(&row[same..]) {
             column.push(cell)?;
         }
         self.buffered += 1;
@@ -506,8 +545,14 @@ pub struct ParquetWriter {
     processes: Table,
     process_of: FxHashMap<u32, Process>,
     lanes: FxHashMap<u32, Lane>,
+    /// The lane of the last span row, while its first [`LANE_COLUMNS`] cells still hold.
+    last_lane: Option<u32>,
     error: Option<io::Error>,
 }
+
+/// The span columns that follow from the lane (input, process, pid, host, rank, lane, thread,
+/// thread_name): repeated, not looked up again, while spans of one lane follow one another.
+const LANE_COLUMNS: usize = 8;
 
 impl ParquetWriter {
     /// Creates `dir/<table>/<input>.parquet` for each table.
@@ -525,12 +570,16 @@ impl ParquetWriter {
             processes: table("processes", PROCESSES)?,
             process_of: FxHashMap::default(),
             lanes: FxHashMap::default(),
+            last_lane: None,
             error: None,
         })
     }
 
     fn span(&mut self, s: &Span) -> io::Result<()> {
-        let lane = self.lanes.get(&s.lane);
+        // The lane's columns repeat the previous row's: not looked up (their cells are ignored).
+        let same = self.last_lane == Some(s.lane) && self.spans.can_repeat();
+        self.last_lane = Some(s.lane);
+        let lane = (!same).then(|| self.lanes.get(&s.lane)).flatten();
         let process = lane.and_then(|l| self.process_of.get(&l.process));
         let (mut tensor, mut backend) = (None, None);
         for (key, value) in s.args.iter() {
@@ -564,12 +613,14 @@ impl ParquetWriter {
             ns(s.duration_ns()),
             ns(s.self_ns),
         ];
-        self.spans.push(&row)
+        self.spans
+            .push_repeating(&row, if same { LANE_COLUMNS } else { 0 })
     }
 
     fn write(&mut self, record: Record) -> io::Result<()> {
         match record {
             Record::Process(p) => {
+                self.last_lane = None;
                 let row = [
                     Cell::Text(&self.input),
                     Cell::I32(p.id as i32),
@@ -585,6 +636,7 @@ impl ParquetWriter {
                 self.process_of.insert(p.id, p);
             }
             Record::Lane(l) => {
+                self.last_lane = None;
                 self.lanes.insert(l.id, l);
             }
             Record::Span(s) => self.span(&s)?,
@@ -685,6 +737,72 @@ mod tests {
         );
     }
 
+    /// Rows of alternating lanes, and of a lane renamed between two of its spans, carry their
+    /// own lane's columns (which repeat the previous row's only while the lane does).
+    #[test]
+    fn each_row_has_its_own_lanes_columns() {
+        let dir =
+            std::env::temp_dir().join(format!("ggml-viz-parquet-lanes-{}", std::process::id()));
+        let mut writer = ParquetWriter::create(&dir, "t").unwrap();
+        let lane = |id: u32, name: &str| {
+            Record::Lane(Lane {
+                id,
+                process: 0,
+                tid: Some(u64::from(id) * 10),
+                name: name.into(),
+            })
+        };
+        let span = |i: u64, lane: u32| {
+            Record::Span(Span {
+                id: i,
+                parent: None,
+                depth: 0,
+                lane,
+                name: "op".into(),
+                category: "op".into(),
+                start_ns: i,
+                end_ns: i + 1,
+                self_ns: 1,
+                args: Args::default(),
+            })
+        };
+        writer.record(lane(1, "one"));
+        writer.record(lane(2, "two"));
+        let mut expected = Vec::new();
+        for (i, l) in [1, 1, 2, 2, 1].into_iter().enumerate() {
+            writer.record(span(i as u64, l));
+            expected.push((
+                l as i32,
+                i64::from(l) * 10,
+                if l == 1 { "one" } else { "two" },
+            ));
+        }
+        writer.record(lane(1, "renamed"));
+        writer.record(span(5, 1));
+        expected.push((1, 10, "renamed"));
+        writer.finish().unwrap();
+        let file = File::open(dir.join("spans/t.parquet")).unwrap();
+        let reader = SerializedFileReader::new(file).unwrap();
+        let rows: Vec<(i32, i64, String)> = reader
+            .get_row_iter(None)
+            .unwrap()
+            .map(|r| {
+                let r = r.unwrap();
+                (
+                    r.get_int(5).unwrap(),
+                    r.get_long(6).unwrap(),
+                    r.get_string(7).unwrap().clone(),
+                )
+            })
+            .collect();
+        let expected: Vec<(i32, i64, String)> = expected
+            .into_iter()
+            .map(|(l, t, n)| (l, t, n.to_string()))
+            .collect();
+        assert_eq!(rows, expected);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
     /// Spans enough for several row groups, read back by the parquet crate's own reader: every
     /// row, in groups of at most `ROW_GROUP`, the text columns' shared values intact.
     #[test]
@@ -739,6 +857,10 @@ mod tests {
             rows += 1;
             total += row.get_long(17).unwrap();
             assert_eq!(row.get_string(14).unwrap(), "attn_out-5");
+            // The lane's columns, on every row (each row group's first included).
+            assert_eq!(row.get_int(5).unwrap(), 1);
+            assert_eq!(row.get_long(6).unwrap(), 7);
+            assert_eq!(row.get_string(7).unwrap(), "thread 7");
             adds += u64::from(row.get_string(11).unwrap() == "ADD");
         }
         assert_eq!(rows, n);
