@@ -405,7 +405,9 @@ impl<W: Write> PerfettoWriter<W> {
         if !self.order.is_sorted() {
             self.order.sort_unstable();
         }
-        let seq = lane_sequence(&mut self.lanes, &mut self.out, root.lane, root.start_ns);
+        // A new lane's clock starts at the tree's first begin.
+        let first = spans[self.order[0].2 as usize].start_ns;
+        let seq = lane_sequence(&mut self.lanes, &mut self.out, root.lane, first);
         self.open.clear();
         for &(_, _, i) in &self.order {
             let s = &spans[i as usize];
