@@ -135,6 +135,20 @@ pub fn fixture(name: &str) -> PathBuf {
         .join(name)
 }
 
+/// `attempt`'s result, run again (at most `tries` times in all) until `whole` accepts it: for
+/// llama.cpp programs whose logger thread may not have written their last lines when they exit
+/// (llama.cpp #22142). The last result is returned either way: the caller asserts it whole.
+pub fn until_whole<T>(tries: u32, mut attempt: impl FnMut() -> T, whole: impl Fn(&T) -> bool) -> T {
+    let mut result = attempt();
+    for _ in 1..tries {
+        if whole(&result) {
+            break;
+        }
+        result = attempt();
+    }
+    result
+}
+
 /// Prefix of the scratch directories, followed by the test process's id.
 const SCRATCH: &str = "ggml-viz-e2e-";
 

@@ -289,18 +289,15 @@ fn rpc_job_on_two_hosts_joins_every_compute_and_finds_the_shifted_clock() {
     // llama-completion prints through llama.cpp's logger thread, which may not have written the
     // end of the output when the client exits (llama.cpp #22142), hook or not: a pair of jobs
     // is compared once both outputs are whole (they end with the final "\n\n"), else run again.
-    let (mut untraced, mut traced) = (String::new(), String::new());
-    for _ in 0..5 {
-        untraced = job(&hosts, None);
-        traced = job(&hosts, Some(&dir));
-        if untraced.ends_with("\n\n") && traced.ends_with("\n\n") {
-            break;
-        }
-    }
+    let whole = |(untraced, traced): &(String, String)| {
+        untraced.ends_with("\n\n") && traced.ends_with("\n\n")
+    };
+    let jobs = until_whole(5, || (job(&hosts, None), job(&hosts, Some(&dir))), whole);
     assert!(
-        untraced.ends_with("\n\n") && traced.ends_with("\n\n"),
-        "5 pairs of runs without a whole output: {untraced:?} {traced:?}"
+        whole(&jobs),
+        "5 pairs of runs without a whole output: {jobs:?}"
     );
+    let (untraced, traced) = jobs;
     assert_eq!(
         traced, untraced,
         "the client's output changed under the hook"

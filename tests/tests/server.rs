@@ -10,7 +10,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use ggml_viz_e2e::*;
-use ggml_viz_reader::telemetry::{Arg, Collected, Ids, import_path};
+use ggml_viz_reader::telemetry::{Arg, Collected, Ids, Span, import_path};
 use serde_json::Value;
 
 use crate::report::{check_in_browser, report};
@@ -202,8 +202,8 @@ fn llama_server_under_concurrent_load_decodes_what_it_reports() {
         c.spans
             .iter()
             .filter(|s| s.category == "llama" && s.start_ns >= started_ns)
-            .filter_map(|s| s.args.iter().find(|(k, _)| k == key))
-            .map(|(_, v)| match v {
+            .filter_map(|s| arg(s, key))
+            .map(|v| match v {
                 Arg::UInt(n) => *n,
                 other => panic!("{key}: {other:?}"),
             })
@@ -254,14 +254,10 @@ fn llama_server_under_concurrent_load_decodes_what_it_reports() {
         for s in (c.spans.iter())
             .filter(|s| s.lane == lane.id && s.name == "request" && s.start_ns >= started_ns)
         {
-            let tokens = |key: &str| match s.args.iter().find(|(k, _)| k == key) {
-                Some((_, Arg::UInt(n))) => *n,
-                other => panic!("{key}: {other:?}"),
-            };
             inferred
                 .entry(slot)
                 .or_default()
-                .push((tokens("prefill_tokens"), tokens("generation_tokens")));
+                .push((uint(s, "prefill_tokens"), uint(s, "generation_tokens")));
         }
     }
     for requests in served.values_mut().chain(inferred.values_mut()) {
@@ -275,15 +271,7 @@ fn llama_server_under_concurrent_load_decodes_what_it_reports() {
     // start (`llama_memory_seq_rm(mem, slot, 0, -1)`, no prompt cache here) once per request.
     let clears = (c.spans.iter())
         .filter(|s| s.name == "llama_memory_seq_rm" && s.start_ns >= started_ns)
-        .filter(|s| {
-            let arg = |key: &str| {
-                s.args
-                    .iter()
-                    .find(|(k, _)| k == key)
-                    .map(|(_, v)| v.clone())
-            };
-            arg("from") == Some(Arg::Int(0)) && arg("to") == Some(Arg::Int(-1))
-        })
+        .filter(|s| arg(s, "from") == Some(&Arg::Int(0)) && arg(s, "to") == Some(&Arg::Int(-1)))
         .count();
     assert_eq!(clears, results.len(), "a cleared sequence per request");
 
@@ -291,8 +279,8 @@ fn llama_server_under_concurrent_load_decodes_what_it_reports() {
     // named its sequences, and as many sequences per batch as the importer's decode spans.
     let all_batches: Vec<usize> = (c.spans.iter())
         .filter(|s| s.name == "llama_decode")
-        .filter_map(|s| s.args.iter().find(|(k, _)| k == "sequences"))
-        .map(|(_, v)| match v {
+        .filter_map(|s| arg(s, "sequences"))
+        .map(|v| match v {
             Arg::UInt(n) => *n as usize,
             other => panic!("{other:?}"),
         })
@@ -373,11 +361,10 @@ fn decode_batches(c: &Collected, since_ns: u64) -> Vec<(u64, BTreeMap<u64, u64>)
         .iter()
         .filter(|s| s.category == "llama" && s.name == "llama_decode" && s.start_ns >= since_ns)
         .map(|s| {
-            let arg = |key: &str| s.args.iter().find(|(k, _)| k == key).map(|(_, v)| v);
-            let Some(Arg::UInt(n)) = arg("n_tokens") else {
+            let Some(Arg::UInt(n)) = arg(s, "n_tokens") else {
                 panic!("a decode without n_tokens: {s:?}")
             };
-            let Some(Arg::Str(seqs)) = arg("seq_tokens") else {
+            let Some(Arg::Str(seqs)) = arg(s, "seq_tokens") else {
                 panic!("a decode without its sequences: {s:?}")
             };
             let seqs = seqs
@@ -427,18 +414,18 @@ fn llama_batched_shares_its_prompt_between_sequences() {
             && said.matches(" finished at n_cur = ").count() == 3
             && said.contains("decoded ")
     };
-    let mut said = String::new();
-    for _ in 0..5 {
-        let out = run(with_hook(
-            batched(),
-            &[("GGML_VIZ_OUTPUT", trace.to_str().unwrap())],
-        ));
-        assert!(out.status.success(), "{}", text(&out.stderr));
-        said = text(&out.stderr);
-        if complete(&said) {
-            break;
-        }
-    }
+    let said = until_whole(
+        5,
+        || {
+            let out = run(with_hook(
+                batched(),
+                &[("GGML_VIZ_OUTPUT", trace.to_str().unwrap())],
+            ));
+            assert!(out.status.success(), "{}", text(&out.stderr));
+            text(&out.stderr)
+        },
+        |said| complete(said),
+    );
     assert!(complete(&said), "5 runs without a whole printout: {said}");
     let number_after = |line: &str, key: &str| -> u64 {
         let rest = &line[line.find(key).unwrap_or_else(|| panic!("{key} in {line}")) + key.len()..];
@@ -497,13 +484,7 @@ fn llama_batched_shares_its_prompt_between_sequences() {
             .unwrap_or_else(|| panic!("no lane for sequence {i}"));
         let requests: Vec<(u64, u64)> = (c.spans.iter())
             .filter(|s| s.lane == lane.id && s.name == "request")
-            .map(|s| {
-                let get = |key: &str| match s.args.iter().find(|(k, _)| k == key) {
-                    Some((_, Arg::UInt(n))) => *n,
-                    other => panic!("{key}: {other:?}"),
-                };
-                (get("prefill_tokens"), get("generation_tokens"))
-            })
+            .map(|s| (uint(s, "prefill_tokens"), uint(s, "generation_tokens")))
             .collect();
         assert_eq!(requests, [(prompt, *tokens)], "sequence {i}");
     }
@@ -538,4 +519,17 @@ fn llama_server_answers_the_same_with_the_hook() {
     }
     assert!(answers[0].iter().all(|a| !a.is_empty()), "{answers:?}");
     assert_eq!(answers[0], answers[1]);
+}
+
+/// `span`'s argument `key`.
+fn arg<'a>(span: &'a Span, key: &str) -> Option<&'a Arg> {
+    span.args.iter().find(|(k, _)| k == key).map(|(_, v)| v)
+}
+
+/// `span`'s unsigned argument `key`, which it must have.
+fn uint(span: &Span, key: &str) -> u64 {
+    match arg(span, key) {
+        Some(Arg::UInt(n)) => *n,
+        other => panic!("{key}: {other:?} in {span:?}"),
+    }
 }

@@ -3,8 +3,9 @@
 //!
 //! `llama_batch` carries its count, and its tokens' sequences in arrays read at the call; the
 //! opaque `llama_batch_ext` of newer llama.cpp does not, so the tokens added to each one
-//! (`llama_batch_ext_add[_token]`, which return the token's index) are followed here (`_add_embd` too: an input embedding is one entry), and
-//! `llama_batch_ext_clear` starts it over. The sequence each token was added to is counted too
+//! (`llama_batch_ext_add[_token]`, which return the token's index) are followed here
+//! (`_add_embd` too: an input embedding is one entry), and `llama_batch_ext_clear` starts it
+//! over. The sequence each token was added to is counted too
 //! (and each further sequence `llama_batch_ext_add_seq` puts it in): a server's batch says how
 //! many tokens each sequence (slot) put in it.
 

@@ -512,6 +512,18 @@ pub struct LlamaBatch {
     logits: Ptr,
 }
 
+/// Calls the real function (`call` gets its address) between `mark(true)` and `mark(false)`;
+/// untraced, the call alone.
+fn around<T>(real: &Resolved, mark: impl Fn(bool), call: impl FnOnce(usize) -> T) -> T {
+    if real.untraced {
+        return call(real.real);
+    }
+    guarded(|| mark(true));
+    let out = call(real.real);
+    guarded(|| mark(false));
+    out
+}
+
 /// A span around one llama call (`name` says which), with `n_tokens` (`u32::MAX`: unknown) and
 /// the batch's sequences where known.
 fn traced_span(
@@ -521,15 +533,13 @@ fn traced_span(
     real: &Resolved,
     call: impl FnOnce(usize) -> i32,
 ) -> i32 {
-    if real.untraced {
-        return call(real.real);
-    }
     let c = composition.unwrap_or_default();
     let seqs = &c.seqs[..c.n_seqs];
-    guarded(|| record::span(name, true, n_tokens, seqs, c.other_tokens));
-    let status = call(real.real);
-    guarded(|| record::span(name, false, n_tokens, seqs, c.other_tokens));
-    status
+    around(
+        real,
+        |begin| record::span(name, begin, n_tokens, seqs, c.other_tokens),
+        call,
+    )
 }
 
 type LlamaFn = unsafe extern "C" fn(Ptr, LlamaBatch) -> i32;
@@ -672,15 +682,12 @@ unsafe extern "C" fn memory_seq_rm(mem: Ptr, seq_id: i32, p0: i32, p1: i32, ret:
         return false;
     };
     type SeqRmFn = unsafe extern "C" fn(Ptr, i32, i32, i32) -> bool;
-    // SAFETY: the real llama_memory_seq_rm, with the caller's arguments.
-    let call = || unsafe { std::mem::transmute::<usize, SeqRmFn>(real.real)(mem, seq_id, p0, p1) };
-    if real.untraced {
-        return call();
-    }
-    guarded(|| record::seq_removed(true, seq_id, p0, p1));
-    let removed = call();
-    guarded(|| record::seq_removed(false, seq_id, p0, p1));
-    removed
+    around(
+        real,
+        |begin| record::seq_removed(begin, seq_id, p0, p1),
+        // SAFETY: the real llama_memory_seq_rm, with the caller's arguments.
+        |f| unsafe { std::mem::transmute::<usize, SeqRmFn>(f)(mem, seq_id, p0, p1) },
+    )
 }
 
 unsafe extern "C" fn batch_ext_clear(batch: Ptr, ret: usize) {

@@ -8,9 +8,9 @@
 //! request begins with a prefill, unless the sequence prefilled in the batch just before (a
 //! prompt split over consecutive batches stays one request), or after the sequence was cleared
 //! (`llama_memory_seq_rm` from its start: a server does so when a slot's next request starts),
-//! and ends with the last step before the next one. A request that finds all but one token of its prompt cached starts with one
-//! token, and is taken for the previous request's continuation. Tokens of sequences beyond the six a
-//! batch names one by one are not drawn.
+//! and ends with the last step before the next one. A request that finds all but one token of
+//! its prompt cached starts with one token, and is taken for the previous request's
+//! continuation. Tokens of sequences beyond the six a batch names one by one are not drawn.
 
 use rustc_hash::FxHashMap;
 
@@ -172,15 +172,23 @@ mod tests {
     use super::*;
     use crate::telemetry::Collected;
 
+    /// The names, an empty state, span ids and a sink for one test.
+    fn fresh() -> (Names, Sequences, Ids, Collected) {
+        let names = Names::new(&mut Texts::default());
+        (
+            names,
+            Sequences::default(),
+            Ids::default(),
+            Collected::default(),
+        )
+    }
+
     /// Two sequences over six batches (continuous batching): requests begin at a prefill after
     /// generating, a prompt split over two batches is one request, and each request carries its
     /// tokens.
     #[test]
     fn batches_become_steps_and_requests_per_sequence() {
-        let mut texts = Texts::default();
-        let names = Names::new(&mut texts);
-        let (mut seqs, mut ids, mut out) =
-            (Sequences::default(), Ids::default(), Collected::default());
+        let (names, mut seqs, mut ids, mut out) = fresh();
         let batches: [&[(i32, u32)]; 9] = [
             &[(0, 5)],         // 0: prefill
             &[(0, 1), (1, 3)], // 0: generate; 1: prefill, first half
@@ -242,10 +250,7 @@ mod tests {
     /// requests, not one prompt split over two batches.
     #[test]
     fn a_cleared_sequence_begins_a_new_request() {
-        let mut texts = Texts::default();
-        let names = Names::new(&mut texts);
-        let (mut seqs, mut ids, mut out) =
-            (Sequences::default(), Ids::default(), Collected::default());
+        let (names, mut seqs, mut ids, mut out) = fresh();
         seqs.batch(&mut out, &mut ids, &names, 7, &[(0, 2)], 0, 50);
         seqs.cleared(0);
         seqs.batch(&mut out, &mut ids, &names, 7, &[(0, 23)], 100, 150);
