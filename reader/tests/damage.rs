@@ -23,20 +23,46 @@ fn read_slice(bytes: &[u8], layout: Option<Layout>) -> (Vec<Event<'static>>, Opt
     (events, None)
 }
 
+/// The events and damage of `bytes` read `chunk` bytes at a time, one by one and handed over by
+/// `for_each_borrowed` (which must agree, offsets included).
 fn read_stream(
     bytes: &[u8],
     layout: Option<Layout>,
     chunk: usize,
 ) -> (Vec<Event<'static>>, Option<Damage>) {
-    let mut events = Vec::new();
-    for item in StreamReader::new(common::ChunkedReader::new(bytes, chunk), layout) {
-        match item {
-            Ok(e) => events.push(e),
-            Err(StreamError::Damage(d)) => return (events, Some(d)),
+    let read = |each: bool| {
+        let (mut events, mut offsets, mut damage) = (Vec::new(), Vec::new(), None);
+        let mut on = |offset: u64, item: Result<&Event<'_>, StreamError>| match item {
+            Ok(e) => {
+                offsets.push(offset);
+                events.push(e.clone().into_owned());
+                true
+            }
+            Err(StreamError::Damage(d)) => {
+                damage = Some(d);
+                false
+            }
             Err(StreamError::Io(e)) => panic!("in-memory read failed: {e}"),
+        };
+        let mut reader = StreamReader::new(common::ChunkedReader::new(bytes, chunk), layout);
+        if each {
+            reader.for_each_borrowed(on);
+        } else {
+            while let Some(item) = reader.next_borrowed() {
+                let go_on = match item {
+                    Ok((offset, e)) => on(offset, Ok(&e)),
+                    Err(err) => on(0, Err(err)),
+                };
+                if !go_on {
+                    break;
+                }
+            }
         }
-    }
-    (events, None)
+        (events, offsets, damage)
+    };
+    let (events, offsets, damage) = read(false);
+    assert_eq!(read(true), (events.clone(), offsets, damage.clone()));
+    (events, damage)
 }
 
 #[test]

@@ -183,6 +183,28 @@ impl Decoder {
         }
     }
 
+    /// Hands `each` every complete record now buffered, decoded where it lies, with its file
+    /// offset, until `each` returns false (then false). The fast path of reading a whole input:
+    /// the header, the layout and the state are checked once, not per record. Only once the
+    /// layout is known and the header read; it stops before a record that is incomplete or
+    /// damaged, which [`Decoder::advance`] then deals with.
+    pub fn each_buffered(&mut self, mut each: impl FnMut(u64, &Event<'_>) -> bool) -> bool {
+        self.skip_returned();
+        let (Some(choice), true, false) = (self.layout, self.header_done, self.failed) else {
+            return true;
+        };
+        let buf = &self.buf[..self.end];
+        let mut at = self.start;
+        let mut go_on = true;
+        while go_on && let Ok(Some(len)) = format::record_len(&buf[at..], choice.layout) {
+            let event = format::decode_framed_record(&buf[at..at + len], choice.layout);
+            go_on = each(self.base + at as u64, &event);
+            at += len;
+        }
+        self.start = at;
+        go_on
+    }
+
     /// The record [`Decoder::advance`] moved past, decoded where it lies.
     pub fn returned_event(&self, layout: Layout) -> Event<'_> {
         // `advance` read these very bytes' framing.

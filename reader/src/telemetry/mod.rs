@@ -231,8 +231,8 @@ impl SpanStack {
 
     /// Closes the innermost open span at `end_ns`.
     pub fn close(&mut self, lane: u32, end_ns: u64) -> Option<Span> {
-        let top = self.open.len().checked_sub(1)?;
-        self.close_at(top, lane, end_ns)
+        let s = self.open.pop()?;
+        Some(self.closed(s, self.open.len(), lane, end_ns))
     }
 
     /// Closes the open span at `index` (0: outermost) at `end_ns`. Below the top only for
@@ -242,6 +242,11 @@ impl SpanStack {
             return None;
         }
         let s = self.open.remove(index);
+        Some(self.closed(s, index, lane, end_ns))
+    }
+
+    /// `s`, taken from `index`, closed at `end_ns`: its time is added to its parent's children.
+    fn closed(&mut self, s: OpenSpan, index: usize, lane: u32, end_ns: u64) -> Span {
         let end_ns = end_ns.max(s.start_ns);
         let duration = end_ns - s.start_ns;
         let parent = index.checked_sub(1).map(|p| &mut self.open[p]);
@@ -249,7 +254,7 @@ impl SpanStack {
             p.children_ns = p.children_ns.saturating_add(duration);
             p.id
         });
-        Some(Span {
+        Span {
             id: s.id,
             parent: parent_id,
             depth: index as u32,
@@ -260,7 +265,7 @@ impl SpanStack {
             end_ns,
             self_ns: duration.saturating_sub(s.children_ns),
             args: s.args,
-        })
+        }
     }
 }
 

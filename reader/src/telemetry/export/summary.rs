@@ -36,9 +36,6 @@ fn cover(coverage: &mut Coverage, row: RowIndex, count: u64, covered: u64) {
     }
 }
 
-/// log_1.01(2): buckets per doubling.
-const LOG_1_01_OF_2: f64 = 69.660_716_893_574_83;
-
 /// 1.01^k for every k whose power a 64-bit duration can reach (4460 of them: 1.01^4459 > 2^64).
 static POWERS: [f64; 4460] = {
     let mut powers = [1.0; 4460];
@@ -48,6 +45,46 @@ static POWERS: [f64; 4460] = {
         k += 1;
     }
     powers
+};
+
+/// Bits after a duration's leading one that choose its cell: 128 cells per doubling, each less
+/// than 1 % wide, so that at most one power of 1.01 lies inside a cell.
+const CELL_BITS: u32 = 7;
+
+/// The cell of `ns` > 0: its leading bit's position, then the [`CELL_BITS`] bits after it.
+fn cell(ns: u64) -> usize {
+    let zeros = ns.leading_zeros();
+    let octave = 63 - zeros as usize;
+    let next = ((ns << zeros) << 1) >> (64 - CELL_BITS);
+    (octave << CELL_BITS) | next as usize
+}
+
+/// For each cell, the number of powers of 1.01 not above the cell's smallest duration.
+static CELL_BUCKETS: [u16; 64 << CELL_BITS] = {
+    let mut counts = [0u16; 64 << CELL_BITS];
+    let mut c = 0;
+    while c < counts.len() {
+        let (octave, next) = ((c >> CELL_BITS) as u32, (c & ((1 << CELL_BITS) - 1)) as u64);
+        // Below 2^CELL_BITS a cell holds one duration at most (cells no duration has are unused).
+        let start = if octave >= CELL_BITS {
+            ((1 << CELL_BITS) | next) << (octave - CELL_BITS)
+        } else {
+            (1 << octave) | (next >> (CELL_BITS - octave))
+        };
+        // Powers not above `start`: a binary search.
+        let (mut lo, mut hi) = (0, POWERS.len());
+        while lo < hi {
+            let mid = (lo + hi) / 2;
+            if POWERS[mid] <= start as f64 {
+                lo = mid + 1;
+            } else {
+                hi = mid;
+            }
+        }
+        counts[c] = lo as u16;
+        c += 1;
+    }
+    counts
 };
 
 /// Durations in buckets 1 % wide: bounded memory, percentiles within 1 %.
@@ -62,29 +99,14 @@ pub struct Histogram {
 
 impl Histogram {
     /// 0 for 0; else 1 + floor(log_1.01(ns)): the number of powers 1.01^k (k ≥ 0) not above
-    /// `ns`. A polynomial log2 (within 0.02 buckets) finds it, one comparison with the powers
-    /// makes it exact: no logarithm per span.
+    /// `ns`. The cell of `ns` (its leading bit and the next [`CELL_BITS`]) gives the count at the
+    /// cell's start; one comparison with the power after it makes it exact: no logarithm per span.
     fn bucket(ns: u64) -> usize {
         if ns == 0 {
             return 0;
         }
-        let x = ns as f64;
-        let bits = x.to_bits();
-        let octave = ((bits >> 52) as i64 - 1023) as f64;
-        // x = 2^octave * (1 + t), t in [0, 1).
-        let t = f64::from_bits((bits & ((1 << 52) - 1)) | (1023 << 52)) - 1.0;
-        let log2 = octave
-            + t * (1.438_547_930_148_394
-                + t * (-0.678_089_455_891_480_3
-                    + t * (0.323_646_307_640_170_94 + t * -0.084_294_655_806_479_49)));
-        let mut count = ((log2 * LOG_1_01_OF_2) as usize + 1).min(POWERS.len());
-        while count < POWERS.len() && POWERS[count] <= x {
-            count += 1;
-        }
-        while count > 0 && POWERS[count - 1] > x {
-            count -= 1;
-        }
-        count
+        let first = CELL_BUCKETS[cell(ns)] as usize;
+        first + (first < POWERS.len() && POWERS[first] <= ns as f64) as usize
     }
 
     fn value(bucket: usize) -> u64 {
@@ -252,7 +274,12 @@ impl Summary {
             Some((id, coverage)) if id == s.id => Some(coverage),
             hot => {
                 self.hot = hot;
-                self.pending.remove(&s.id)
+                // Mostly empty: the parent handed to last is kept apart, in `hot`.
+                if self.pending.is_empty() {
+                    None
+                } else {
+                    self.pending.remove(&s.id)
+                }
             }
         };
         let counted = match coverage.iter_mut().flatten().find(|(r, _)| *r == index) {
@@ -432,6 +459,25 @@ mod tests {
             POWERS[POWERS.len() - 1] > u64::MAX as f64
                 && POWERS[POWERS.len() - 2] < u64::MAX as f64
         );
+    }
+
+    /// Next to each power of 1.01 and between them: the bucket is the number of powers not above
+    /// the duration, counted one by one.
+    #[test]
+    fn buckets_count_the_powers_not_above() {
+        let counted = |ns: u64| POWERS.iter().take_while(|&&p| p <= ns as f64).count();
+        let mut checked = 0;
+        for &p in POWERS.iter().take_while(|&&p| p < 1e19) {
+            let near = p as u64;
+            for ns in [near.saturating_sub(1), near, near + 1, near + near / 300] {
+                assert_eq!(Histogram::bucket(ns), counted(ns), "{ns}");
+                checked += 1;
+            }
+        }
+        for ns in (1..5000).chain([u64::MAX, u64::MAX - 1, 1 << 63, (1 << 53) + 1]) {
+            assert_eq!(Histogram::bucket(ns), counted(ns), "{ns}");
+        }
+        assert!(checked > 4 * 4000, "{checked}");
     }
 
     #[test]

@@ -631,31 +631,23 @@ impl<S: RecordSink> Importer<'_, S> {
         let t = self.thread(tid);
         let lane = t.lane;
         let matches = |k: &(Kind, u64)| k.0 == kind && (kind != Kind::Op || k.1 == tensor);
-        let warning = match t.kinds.last() {
-            Some(top) if matches(top) => None,
-            _ => match t.kinds.iter().rposition(matches) {
-                // Crossing pairs: close the right begin, and say so.
-                Some(i) => {
-                    let crossed = t.stack.depth() - 1 - i;
-                    Some(format!(
-                        "{name}: {kind:?} end at byte offset {offset} (tensor {tensor:#x}) crosses {crossed} span(s) begun after its begin; paired with its own begin"
-                    ))
-                }
-                None => {
-                    self.sink.record(Record::Warning(format!(
-                        "{name}: {kind:?} end at byte offset {offset} has no begin on thread {tid}; ignored"
-                    )));
-                    return None;
-                }
-            },
+        if t.kinds.last().is_some_and(matches) {
+            t.kinds.pop();
+            return t.stack.close(lane, ts);
+        }
+        let Some(i) = t.kinds.iter().rposition(matches) else {
+            self.sink.record(Record::Warning(format!(
+                "{name}: {kind:?} end at byte offset {offset} has no begin on thread {tid}; ignored"
+            )));
+            return None;
         };
-        // Spans begun after a crossed one stay open; the crossed one is closed on its own.
-        let i = t.kinds.iter().rposition(matches).expect("found above");
+        // Crossing pairs: the right begin is closed, the spans begun after it stay open.
+        let crossed = t.stack.depth() - 1 - i;
         t.kinds.remove(i);
         let span = t.stack.close_at(i, lane, ts);
-        if let Some(w) = warning {
-            self.sink.record(Record::Warning(w));
-        }
+        self.sink.record(Record::Warning(format!(
+            "{name}: {kind:?} end at byte offset {offset} (tensor {tensor:#x}) crosses {crossed} span(s) begun after its begin; paired with its own begin"
+        )));
         span
     }
 

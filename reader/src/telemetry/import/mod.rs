@@ -156,26 +156,20 @@ pub fn import_path_reporting<S: RecordSink>(
             let mut reader = crate::StreamReader::new(Counting::new(file, progress), layout);
             let mut io_error = None;
             let mut import = ggmlviz::Import::new(&name, ids, sink);
-            loop {
-                let go_on = match reader.next_borrowed() {
-                    None => break,
-                    Some(Ok((offset, event))) => {
-                        events(Ok(&event));
-                        import.item(offset, Ok(&event))
-                    }
-                    Some(Err(crate::StreamError::Damage(d))) => {
-                        events(Err(&d));
-                        import.item(d.offset, Err(d))
-                    }
-                    Some(Err(crate::StreamError::Io(e))) => {
-                        io_error = Some(e);
-                        false
-                    }
-                };
-                if !go_on {
-                    break;
+            reader.for_each_borrowed(|offset, item| match item {
+                Ok(event) => {
+                    events(Ok(event));
+                    import.item(offset, Ok(event))
                 }
-            }
+                Err(crate::StreamError::Damage(d)) => {
+                    events(Err(&d));
+                    import.item(d.offset, Err(d))
+                }
+                Err(crate::StreamError::Io(e)) => {
+                    io_error = Some(e);
+                    false
+                }
+            });
             let damage = import.finish();
             if let Some(e) = io_error {
                 return Err(fail(e));
