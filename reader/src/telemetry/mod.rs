@@ -218,6 +218,7 @@ impl SpanStack {
         self.open.is_empty()
     }
 
+    #[inline]
     pub fn open(&mut self, id: u64, name: Text, category: Text, start_ns: u64, args: Args) {
         self.open.push(OpenSpan {
             id,
@@ -230,6 +231,7 @@ impl SpanStack {
     }
 
     /// Closes the innermost open span at `end_ns`.
+    #[inline]
     pub fn close(&mut self, lane: u32, end_ns: u64) -> Option<Span> {
         let s = self.open.pop()?;
         Some(self.closed(s, self.open.len(), lane, end_ns))
@@ -246,6 +248,7 @@ impl SpanStack {
     }
 
     /// `s`, taken from `index`, closed at `end_ns`: its time is added to its parent's children.
+    #[inline]
     fn closed(&mut self, s: OpenSpan, index: usize, lane: u32, end_ns: u64) -> Span {
         let end_ns = end_ns.max(s.start_ns);
         let duration = end_ns - s.start_ns;

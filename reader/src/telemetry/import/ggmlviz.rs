@@ -40,6 +40,38 @@ enum Kind {
     Rpc,
 }
 
+/// What of a graph or op begin's payload its span's name and arguments depend on: all of it but
+/// an op's tensor address (the same node's tensor moves between graphs).
+type BeginKey = [u64; 4];
+
+fn begin_key(payload: &Payload) -> BeginKey {
+    match *payload {
+        Payload::Graph {
+            graph_ptr,
+            n_nodes,
+            n_threads,
+            backend_ptr,
+        } => [
+            0,
+            graph_ptr,
+            u64::from(n_nodes) | u64::from(n_threads) << 32,
+            backend_ptr,
+        ],
+        Payload::Op {
+            op_type,
+            op_size,
+            backend_ptr,
+            ..
+        } => [1, u64::from(op_type), op_size, backend_ptr],
+        _ => [2, 0, 0, 0],
+    }
+}
+
+/// Whether an end of `kind` (for `tensor`) ends an open span of `open` (kind and tensor).
+fn ends(open: (Kind, u64), kind: Kind, tensor: u64) -> bool {
+    open.0 == kind && (kind != Kind::Op || open.1 == tensor)
+}
+
 struct Importer<'s, S: RecordSink> {
     sink: &'s mut S,
     ids: &'s mut Ids,
@@ -59,7 +91,7 @@ struct Importer<'s, S: RecordSink> {
     texts: Texts,
     /// By label, the name and arguments made for each distinct graph or op begin payload (the op's
     /// tensor address left out): forgotten when a record they were made from changes.
-    described: HashMap<Box<[u8]>, Vec<(Payload, Described)>>,
+    described: HashMap<Box<[u8]>, Vec<(BeginKey, Described)>>,
     /// By span id, the sequences of each open decode span whose batch named them.
     batches: HashMap<u64, Vec<(i32, u32)>>,
     sequences: Sequences,
@@ -176,6 +208,7 @@ impl<'s, S: RecordSink> Import<'s, S> {
 }
 
 impl<S: RecordSink> Importer<'_, S> {
+    #[inline(always)]
     fn thread(&mut self, tid: u32) -> &mut Thread {
         let (last, i) = self.last_thread;
         let i = if last == tid {
@@ -229,10 +262,10 @@ impl<S: RecordSink> Importer<'_, S> {
         self.last_ns = self.last_ns.max(e.timestamp_ns);
         let ts = e.timestamp_ns;
         let label: &[u8] = e.label.as_deref().unwrap_or_default();
-        match (e.event_type(), e.payload) {
+        match (e.event_type(), &e.payload) {
             (Some(EventType::GraphComputeBegin), Payload::Graph { .. })
             | (Some(EventType::OpComputeBegin), Payload::Op { .. }) => {
-                let (span_name, args) = self.described(label, e.payload);
+                let (span_name, args) = self.described(label, &e.payload);
                 let (kind, tensor, category) = match e.payload {
                     Payload::Op { tensor_ptr, .. } => {
                         (Kind::Op, tensor_ptr, self.op_category.clone())
@@ -244,10 +277,10 @@ impl<S: RecordSink> Importer<'_, S> {
             (Some(EventType::GraphComputeEnd), _) => {
                 self.close(e.thread_id, Kind::Graph, 0, ts, offset, name)
             }
-            (Some(EventType::OpComputeEnd), Payload::Op { tensor_ptr, .. }) => {
+            (Some(EventType::OpComputeEnd), &Payload::Op { tensor_ptr, .. }) => {
                 self.close(e.thread_id, Kind::Op, tensor_ptr, ts, offset, name)
             }
-            (Some(EventType::BarrierWait), Payload::Thread { value, .. }) => {
+            (Some(EventType::BarrierWait), &Payload::Thread { value, .. }) => {
                 let label = String::from_utf8_lossy(label);
                 let entry = label
                     .split(' ')
@@ -267,7 +300,7 @@ impl<S: RecordSink> Importer<'_, S> {
                 );
                 self.close(e.thread_id, Kind::Call, 0, ts, offset, name);
             }
-            (Some(EventType::TensorAlloc), Payload::Memory { ptr, size }) => {
+            (Some(EventType::TensorAlloc), &Payload::Memory { ptr, size }) => {
                 let label = String::from_utf8_lossy(label);
                 let buft = label.split('@').next().unwrap_or_default().to_string();
                 let live = self.live.entry(buft.clone()).or_default();
@@ -275,7 +308,7 @@ impl<S: RecordSink> Importer<'_, S> {
                 self.buffers.insert(ptr, (buft.clone(), size));
                 self.counter(buft, ts);
             }
-            (Some(EventType::TensorFree), Payload::Memory { ptr, .. }) => {
+            (Some(EventType::TensorFree), &Payload::Memory { ptr, .. }) => {
                 if let Some((buft, size)) = self.buffers.remove(&ptr) {
                     let live = self.live.entry(buft.clone()).or_default();
                     *live = live.saturating_sub(size.min(i64::MAX as u64) as i64);
@@ -306,27 +339,14 @@ impl<S: RecordSink> Importer<'_, S> {
 
     /// The name and arguments of the span a graph or op begin with `label` and `payload` opens:
     /// made once per distinct begin (the same node every graph), then shared.
-    fn described(&mut self, label: &[u8], payload: Payload) -> Described {
-        let key = match payload {
-            Payload::Op {
-                op_type,
-                op_size,
-                backend_ptr,
-                ..
-            } => Payload::Op {
-                tensor_ptr: 0,
-                op_type,
-                op_size,
-                backend_ptr,
-            },
-            other => other,
-        };
+    fn described(&mut self, label: &[u8], payload: &Payload) -> Described {
+        let key = begin_key(payload);
         if let Some(known) = self.described.get(label)
-            && let Some((_, made)) = known.iter().find(|(p, _)| *p == key)
+            && let Some((_, made)) = known.iter().find(|(k, _)| *k == key)
         {
             return made.clone();
         }
-        let made = self.describe(&String::from_utf8_lossy(label), payload);
+        let made = self.describe(&String::from_utf8_lossy(label), *payload);
         self.described
             .entry(label.into())
             .or_default()
@@ -595,6 +615,7 @@ impl<S: RecordSink> Importer<'_, S> {
     }
 
     #[allow(clippy::too_many_arguments)]
+    #[inline]
     fn open(
         &mut self,
         tid: u32,
@@ -611,6 +632,7 @@ impl<S: RecordSink> Importer<'_, S> {
         t.kinds.push((kind, tensor));
     }
 
+    #[inline]
     fn close(&mut self, tid: u32, kind: Kind, tensor: u64, ts: u64, offset: u64, name: &str) {
         if let Some(span) = self.close_span(tid, kind, tensor, ts, offset, name) {
             self.sink.record(Record::Span(span));
@@ -619,6 +641,7 @@ impl<S: RecordSink> Importer<'_, S> {
 
     /// Closes the open span that `kind` (and `tensor`, for ops) ends, and returns it; problems
     /// (no begin, crossing pairs) are warnings.
+    #[inline(always)]
     fn close_span(
         &mut self,
         tid: u32,
@@ -629,13 +652,29 @@ impl<S: RecordSink> Importer<'_, S> {
         name: &str,
     ) -> Option<Span> {
         let t = self.thread(tid);
-        let lane = t.lane;
-        let matches = |k: &(Kind, u64)| k.0 == kind && (kind != Kind::Op || k.1 == tensor);
-        if t.kinds.last().is_some_and(matches) {
+        if t.kinds.last().is_some_and(|&k| ends(k, kind, tensor)) {
             t.kinds.pop();
+            let lane = t.lane;
             return t.stack.close(lane, ts);
         }
-        let Some(i) = t.kinds.iter().rposition(matches) else {
+        self.close_below(tid, kind, tensor, ts, offset, name)
+    }
+
+    /// [`Importer::close_span`] when the span it closes is not the innermost.
+    #[cold]
+    #[inline(never)]
+    fn close_below(
+        &mut self,
+        tid: u32,
+        kind: Kind,
+        tensor: u64,
+        ts: u64,
+        offset: u64,
+        name: &str,
+    ) -> Option<Span> {
+        let t = self.thread(tid);
+        let lane = t.lane;
+        let Some(i) = t.kinds.iter().rposition(|&k| ends(k, kind, tensor)) else {
             self.sink.record(Record::Warning(format!(
                 "{name}: {kind:?} end at byte offset {offset} has no begin on thread {tid}; ignored"
             )));
