@@ -101,6 +101,7 @@ impl Histogram {
     /// 0 for 0; else 1 + floor(log_1.01(ns)): the number of powers 1.01^k (k ≥ 0) not above
     /// `ns`. The cell of `ns` (its leading bit and the next [`CELL_BITS`]) gives the count at the
     /// cell's start; one comparison with the power after it makes it exact: no logarithm per span.
+    #[inline]
     fn bucket(ns: u64) -> usize {
         if ns == 0 {
             return 0;
@@ -124,6 +125,7 @@ impl Histogram {
         self.buckets[bucket] += n;
     }
 
+    #[inline]
     pub fn add(&mut self, ns: u64) {
         self.add_to(Self::bucket(ns), 1);
         self.min = if self.count == 0 {
@@ -304,6 +306,7 @@ impl Summary {
 
     /// Hands a closed subtree's coverage of `row`'s name to its parent's, or to the rows at the
     /// top.
+    #[inline]
     fn merge(&mut self, parent: Option<u64>, row: RowIndex, count: u64, covered: u64) {
         match parent {
             Some(parent) => {
