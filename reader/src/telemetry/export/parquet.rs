@@ -278,25 +278,25 @@ impl Column {
         Ok(())
     }
 
-    /// The previous row's value again (there is one in this row group).
-    fn repeat(&mut self) {
+    /// The previous row's value again, `n` times (there is one in this row group).
+    fn repeat(&mut self, n: usize) {
         if let Some(levels) = &mut self.present {
             let present = levels.last().copied().unwrap_or(0);
-            levels.push(present);
+            levels.resize(levels.len() + n, present);
             if present == 0 {
                 return;
             }
         }
-        fn again<T: Copy>(v: &mut Vec<T>) {
+        fn again<T: Copy>(v: &mut Vec<T>, n: usize) {
             if let Some(&last) = v.last() {
-                v.push(last);
+                v.resize(v.len() + n, last);
             }
         }
         match &mut self.values {
-            Values::Int32(v) => again(v),
-            Values::Int64(v) => again(v),
-            Values::Double(v) => again(v),
-            Values::Text(v, _) => again(v),
+            Values::Int32(v) => again(v, n),
+            Values::Int64(v) => again(v, n),
+            Values::Double(v) => again(v, n),
+            Values::Text(v, _) => again(v, n),
         }
     }
 
@@ -444,6 +444,10 @@ struct Table {
     /// Rows buffered for the next row group, and all rows pushed.
     buffered: usize,
     rows: u64,
+    /// The last rows pushed whose first `repeat_width` cells repeat the row before them: not
+    /// yet put into those columns (done at once, by [`Table::apply_repeats`]).
+    repeats: usize,
+    repeat_width: usize,
     scratch: Scratch,
 }
 
@@ -476,6 +480,8 @@ impl Table {
             columns,
             buffered: 0,
             rows: 0,
+            repeats: 0,
+            repeat_width: 0,
             scratch: Scratch {
                 snappy: snap::raw::Encoder::new(),
                 page: Vec::new(),
@@ -501,9 +507,14 @@ impl Table {
         if same > 0 && !self.can_repeat() {
             return Err(io::Error::other("no previous row to repeat"));
         }
-        let (repeated, pushed) = self.columns.split_at_mut(same);
-        repeated.iter_mut().for_each(Column::repeat);
-        for (column, cell) in pushed.iter_mut().zip(&row[same..]) {
+        if same != self.repeat_width {
+            self.apply_repeats();
+            self.repeat_width = same;
+        }
+        if same > 0 {
+            self.repeats += 1;
+        }
+        for (column, cell) in self.columns[same..].iter_mut().zip(&row[same..]) {
             column.push(cell)?;
         }
         self.buffered += 1;
@@ -514,11 +525,22 @@ impl Table {
         Ok(())
     }
 
+    /// Puts the repeated cells of the rows pushed since the last call into their columns.
+    fn apply_repeats(&mut self) {
+        let n = std::mem::take(&mut self.repeats);
+        if n > 0 {
+            for column in &mut self.columns[..self.repeat_width] {
+                column.repeat(n);
+            }
+        }
+    }
+
     /// Writes the rows buffered as one row group.
     fn flush(&mut self) -> io::Result<()> {
         if self.buffered == 0 {
             return Ok(());
         }
+        self.apply_repeats();
         let mut group = self.file.next_row_group().map_err(err)?;
         for column in &mut self.columns {
             let (chunk, close) = column.chunk(self.buffered, &mut self.scratch)?;
