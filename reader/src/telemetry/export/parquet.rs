@@ -249,7 +249,11 @@ fn plain<T: Copy + PartialOrd, const N: usize>(
     bytes: fn(T) -> [u8; N],
     page: &mut Vec<u8>,
 ) -> (Option<T>, Option<T>) {
-    v.iter().for_each(|&x| page.extend_from_slice(&bytes(x)));
+    let start = page.len();
+    page.resize(start + v.len() * N, 0);
+    for (out, &x) in page[start..].chunks_exact_mut(N).zip(v) {
+        out.copy_from_slice(&bytes(x));
+    }
     let mut it = v.iter().copied();
     let Some(first) = it.next() else {
         return (None, None);
