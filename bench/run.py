@@ -86,7 +86,8 @@ def decode(quick):
     rows = {(l, op.strip()): (float(ev), float(mb)) for l, op, ev, mb in table_rows(out, r"^(packed|padded)\s+(.+?)\s+(\d+)\s+(\d+)\s+[\d.]+$")}
     for layout in ("packed", "padded"):
         floor = rows[(layout, "memchr scan (bandwidth floor)")][1] / 1000
-        for op in ("count per type (mmap)", "full decode (mmap)", "stream decode (io::Read)"):
+        for op in ("count per type (mmap)", "full decode (mmap)", "stream decode (io::Read)",
+                   "stream decode, borrowed"):
             ev, mb = rows[(layout, op)]
             metric(f"{layout}: {op}", ev, "events/s", "memchr over the same bytes (GB/s)", floor, "GB/s")
             metric(f"  {layout}: {op}", mb / 1000, "GB/s", "memchr over the same bytes", floor)

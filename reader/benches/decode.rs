@@ -89,7 +89,7 @@ fn main() {
         write_trace(&path, layout);
         let trace = TraceFile::open(&path, Some(layout)).unwrap();
         let mb = trace.bytes().len() as f64 / 1e6;
-        let rows: [(&str, f64); 4] = [
+        let rows: [(&str, f64); 5] = [
             (
                 // The memory-bandwidth floor: memchr over the same bytes, nothing decoded.
                 "memchr scan (bandwidth floor)",
@@ -124,6 +124,21 @@ fn main() {
                     StreamReader::new(file, Some(layout))
                         .map(|e| e.unwrap().timestamp_ns)
                         .fold(0u64, |n, _| n + 1)
+                }),
+            ),
+            (
+                // How the importers read: events borrow the reader's buffer, handed over.
+                "stream decode, borrowed",
+                best_of_3(|| {
+                    let file = std::fs::File::open(&path).unwrap();
+                    let (mut n, mut sum) = (0, 0u64);
+                    StreamReader::new(file, Some(layout)).for_each_borrowed(|_, e| {
+                        sum = sum.wrapping_add(e.unwrap().timestamp_ns);
+                        n += 1;
+                        true
+                    });
+                    black_box(sum);
+                    n
                 }),
             ),
         ];
