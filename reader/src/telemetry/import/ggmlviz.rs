@@ -47,16 +47,11 @@ type BeginKey = [u64; 4];
 fn begin_key(payload: &Payload) -> BeginKey {
     match *payload {
         Payload::Graph {
-            graph_ptr,
-            n_nodes,
-            n_threads,
-            backend_ptr,
-        } => [
-            0,
-            graph_ptr,
-            u64::from(n_nodes) | u64::from(n_threads) << 32,
-            backend_ptr,
-        ],
+            graph_ptr: g,
+            n_nodes: n,
+            n_threads: t,
+            backend_ptr: b,
+        } => [0, g, u64::from(n) | u64::from(t) << 32, b],
         Payload::Op {
             op_type,
             op_size,
@@ -67,9 +62,34 @@ fn begin_key(payload: &Payload) -> BeginKey {
     }
 }
 
-/// Whether an end of `kind` (for `tensor`) ends an open span of `open` (kind and tensor).
-fn ends(open: (Kind, u64), kind: Kind, tensor: u64) -> bool {
-    open.0 == kind && (kind != Kind::Op || open.1 == tensor)
+/// An end event: the span it closes (its kind, and its tensor for an op), on which thread, when;
+/// its byte offset and the input's name, for warnings.
+#[derive(Clone, Copy)]
+struct End<'a> {
+    tid: u32,
+    kind: Kind,
+    tensor: u64,
+    ts: u64,
+    offset: u64,
+    input: &'a str,
+}
+
+impl<'a> End<'a> {
+    fn of(e: &Event<'_>, kind: Kind, tensor: u64, offset: u64, input: &'a str) -> End<'a> {
+        End {
+            tid: e.thread_id,
+            kind,
+            tensor,
+            ts: e.timestamp_ns,
+            offset,
+            input,
+        }
+    }
+
+    /// Whether this ends an open span of `open` (kind and tensor).
+    fn ends(&self, open: (Kind, u64)) -> bool {
+        open.0 == self.kind && (self.kind != Kind::Op || open.1 == self.tensor)
+    }
 }
 
 struct Importer<'s, S: RecordSink> {
@@ -275,10 +295,10 @@ impl<S: RecordSink> Importer<'_, S> {
                 self.open(e.thread_id, kind, tensor, span_name, category, ts, args);
             }
             (Some(EventType::GraphComputeEnd), _) => {
-                self.close(e.thread_id, Kind::Graph, 0, ts, offset, name)
+                self.close(End::of(e, Kind::Graph, 0, offset, name))
             }
             (Some(EventType::OpComputeEnd), &Payload::Op { tensor_ptr, .. }) => {
-                self.close(e.thread_id, Kind::Op, tensor_ptr, ts, offset, name)
+                self.close(End::of(e, Kind::Op, tensor_ptr, offset, name))
             }
             (Some(EventType::BarrierWait), &Payload::Thread { value, .. }) => {
                 let label = String::from_utf8_lossy(label);
@@ -298,7 +318,7 @@ impl<S: RecordSink> Importer<'_, S> {
                     ts.saturating_sub(value),
                     args,
                 );
-                self.close(e.thread_id, Kind::Call, 0, ts, offset, name);
+                self.close(End::of(e, Kind::Call, 0, offset, name));
             }
             (Some(EventType::TensorAlloc), &Payload::Memory { ptr, size }) => {
                 let label = String::from_utf8_lossy(label);
@@ -550,8 +570,7 @@ impl<S: RecordSink> Importer<'_, S> {
                 }
             }
             ExtensionKind::SpanEnd => {
-                let ts = e.timestamp_ns;
-                if let Some(span) = self.close_span(e.thread_id, Kind::Call, 0, ts, 0, "") {
+                if let Some(span) = self.close_span(End::of(e, Kind::Call, 0, 0, "")) {
                     if let Some(seqs) = self.batches.remove(&span.id) {
                         self.sequences.batch(
                             self.sink,
@@ -603,9 +622,7 @@ impl<S: RecordSink> Importer<'_, S> {
                 let rpc = ext::parse_payload::<ext::RpcBoundary>(bytes).unwrap_or_default();
                 let bytes = [(rpc::SENT, rpc.sent), (rpc::RECEIVED, rpc.received)]
                     .map(|(key, n)| (self.texts.get(key), Arg::UInt(n)));
-                if let Some(mut span) =
-                    self.close_span(e.thread_id, Kind::Rpc, 0, e.timestamp_ns, 0, "")
-                {
+                if let Some(mut span) = self.close_span(End::of(e, Kind::Rpc, 0, 0, "")) {
                     span.args = span.args.iter().cloned().chain(bytes).collect();
                     self.sink.record(Record::Span(span));
                 }
@@ -633,59 +650,51 @@ impl<S: RecordSink> Importer<'_, S> {
     }
 
     #[inline]
-    fn close(&mut self, tid: u32, kind: Kind, tensor: u64, ts: u64, offset: u64, name: &str) {
-        if let Some(span) = self.close_span(tid, kind, tensor, ts, offset, name) {
+    fn close(&mut self, end: End<'_>) {
+        if let Some(span) = self.close_span(end) {
             self.sink.record(Record::Span(span));
         }
     }
 
-    /// Closes the open span that `kind` (and `tensor`, for ops) ends, and returns it; problems
-    /// (no begin, crossing pairs) are warnings.
+    /// Closes the open span that `end` ends, and returns it; problems (no begin, crossing
+    /// pairs) are warnings.
     #[inline(always)]
-    fn close_span(
-        &mut self,
-        tid: u32,
-        kind: Kind,
-        tensor: u64,
-        ts: u64,
-        offset: u64,
-        name: &str,
-    ) -> Option<Span> {
-        let t = self.thread(tid);
-        if t.kinds.last().is_some_and(|&k| ends(k, kind, tensor)) {
+    fn close_span(&mut self, end: End<'_>) -> Option<Span> {
+        let t = self.thread(end.tid);
+        if t.kinds.last().is_some_and(|&k| end.ends(k)) {
             t.kinds.pop();
             let lane = t.lane;
-            return t.stack.close(lane, ts);
+            return t.stack.close(lane, end.ts);
         }
-        self.close_below(tid, kind, tensor, ts, offset, name)
+        self.close_below(end)
     }
 
     /// [`Importer::close_span`] when the span it closes is not the innermost.
     #[cold]
     #[inline(never)]
-    fn close_below(
-        &mut self,
-        tid: u32,
-        kind: Kind,
-        tensor: u64,
-        ts: u64,
-        offset: u64,
-        name: &str,
-    ) -> Option<Span> {
+    fn close_below(&mut self, end: End<'_>) -> Option<Span> {
+        let End {
+            tid,
+            kind,
+            tensor,
+            offset,
+            input,
+            ..
+        } = end;
         let t = self.thread(tid);
         let lane = t.lane;
-        let Some(i) = t.kinds.iter().rposition(|&k| ends(k, kind, tensor)) else {
+        let Some(i) = t.kinds.iter().rposition(|&k| end.ends(k)) else {
             self.sink.record(Record::Warning(format!(
-                "{name}: {kind:?} end at byte offset {offset} has no begin on thread {tid}; ignored"
+                "{input}: {kind:?} end at byte offset {offset} has no begin on thread {tid}; ignored"
             )));
             return None;
         };
         // Crossing pairs: the right begin is closed, the spans begun after it stay open.
         let crossed = t.stack.depth() - 1 - i;
         t.kinds.remove(i);
-        let span = t.stack.close_at(i, lane, ts);
+        let span = t.stack.close_at(i, lane, end.ts);
         self.sink.record(Record::Warning(format!(
-            "{name}: {kind:?} end at byte offset {offset} (tensor {tensor:#x}) crosses {crossed} span(s) begun after its begin; paired with its own begin"
+            "{input}: {kind:?} end at byte offset {offset} (tensor {tensor:#x}) crosses {crossed} span(s) begun after its begin; paired with its own begin"
         )));
         span
     }
