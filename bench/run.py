@@ -101,7 +101,7 @@ def peak_rss(cmd):
 
 def readers(quick, tmp):
     events = 2_000_000 if quick else 10_000_000
-    progress(f"summary and the Perfetto, Chrome JSON and Parquet exports of a {events}-event trace")
+    progress(f"summary, ops and the Perfetto, Chrome JSON and Parquet exports of a {events}-event trace")
     run(["cargo", "build", "-q", "--release", "-p", "ggml-viz-examples", "--example", "synthesize"])
     trace = os.path.join(tmp, "synthetic.ggmlviz")
     run([os.path.join(ROOT, "target/release/examples/synthesize"), trace, str(events)])
@@ -111,6 +111,7 @@ def readers(quick, tmp):
     plain = os.path.join(tmp, "plain.pftrace")
     dataset = os.path.join(tmp, "dataset")
     for name, cmd in (("summary", [viz, "summary", trace]),
+                      ("ops", [viz, "ops", trace]),
                       ("export --to perfetto", [viz, "export", "--to", "perfetto", trace, "-o", proto]),
                       ("export --to perfetto --no-compress",
                        [viz, "export", "--to", "perfetto", "--no-compress", trace, "-o", plain]),

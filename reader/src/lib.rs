@@ -42,7 +42,8 @@ mod read;
 pub mod telemetry;
 
 pub use analysis::op_timings::{
-    GroupBy, OpAnalysis, OpGroup, OpSample, Phase, ThreadTotals, group_ops, op_timing_note,
+    GroupBy, OpAnalysis, OpCollector, OpGroup, OpGroups, OpSample, Phase, ThreadTotals, group_ops,
+    op_timing_note,
 };
 pub use analysis::stats::{DurationSummary, MemoryStats, TraceStats};
 pub use format::{

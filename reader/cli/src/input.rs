@@ -34,6 +34,16 @@ impl ReadStop {
 
 impl Input {
     pub fn open(path: &PathBuf, layout: Option<Layout>) -> Result<Input, String> {
+        Input::open_as(path, layout, false)
+    }
+
+    /// [`Input::open`], a regular file too read as a stream: for a reader that looks at each
+    /// event once, so that memory does not grow with the file (a mapping counts the pages read).
+    pub fn open_streamed(path: &PathBuf) -> Result<Input, String> {
+        Input::open_as(path, None, true)
+    }
+
+    fn open_as(path: &PathBuf, layout: Option<Layout>, streamed: bool) -> Result<Input, String> {
         if path.as_os_str() == "-" {
             return Ok(Input::Stdin);
         }
@@ -42,7 +52,7 @@ impl Input {
         if meta.is_dir() {
             return Err(format!("{name} is a directory, not a trace"));
         }
-        if !meta.is_file() || being_written(path) {
+        if streamed || !meta.is_file() || being_written(path) {
             // Streamed with read(): a mapped file that shrinks faults the reader.
             let file =
                 std::fs::File::open(path).map_err(|err| format!("cannot open {name}: {err}"))?;
@@ -92,15 +102,28 @@ fn stream(
     mut visit: impl FnMut(Event<'_>) -> std::io::Result<()>,
 ) -> std::io::Result<(Option<ReadStop>, Option<LayoutChoice>)> {
     let mut reader = StreamReader::new(input, layout);
-    let mut stop = None;
-    for item in reader.by_ref() {
-        match item {
-            Ok(event) => visit(event)?,
-            Err(StreamError::Damage(d)) => stop = Some(ReadStop::Damage(d)),
-            Err(StreamError::Io(e)) => stop = Some(ReadStop::Io(e.to_string())),
+    let (mut stop, mut failed) = (None, None);
+    reader.for_each_borrowed(|_, item| match item {
+        Ok(event) => match visit(event.clone()) {
+            Ok(()) => true,
+            Err(e) => {
+                failed = Some(e);
+                false
+            }
+        },
+        Err(StreamError::Damage(d)) => {
+            stop = Some(ReadStop::Damage(d));
+            false
         }
+        Err(StreamError::Io(e)) => {
+            stop = Some(ReadStop::Io(e.to_string()));
+            false
+        }
+    });
+    match failed {
+        Some(e) => Err(e),
+        None => Ok((stop, reader.layout())),
     }
-    Ok((stop, reader.layout()))
 }
 
 /// Whether a live writer holds the file: the hook keeps an exclusive lock on its trace while the

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use clap::{Args, ValueEnum};
 use ggml_viz_reader::Layout;
-use ggml_viz_reader::{GroupBy, OpAnalysis, OpSample, Phase, group_ops};
+use ggml_viz_reader::{GroupBy, OpAnalysis, OpCollector, OpGroups, OpSample, Phase};
 
 use crate::Failure;
 use crate::dump::parse_layout;
@@ -54,14 +54,49 @@ enum By {
     Thread,
 }
 
+/// The nodes as `ops` shows them, grouped as they come: all of them and per phase, and the
+/// header's figures.
+struct Tables {
+    all: OpGroups,
+    prefill: OpGroups,
+    generation: OpGroups,
+    nodes: u64,
+    op_ns: u64,
+    thread_ns: u64,
+    /// Whether a node was computed by more than one thread (threads-mode op timing).
+    threaded: bool,
+}
+
+impl Tables {
+    fn new(by: GroupBy) -> Tables {
+        Tables {
+            all: OpGroups::new(by),
+            prefill: OpGroups::new(by),
+            generation: OpGroups::new(by),
+            nodes: 0,
+            op_ns: 0,
+            thread_ns: 0,
+            threaded: false,
+        }
+    }
+
+    fn add(&mut self, o: &OpSample) {
+        self.nodes += 1;
+        self.op_ns = self.op_ns.saturating_add(o.duration_ns);
+        self.thread_ns = self.thread_ns.saturating_add(o.thread_ns);
+        self.threaded |= o.threads > 1;
+        match o.phase {
+            Some(Phase::Prefill) => self.prefill.add(o),
+            Some(Phase::Generation) => self.generation.add(o),
+            None => {}
+        }
+        self.all.add(o);
+    }
+}
+
 pub fn run(args: OpsArgs) -> Result<(), Failure> {
-    let input = Input::open(&args.file, args.layout).map_err(Failure::Data)?;
-    let mut events = Vec::new();
-    let (stop, _) = input.for_each(args.layout, |e| {
-        events.push(Ok(e.into_owned()));
-        Ok(())
-    })?;
-    let analysis = OpAnalysis::collect(events);
+    // Read as a stream, each node counted once known: memory does not grow with the trace.
+    let input = Input::open_streamed(&args.file).map_err(Failure::Data)?;
     let by = match args.by {
         By::Op => GroupBy::Op,
         By::Name => GroupBy::Name,
@@ -69,30 +104,29 @@ pub fn run(args: OpsArgs) -> Result<(), Failure> {
         By::Layer => GroupBy::Layer,
         By::Thread => GroupBy::Op,
     };
-    let threaded = analysis.has_thread_shares();
+    let mut tables = Tables::new(by);
+    let mut collector = OpCollector::streaming();
+    let (stop, _) = input.for_each(args.layout, |e| {
+        collector.push(Ok(&e));
+        collector.take_ready().for_each(|o| tables.add(&o));
+        Ok(())
+    })?;
+    let analysis = collector.finish_each(|_, o| tables.add(&o));
     let mut out = io::stdout().lock();
-    write_header(&mut out, &analysis)?;
+    write_header(&mut out, &analysis, &tables)?;
     if matches!(args.by, By::Thread) {
         write_threads(&mut out, &analysis)?;
-    } else if analysis.has_phases() {
-        for phase in [Phase::Prefill, Phase::Generation] {
-            let ops: Vec<&OpSample> = analysis
-                .ops
-                .iter()
-                .filter(|o| o.phase == Some(phase))
-                .collect();
-            writeln!(out, "\n{} ({} ops)", phase.name(), ops.len())?;
-            write_table(&mut out, ops, by, args.top, threaded)?;
+    } else if !tables.prefill.is_empty() || !tables.generation.is_empty() {
+        for (phase, groups) in [
+            (Phase::Prefill, &tables.prefill),
+            (Phase::Generation, &tables.generation),
+        ] {
+            writeln!(out, "\n{} ({} ops)", phase.name(), groups.nodes())?;
+            write_table(&mut out, groups, args.top, tables.threaded)?;
         }
-    } else if !analysis.ops.is_empty() {
+    } else if tables.nodes > 0 {
         writeln!(out)?;
-        write_table(
-            &mut out,
-            analysis.ops.iter().collect(),
-            by,
-            args.top,
-            threaded,
-        )?;
+        write_table(&mut out, &tables.all, args.top, tables.threaded)?;
     }
     out.flush()?;
     match stop {
@@ -107,31 +141,33 @@ pub fn run(args: OpsArgs) -> Result<(), Failure> {
     }
 }
 
-fn write_header(out: &mut impl Write, a: &OpAnalysis) -> io::Result<()> {
+fn write_header(out: &mut impl Write, a: &OpAnalysis, t: &Tables) -> io::Result<()> {
     if let Some(note) = &a.timing_note {
         writeln!(out, "op timing: {note}")?;
     }
-    if a.ops.is_empty() {
+    if t.nodes == 0 {
         return writeln!(out, "no op timings in this trace");
     }
-    let op_ns = a.op_ns();
+    if a.late_shares > 0 {
+        eprintln!(
+            "ggml-viz: warning: {} thread share(s) of nodes came in the trace long after their \
+             graph compute ended (more than two ring drains); each is counted as a node of its own",
+            a.late_shares
+        );
+    }
     let share = if a.timed_graph_ns > 0 {
-        100.0 * op_ns as f64 / a.timed_graph_ns as f64
+        100.0 * t.op_ns as f64 / a.timed_graph_ns as f64
     } else {
         0.0
     };
     writeln!(
         out,
         "{} ops, {} in ops = {share:.1} % of the {} of graph computes they ran in",
-        a.ops.len(),
-        fmt_ns(op_ns as f64),
+        t.nodes,
+        fmt_ns(t.op_ns as f64),
         fmt_ns(a.timed_graph_ns as f64)
     )?;
-    if a.has_thread_shares() {
-        let thread_ns = a
-            .ops
-            .iter()
-            .fold(0u64, |t, o| t.saturating_add(o.thread_ns));
+    if t.threaded {
         let wait_ns = a
             .threads
             .iter()
@@ -140,7 +176,7 @@ fn write_header(out: &mut impl Write, a: &OpAnalysis) -> io::Result<()> {
             out,
             "{} threads: {} in their shares of nodes, {} waiting at barriers",
             a.threads.len(),
-            fmt_ns(thread_ns as f64),
+            fmt_ns(t.thread_ns as f64),
             fmt_ns(wait_ns as f64)
         )?;
     }
@@ -177,15 +213,12 @@ fn write_threads(out: &mut impl Write, a: &OpAnalysis) -> io::Result<()> {
 
 fn write_table(
     out: &mut impl Write,
-    ops: Vec<&OpSample>,
-    by: GroupBy,
+    groups: &OpGroups,
     top: usize,
     threaded: bool,
 ) -> io::Result<()> {
-    let total = ops
-        .iter()
-        .fold(0u64, |a, o| a.saturating_add(o.duration_ns));
-    let rows = group_ops(ops, by);
+    let total = groups.total_ns();
+    let rows = groups.rows();
     let shown = if top == 0 {
         rows.len()
     } else {

@@ -12,12 +12,13 @@
 //! tensor are successive computes of it). Each thread's barrier waits (threads mode) count for
 //! the node that thread computed last: time it spent waiting for the slowest.
 
-use std::collections::{BTreeMap, HashMap};
+use rustc_hash::FxHashMap as HashMap;
 
 use crate::analysis::stats::DurationSummary;
 use crate::format::Damage;
 use crate::format::ext::{self, BackendNames, OpNames, SpanBoundary, TensorInfo};
 use crate::format::{Event, EventType, ExtensionKind, Payload};
+use crate::telemetry::export::summary::Histogram;
 
 /// Whether an op ran for a multi-token batch (prompt processing) or a single token.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -84,6 +85,9 @@ pub struct OpAnalysis {
     /// Per thread: its shares of nodes and its barrier waits, by thread id.
     pub threads: Vec<ThreadTotals>,
     pub damage: Option<Damage>,
+    /// Shares read after their graph compute's nodes were handed out (streaming only; see
+    /// [`OpCollector`]): each was counted as a node of its own.
+    pub late_shares: u64,
 }
 
 /// One thread's time in node shares and in barrier waits.
@@ -98,210 +102,347 @@ pub struct ThreadTotals {
 
 /// One thread's share of a node, before joining.
 struct Share {
+    /// Events taken in when it was read (its end): also its id.
+    read_at: u64,
     thread_id: u32,
     begin: u64,
     end: u64,
     tensor_ptr: u64,
-    tensor: String,
+    /// Its tensor's name, an index into the collector's names.
+    tensor: u32,
     op_type: u32,
     bytes: u64,
     backend: u64,
     phase: Option<Phase>,
     wait_ns: u64,
-    /// The graph compute its start lies in (an index into the sorted windows; `usize::MAX`:
+    /// The graph compute its start lies in (an index into the sorted windows; `u32::MAX`:
     /// none).
-    window: usize,
+    window: u32,
 }
 
 #[derive(Default)]
 struct Thread {
-    /// Begin of the op being timed: time, tensor pointer, tensor name, op type, result bytes,
-    /// backend.
-    open_op: Option<(u64, u64, String, u32, u64, u64)>,
-    /// The share this thread ended last (an index into the shares), for its barrier waits.
-    last_share: Option<usize>,
+    /// Begin of the op being timed: time, tensor pointer, tensor name (an index), op type,
+    /// result bytes, backend.
+    open_op: Option<(u64, u64, u32, u32, u64, u64)>,
+    /// The share this thread ended last (its `read_at`), for its barrier waits.
+    last_share: Option<u64>,
     graph_depth: u32,
     graph_begin: u64,
     graph_has_ops: bool,
     phase: Option<Phase>,
 }
 
-impl OpAnalysis {
-    pub fn collect<'a>(events: impl IntoIterator<Item = Result<Event<'a>, Damage>>) -> OpAnalysis {
-        let mut a = OpAnalysis::default();
-        let mut op_names: HashMap<u32, String> = HashMap::new();
-        let mut infos: HashMap<String, TensorInfo> = HashMap::new();
-        let mut backends: HashMap<u64, String> = HashMap::new();
-        let mut threads: HashMap<u32, Thread> = HashMap::new();
-        let mut shares: Vec<Share> = Vec::new();
-        // Outermost graph computes, begin and end, in order of end.
-        let mut windows: Vec<(u64, u64)> = Vec::new();
-        for item in events {
-            let e = match item {
-                Ok(e) => e,
-                Err(damage) => {
-                    a.damage = Some(damage);
-                    break;
-                }
-            };
-            let label = e.label.as_deref().unwrap_or_default();
-            if let Payload::Extension(x) = e.payload {
-                match x.kind {
-                    ExtensionKind::Metadata => {
-                        if let Some(m) = ext::parse_payload::<ext::Metadata>(label) {
-                            a.timing_note = op_timing_note(&m.settings);
-                        }
-                    }
-                    ExtensionKind::OpNames => {
-                        for (k, v) in ext::parse_payload::<OpNames>(label)
-                            .unwrap_or_default()
-                            .names
-                        {
-                            if let Ok(k) = k.parse() {
-                                op_names.insert(k, v);
-                            }
-                        }
-                    }
-                    ExtensionKind::TensorInfo => {
-                        if let Some(info) = ext::parse_payload::<TensorInfo>(label) {
-                            infos.insert(info.name.clone(), info);
-                        }
-                    }
-                    ExtensionKind::BackendNames => {
-                        for b in ext::parse_payload::<BackendNames>(label)
-                            .unwrap_or_default()
-                            .backends
-                        {
-                            backends.insert(b.ptr, b.name);
-                        }
-                    }
-                    ExtensionKind::SpanBegin | ExtensionKind::SpanEnd => {
-                        let t = threads.entry(e.thread_id).or_default();
-                        let span = ext::parse_payload::<SpanBoundary>(label).unwrap_or_default();
-                        t.phase = (x.kind == ExtensionKind::SpanBegin)
-                            .then(|| span.is_prefill())
-                            .flatten()
-                            .map(|prefill| {
-                                if prefill {
-                                    Phase::Prefill
-                                } else {
-                                    Phase::Generation
-                                }
-                            });
-                    }
-                    _ => {}
-                }
-                continue;
-            }
-            let t = threads.entry(e.thread_id).or_default();
-            match (e.event_type(), e.payload) {
-                (Some(EventType::GraphComputeBegin), _) => {
-                    if t.graph_depth == 0 {
-                        t.graph_begin = e.timestamp_ns;
-                        t.graph_has_ops = false;
-                    }
-                    t.graph_depth += 1;
-                }
-                (Some(EventType::GraphComputeEnd), _) => {
-                    t.graph_depth = t.graph_depth.saturating_sub(1);
-                    if t.graph_depth == 0 {
-                        windows.push((t.graph_begin, e.timestamp_ns));
-                    }
-                    if t.graph_depth == 0 && t.graph_has_ops {
-                        a.timed_graph_ns = a
-                            .timed_graph_ns
-                            .saturating_add(e.timestamp_ns.saturating_sub(t.graph_begin));
-                    }
-                }
-                (
-                    Some(EventType::OpComputeBegin),
-                    Payload::Op {
-                        tensor_ptr,
-                        op_type,
-                        op_size,
-                        backend_ptr,
-                    },
-                ) => {
-                    let name = String::from_utf8_lossy(label).into_owned();
-                    t.open_op = Some((
-                        e.timestamp_ns,
-                        tensor_ptr,
-                        name,
-                        op_type,
-                        op_size,
-                        backend_ptr,
-                    ));
-                    t.graph_has_ops = true;
-                }
-                (Some(EventType::OpComputeEnd), _) => {
-                    let Some((begin, tensor_ptr, tensor, op_type, bytes, backend)) =
-                        t.open_op.take()
-                    else {
-                        continue;
-                    };
-                    t.last_share = Some(shares.len());
-                    shares.push(Share {
-                        thread_id: e.thread_id,
-                        begin,
-                        end: e.timestamp_ns.max(begin),
-                        tensor_ptr,
-                        tensor,
-                        op_type,
-                        bytes,
-                        backend,
-                        phase: t.phase,
-                        wait_ns: 0,
-                        window: usize::MAX,
-                    });
-                }
-                // A worker's wait at a barrier (no entry point recorded it: no label but ours).
-                (Some(EventType::BarrierWait), Payload::Thread { value, .. })
-                    if label == b"ggml_barrier" =>
-                {
-                    let totals = thread_totals(&mut a.threads, e.thread_id);
-                    totals.waits += 1;
-                    totals.wait_ns = totals.wait_ns.saturating_add(value);
-                    if let Some(share) = t.last_share.and_then(|i| shares.get_mut(i)) {
-                        share.wait_ns = share.wait_ns.saturating_add(value);
-                    }
-                }
-                _ => {}
+/// Builds an [`OpAnalysis`] from events handed over one by one (a trace read as a stream holds
+/// no event longer than it takes to look at it).
+///
+/// [`OpCollector::streaming`] also holds its shares and graph computes only until their nodes
+/// are known: the writer drains each thread's ring in turn, so a thread's events may come after
+/// other threads' later ones, but not later than the next drain, and a drain holds at most a
+/// ring's capacity per thread. A graph compute read twice that many events ago (the capacity from
+/// the trace's settings, times the threads seen or named by a graph compute) has had all its
+/// shares read, and its nodes are
+/// handed out (see [`OpCollector::take_ready`]): memory depends on the rings, not on the trace's
+/// length. A share read later than that is still counted, as a node of its own
+/// ([`OpAnalysis::late_shares`]).
+#[derive(Default)]
+pub struct OpCollector {
+    a: OpAnalysis,
+    op_names: HashMap<u32, String>,
+    infos: HashMap<String, TensorInfo>,
+    backends: HashMap<u64, String>,
+    threads: HashMap<u32, Thread>,
+    /// Shares not yet joined into nodes, in the order read.
+    shares: Vec<Share>,
+    /// Tensor names, each once: shares hold their index.
+    tensors: Vec<String>,
+    tensor_of: HashMap<Box<[u8]>, u32>,
+    /// Outermost graph computes: begin, end, and the events taken in when the end was read.
+    windows: Vec<(u64, u64, u64)>,
+    /// Events taken in, when nodes were last handed out, and up to which graph computes were
+    /// then done with.
+    pushed: u64,
+    joined_at: u64,
+    cutoff: u64,
+    /// Streaming: the capacity of a thread's ring, in events; the most threads a graph compute
+    /// said it ran on (some may not have been met yet).
+    ring: Option<u64>,
+    graph_threads: u64,
+    /// Nodes joined and not yet taken, with their start.
+    ready: Vec<(u64, OpSample)>,
+}
+
+/// A ring's capacity where the trace does not say (the hook's default `buffer_size`).
+const DEFAULT_RING: u64 = 65536;
+
+impl OpCollector {
+    /// Takes in the next event, or the damage that ended the trace (nothing more is taken in).
+    pub fn push(&mut self, item: Result<&Event<'_>, Damage>) {
+        if self.a.damage.is_some() {
+            return;
+        }
+        self.pushed += 1;
+        if let Some(ring) = self.ring {
+            let threads = (self.threads.len() as u64).max(self.graph_threads).max(1);
+            let lag = 2u64.saturating_mul(ring).saturating_mul(threads);
+            if self.pushed - self.joined_at >= lag / 8 && self.pushed > lag {
+                self.joined_at = self.pushed;
+                let mut ready = std::mem::take(&mut self.ready);
+                self.join(self.pushed - lag, &mut |begin, node| {
+                    ready.push((begin, node))
+                });
+                self.ready = ready;
             }
         }
-        for s in &shares {
-            let totals = thread_totals(&mut a.threads, s.thread_id);
+        let e = match item {
+            Ok(e) => e,
+            Err(damage) => {
+                self.a.damage = Some(damage);
+                return;
+            }
+        };
+        let label = e.label.as_deref().unwrap_or_default();
+        if let Payload::Extension(x) = e.payload {
+            self.extension(x.kind, e.thread_id, label);
+            return;
+        }
+        let t = self.threads.entry(e.thread_id).or_default();
+        match (e.event_type(), e.payload) {
+            (Some(EventType::GraphComputeBegin), payload) => {
+                if let Payload::Graph { n_threads, .. } = payload {
+                    self.graph_threads = self.graph_threads.max(n_threads.into());
+                }
+                if t.graph_depth == 0 {
+                    t.graph_begin = e.timestamp_ns;
+                    t.graph_has_ops = false;
+                }
+                t.graph_depth += 1;
+            }
+            (Some(EventType::GraphComputeEnd), _) => {
+                t.graph_depth = t.graph_depth.saturating_sub(1);
+                if t.graph_depth == 0 {
+                    self.windows
+                        .push((t.graph_begin, e.timestamp_ns, self.pushed));
+                }
+                if t.graph_depth == 0 && t.graph_has_ops {
+                    self.a.timed_graph_ns = self
+                        .a
+                        .timed_graph_ns
+                        .saturating_add(e.timestamp_ns.saturating_sub(t.graph_begin));
+                }
+            }
+            (
+                Some(EventType::OpComputeBegin),
+                Payload::Op {
+                    tensor_ptr,
+                    op_type,
+                    op_size,
+                    backend_ptr,
+                },
+            ) => {
+                let tensor = match self.tensor_of.get(label) {
+                    Some(&i) => i,
+                    None => {
+                        let i = self.tensors.len() as u32;
+                        self.tensors
+                            .push(String::from_utf8_lossy(label).into_owned());
+                        self.tensor_of.insert(label.into(), i);
+                        i
+                    }
+                };
+                t.open_op = Some((
+                    e.timestamp_ns,
+                    tensor_ptr,
+                    tensor,
+                    op_type,
+                    op_size,
+                    backend_ptr,
+                ));
+                t.graph_has_ops = true;
+            }
+            (Some(EventType::OpComputeEnd), _) => {
+                let Some((begin, tensor_ptr, tensor, op_type, bytes, backend)) = t.open_op.take()
+                else {
+                    return;
+                };
+                t.last_share = Some(self.pushed);
+                self.shares.push(Share {
+                    read_at: self.pushed,
+                    thread_id: e.thread_id,
+                    begin,
+                    end: e.timestamp_ns.max(begin),
+                    tensor_ptr,
+                    tensor,
+                    op_type,
+                    bytes,
+                    backend,
+                    phase: t.phase,
+                    wait_ns: 0,
+                    window: u32::MAX,
+                });
+            }
+            // A worker's wait at a barrier (no entry point recorded it: no label but ours).
+            (Some(EventType::BarrierWait), Payload::Thread { value, .. })
+                if label == b"ggml_barrier" =>
+            {
+                let totals = thread_totals(&mut self.a.threads, e.thread_id);
+                totals.waits += 1;
+                totals.wait_ns = totals.wait_ns.saturating_add(value);
+                let share = t
+                    .last_share
+                    .and_then(|id| self.shares.binary_search_by_key(&id, |s| s.read_at).ok());
+                if let Some(i) = share {
+                    self.shares[i].wait_ns = self.shares[i].wait_ns.saturating_add(value);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    fn extension(&mut self, kind: ExtensionKind, thread_id: u32, label: &[u8]) {
+        match kind {
+            ExtensionKind::Metadata => {
+                if let Some(m) = ext::parse_payload::<ext::Metadata>(label) {
+                    self.a.timing_note = op_timing_note(&m.settings);
+                    if self.ring.is_some() {
+                        let size = m.settings.get("buffer_size").and_then(|v| v.as_u64());
+                        let size = size.unwrap_or(DEFAULT_RING).clamp(1, 1 << 32);
+                        self.ring = Some(size.next_power_of_two());
+                    }
+                }
+            }
+            ExtensionKind::OpNames => {
+                for (k, v) in ext::parse_payload::<OpNames>(label)
+                    .unwrap_or_default()
+                    .names
+                {
+                    if let Ok(k) = k.parse() {
+                        self.op_names.insert(k, v);
+                    }
+                }
+            }
+            ExtensionKind::TensorInfo => {
+                if let Some(info) = ext::parse_payload::<TensorInfo>(label) {
+                    self.infos.insert(info.name.clone(), info);
+                }
+            }
+            ExtensionKind::BackendNames => {
+                for b in ext::parse_payload::<BackendNames>(label)
+                    .unwrap_or_default()
+                    .backends
+                {
+                    self.backends.insert(b.ptr, b.name);
+                }
+            }
+            ExtensionKind::SpanBegin | ExtensionKind::SpanEnd => {
+                let t = self.threads.entry(thread_id).or_default();
+                let span = ext::parse_payload::<SpanBoundary>(label).unwrap_or_default();
+                t.phase = (kind == ExtensionKind::SpanBegin)
+                    .then(|| span.is_prefill())
+                    .flatten()
+                    .map(|prefill| {
+                        if prefill {
+                            Phase::Prefill
+                        } else {
+                            Phase::Generation
+                        }
+                    });
+            }
+            _ => {}
+        }
+    }
+
+    /// A collector that hands out nodes as they become known (see the type's description).
+    pub fn streaming() -> OpCollector {
+        OpCollector::with_ring(DEFAULT_RING)
+    }
+
+    /// [`OpCollector::streaming`], for rings of `ring` events until the trace says otherwise.
+    fn with_ring(ring: u64) -> OpCollector {
+        OpCollector {
+            ring: Some(ring),
+            ..OpCollector::default()
+        }
+    }
+
+    /// The nodes known so far and not yet taken, in order of start within each call.
+    pub fn take_ready(&mut self) -> impl Iterator<Item = OpSample> + '_ {
+        self.ready.drain(..).map(|(_, node)| node)
+    }
+
+    /// Joins the shares of the graph computes whose end was read before `cutoff` events were
+    /// taken in, and those in no graph compute read before then, into nodes handed to `each`
+    /// with their start.
+    fn join(&mut self, cutoff: u64, each: &mut dyn FnMut(u64, OpSample)) {
+        self.windows.sort_unstable();
+        let bounds: Vec<(u64, u64)> = self.windows.iter().map(|w| (w.0, w.1)).collect();
+        let (windows, before, mut late) = (&self.windows, self.cutoff, 0);
+        let done: Vec<Share> = self
+            .shares
+            .extract_if(.., |s| {
+                s.window = window_of(&bounds, s.begin);
+                let read_by = windows.get(s.window as usize).map_or(s.read_at, |w| w.2);
+                late += u64::from(read_by < before);
+                read_by < cutoff
+            })
+            .collect();
+        self.a.late_shares += late;
+        self.cutoff = cutoff;
+        // Graph computes done with (their shares all read), but the last few: a share read late
+        // still finds the compute it began in.
+        let old = self.windows.iter().filter(|w| w.2 < cutoff).count();
+        if old > 64 {
+            let mut dropped = 0;
+            self.windows.retain(|w| {
+                let drop = w.2 < cutoff && dropped < old - 64;
+                dropped += usize::from(drop);
+                !drop
+            });
+        }
+        for s in &done {
+            let totals = thread_totals(&mut self.a.threads, s.thread_id);
             totals.shares += 1;
             totals.share_ns = totals.share_ns.saturating_add(s.end - s.begin);
         }
-        a.threads.sort_by_key(|t| t.thread_id);
         let namer = Namer {
-            op_names: &op_names,
-            infos: &infos,
-            backends: &backends,
+            op_names: &self.op_names,
+            infos: &self.infos,
+            backends: &self.backends,
+            tensors: &self.tensors,
         };
-        windows.sort_unstable();
-        for s in &mut shares {
-            s.window = window_of(&windows, s.begin);
-        }
-        a.ops = join_shares(shares, &namer);
+        join_shares(done, &namer, each);
+    }
+
+    /// The analysis of every event taken in; its nodes are those not taken, in order of start.
+    pub fn finish(self) -> OpAnalysis {
+        let mut ops = Vec::new();
+        let mut a = self.finish_each(|begin, node| ops.push((begin, node)));
+        ops.sort_by_key(|(begin, _)| *begin);
+        a.ops = ops.into_iter().map(|(_, node)| node).collect();
         a
     }
 
-    /// Total time of the timed ops.
-    pub fn op_ns(&self) -> u64 {
-        self.ops
-            .iter()
-            .fold(0u64, |a, o| a.saturating_add(o.duration_ns))
+    /// The analysis of every event taken in, without its nodes: those not taken are handed to
+    /// `each` with their start (in no particular order), none kept.
+    pub fn finish_each(mut self, mut each: impl FnMut(u64, OpSample)) -> OpAnalysis {
+        for (begin, node) in std::mem::take(&mut self.ready) {
+            each(begin, node);
+        }
+        self.join(u64::MAX, &mut each);
+        self.a.threads.sort_by_key(|t| t.thread_id);
+        self.a
     }
+}
 
-    /// Whether any node was computed by more than one thread (threads-mode op timing).
-    pub fn has_thread_shares(&self) -> bool {
-        self.ops.iter().any(|o| o.threads > 1)
-    }
-
-    /// Whether any op ran inside a llama_decode / llama_encode span.
-    pub fn has_phases(&self) -> bool {
-        self.ops.iter().any(|o| o.phase.is_some())
+impl OpAnalysis {
+    /// The analysis of `events`, nodes in order of start (all of them kept: for traces that fit
+    /// in memory; [`OpCollector::streaming`] for any size).
+    pub fn collect<'a>(events: impl IntoIterator<Item = Result<Event<'a>, Damage>>) -> OpAnalysis {
+        let mut c = OpCollector::default();
+        for item in events {
+            c.push(item.as_ref().map_err(Clone::clone));
+        }
+        c.finish()
     }
 }
 
@@ -324,12 +465,14 @@ struct Namer<'a> {
     op_names: &'a HashMap<u32, String>,
     infos: &'a HashMap<String, TensorInfo>,
     backends: &'a HashMap<u64, String>,
+    tensors: &'a [String],
 }
 
-/// Joins the threads' shares into nodes (see the module's description), in order of start.
-fn join_shares(mut shares: Vec<Share>, namer: &Namer<'_>) -> Vec<OpSample> {
-    shares.sort_by_key(|s| (s.tensor_ptr, s.window, s.begin));
-    let mut nodes: Vec<(u64, OpSample)> = Vec::new();
+/// Joins the threads' shares into nodes (see the module's description), each handed to `each`
+/// with its start.
+fn join_shares(mut shares: Vec<Share>, namer: &Namer<'_>, each: &mut dyn FnMut(u64, OpSample)) {
+    // In the order read where the rest is equal (`read_at` is unique): a sort without a buffer.
+    shares.sort_unstable_by_key(|s| (s.tensor_ptr, s.window, s.begin, s.read_at));
     let mut start = 0;
     while start < shares.len() {
         let mut end = start + 1;
@@ -343,34 +486,34 @@ fn join_shares(mut shares: Vec<Share>, namer: &Namer<'_>) -> Vec<OpSample> {
             end += 1;
         }
         let node = &shares[start..end];
-        nodes.push((node[0].begin, sample_of(node, namer)));
+        let begin = node.iter().map(|s| s.begin).min().unwrap_or(0);
+        each(begin, sample_of(node, namer));
         start = end;
     }
-    nodes.sort_by_key(|(begin, _)| *begin);
-    nodes.into_iter().map(|(_, n)| n).collect()
 }
 
 /// The latest-begun of the sorted `windows` that holds `at` (looking back over a few: graph
-/// computes of several threads may overlap), or `usize::MAX`.
-fn window_of(windows: &[(u64, u64)], at: u64) -> usize {
+/// computes of several threads may overlap), or `u32::MAX`.
+fn window_of(windows: &[(u64, u64)], at: u64) -> u32 {
     let after = windows.partition_point(|&(begin, _)| begin <= at);
     (after.saturating_sub(64)..after)
         .rev()
         .find(|&i| windows[i].1 >= at)
-        .unwrap_or(usize::MAX)
+        .map_or(u32::MAX, |i| i as u32)
 }
 
 /// One node from its threads' shares (at least one). Its name, info and backend are those of
 /// the share that has a name (threads mode: the first thread's; the others carry the node's
 /// pointer and op only).
 fn sample_of(node: &[Share], namer: &Namer<'_>) -> OpSample {
+    let tensor = |s: &Share| namer.tensors[s.tensor as usize].as_str();
     let first = node
         .iter()
-        .find(|s| !s.tensor.is_empty())
+        .find(|s| !tensor(s).is_empty())
         .unwrap_or(&node[0]);
     let info = namer
         .infos
-        .get(&first.tensor)
+        .get(tensor(first))
         .filter(|i| i.op_type.is_none_or(|o| o == first.op_type));
     let op = match info {
         Some(i) if !i.op.is_empty() => i.op.clone(),
@@ -396,7 +539,7 @@ fn sample_of(node: &[Share], namer: &Namer<'_>) -> OpSample {
         .collect();
     OpSample {
         op,
-        tensor: first.tensor.clone(),
+        tensor: tensor(first).to_string(),
         backend,
         duration_ns: end - begin,
         threads: node.len() as u32,
@@ -481,58 +624,121 @@ pub struct OpGroup {
 
 /// Groups `ops` by `by`, largest total time first.
 pub fn group_ops<'a>(ops: impl IntoIterator<Item = &'a OpSample>, by: GroupBy) -> Vec<OpGroup> {
-    let mut groups: BTreeMap<String, Vec<&OpSample>> = BTreeMap::new();
-    for o in ops {
-        let key = match by {
-            GroupBy::Op => o.op.clone(),
-            GroupBy::Name => o.tensor.clone(),
-            GroupBy::Backend => o.backend.clone(),
+    let mut groups = OpGroups::new(by);
+    ops.into_iter().for_each(|o| groups.add(o));
+    groups.rows()
+}
+
+/// Nodes grouped as they come: per group, sums and the durations in 1 % buckets (p50 and p99
+/// within 1 %, clamped to the exact extremes), nothing kept per node.
+#[derive(Clone, Debug)]
+pub struct OpGroups {
+    by: GroupBy,
+    groups: HashMap<String, GroupSums>,
+}
+
+#[derive(Clone, Debug, Default)]
+struct GroupSums {
+    count: usize,
+    total_ns: u64,
+    durations: Histogram,
+    /// Time and FLOPs of the nodes whose FLOPs are known.
+    flop_ns: u64,
+    flops: u64,
+    bytes: u64,
+    thread_ns: u64,
+    idle_ns: u64,
+    /// Per node, the slowest share times the threads that had work.
+    working_ns: u64,
+    wait_ns: u64,
+}
+
+impl OpGroups {
+    pub fn new(by: GroupBy) -> OpGroups {
+        OpGroups {
+            by,
+            groups: HashMap::default(),
+        }
+    }
+
+    /// Counts node `o` in its group. Values come from the trace: sums saturate rather than
+    /// overflow on hostile input.
+    pub fn add(&mut self, o: &OpSample) {
+        let key: std::borrow::Cow<'_, str> = match self.by {
+            GroupBy::Op => o.op.as_str().into(),
+            GroupBy::Name => o.tensor.as_str().into(),
+            GroupBy::Backend => o.backend.as_str().into(),
             GroupBy::Layer => o
                 .layer()
-                .map_or_else(|| "(none)".into(), |l| format!("layer {l}")),
+                .map_or_else(|| "(none)".into(), |l| format!("layer {l}").into()),
         };
-        groups.entry(key).or_default().push(o);
+        let g = match self.groups.get_mut(key.as_ref()) {
+            Some(g) => g,
+            None => self.groups.entry(key.into_owned()).or_default(),
+        };
+        g.count += 1;
+        g.total_ns = g.total_ns.saturating_add(o.duration_ns);
+        g.durations.add(o.duration_ns);
+        if let Some(flops) = o.flops {
+            g.flop_ns = g.flop_ns.saturating_add(o.duration_ns);
+            g.flops = g.flops.saturating_add(flops);
+        }
+        g.bytes = g.bytes.saturating_add(o.bytes);
+        g.thread_ns = g.thread_ns.saturating_add(o.thread_ns);
+        g.idle_ns = g.idle_ns.saturating_add(o.idle_ns);
+        g.working_ns = g
+            .working_ns
+            .saturating_add(o.slowest_ns.saturating_mul(o.working_threads as u64));
+        g.wait_ns = g.wait_ns.saturating_add(o.wait_ns);
     }
-    let mut rows: Vec<OpGroup> = groups
-        .into_iter()
-        .map(|(key, ops)| {
-            let durations: Vec<u64> = ops.iter().map(|o| o.duration_ns).collect();
-            let total_ns = durations.iter().fold(0u64, |a, &d| a.saturating_add(d));
-            let with_flops: Vec<&&OpSample> = ops.iter().filter(|o| o.flops.is_some()).collect();
-            // Values come from the trace: saturate rather than overflow on hostile input.
-            let flop_ns = with_flops
-                .iter()
-                .fold(0u64, |a, o| a.saturating_add(o.duration_ns));
-            let flops = with_flops
-                .iter()
-                .filter_map(|o| o.flops)
-                .fold(0u64, u64::saturating_add);
-            let bytes = ops.iter().fold(0u64, |a, o| a.saturating_add(o.bytes));
-            let sum =
-                |f: fn(&OpSample) -> u64| ops.iter().fold(0u64, |a, o| a.saturating_add(f(o)));
-            let thread_ns = sum(|o| o.thread_ns);
-            let idle_ns = sum(|o| o.idle_ns);
-            let working_ns = sum(|o| o.slowest_ns.saturating_mul(o.working_threads as u64));
-            let wait_ns = sum(|o| o.wait_ns);
-            OpGroup {
-                key,
-                count: ops.len(),
-                total_ns,
-                durations: DurationSummary::of(&durations).expect("a group has ops"),
-                flops_per_s: (flop_ns > 0).then(|| flops as f64 / (flop_ns as f64 / 1e9)),
-                bytes_per_s: if total_ns > 0 {
-                    bytes as f64 / (total_ns as f64 / 1e9)
+
+    /// Whether no node was added.
+    pub fn is_empty(&self) -> bool {
+        self.groups.is_empty()
+    }
+
+    /// The nodes added.
+    pub fn nodes(&self) -> usize {
+        self.groups.values().map(|g| g.count).sum()
+    }
+
+    /// The groups' time, summed.
+    pub fn total_ns(&self) -> u64 {
+        self.groups
+            .values()
+            .fold(0u64, |a, g| a.saturating_add(g.total_ns))
+    }
+
+    /// The rows, largest total time first.
+    pub fn rows(&self) -> Vec<OpGroup> {
+        let mut rows: Vec<OpGroup> = self
+            .groups
+            .iter()
+            .map(|(key, g)| OpGroup {
+                key: key.clone(),
+                count: g.count,
+                total_ns: g.total_ns,
+                durations: DurationSummary {
+                    count: g.count,
+                    mean_ns: g.total_ns as f64 / g.count.max(1) as f64,
+                    p50_ns: g.durations.quantile(0.5),
+                    p99_ns: g.durations.quantile(0.99),
+                    max_ns: g.durations.quantile(1.0),
+                },
+                flops_per_s: (g.flop_ns > 0).then(|| g.flops as f64 / (g.flop_ns as f64 / 1e9)),
+                bytes_per_s: if g.total_ns > 0 {
+                    g.bytes as f64 / (g.total_ns as f64 / 1e9)
                 } else {
                     0.0
                 },
-                thread_ns,
-                imbalance: ratio(idle_ns, working_ns),
-                wait_share: ratio(wait_ns, thread_ns.saturating_add(wait_ns)),
-            }
-        })
-        .collect();
-    rows.sort_by(|a, b| b.total_ns.cmp(&a.total_ns).then_with(|| a.key.cmp(&b.key)));
-    rows
+                thread_ns: g.thread_ns,
+                imbalance: ratio(g.idle_ns, g.working_ns),
+                wait_share: ratio(g.wait_ns, g.thread_ns.saturating_add(g.wait_ns)),
+            })
+            .collect();
+        rows.sort_by(|a, b| b.total_ns.cmp(&a.total_ns).then_with(|| a.key.cmp(&b.key)));
+        rows
+    }
 }
 
 fn ratio(part: u64, whole: u64) -> f64 {
@@ -707,6 +913,86 @@ mod tests {
         ];
         let a = OpAnalysis::collect(events.into_iter().map(Ok));
         assert_eq!((a.ops[0].working_threads, a.ops[0].idle_ns), (1, 0));
+    }
+
+    /// Graph computes on thread 1, each with one node shared by threads 1 and 2, thread 2's
+    /// share read once `late` more of thread 1's events were read after its compute's end (the
+    /// writer drained its ring later).
+    fn computes_with_a_late_share(computes: u64, late: usize) -> Vec<Event<'static>> {
+        let (mut main, mut held) = (Vec::new(), std::collections::VecDeque::new());
+        for k in 0..computes {
+            let (t, node) = (1000 * k, 0x100 + k);
+            main.extend([
+                graph(true, t, 1),
+                op_event(true, t + 10, 1, node),
+                op_event(false, t + 100, 1, node),
+                graph(false, t + 200, 1),
+            ]);
+            let share = [
+                op_event(true, t + 20, 2, node),
+                op_event(false, t + 90, 2, node),
+            ];
+            held.push_back((main.len() + late, share));
+        }
+        let mut events = Vec::new();
+        for (read, e) in main.into_iter().enumerate() {
+            events.push(e);
+            while let Some((_, share)) = held.pop_front_if(|(at, _)| *at <= read + 1) {
+                events.extend(share);
+            }
+        }
+        events.extend(held.into_iter().flat_map(|(_, share)| share));
+        events
+    }
+
+    fn streamed(events: &[Event<'static>], ring: u64) -> (Vec<OpSample>, OpAnalysis) {
+        let mut c = OpCollector::with_ring(ring);
+        let mut nodes = Vec::new();
+        for e in events {
+            c.push(Ok(e));
+            nodes.extend(c.take_ready());
+        }
+        let a = c.finish_each(|_, node| nodes.push(node));
+        nodes.sort_by(|x, y| {
+            x.tensor
+                .cmp(&y.tensor)
+                .then(x.duration_ns.cmp(&y.duration_ns))
+        });
+        (nodes, a)
+    }
+
+    #[test]
+    fn streamed_nodes_are_the_nodes_of_the_whole_trace() {
+        let events = computes_with_a_late_share(200, 0);
+        let whole = OpAnalysis::collect(events.iter().cloned().map(Ok));
+        assert_eq!(whole.ops.len(), 200);
+        assert!(whole.ops.iter().all(|o| o.threads == 2));
+        // Rings of 2 events, 2 threads: nodes are handed out 8 events after their compute.
+        let (nodes, a) = streamed(&events, 2);
+        let mut expected = whole.ops.clone();
+        expected.sort_by(|x, y| {
+            x.tensor
+                .cmp(&y.tensor)
+                .then(x.duration_ns.cmp(&y.duration_ns))
+        });
+        assert_eq!(nodes, expected);
+        assert_eq!((a.late_shares, a.threads), (0, whole.threads));
+    }
+
+    #[test]
+    fn a_share_read_after_its_compute_is_joined_while_within_two_drains() {
+        // Thread 2's share comes 4 computes after its own (16 of thread 1's events and 8 of its
+        // own): within two drains of rings of 8 events (2 x 8 x 2 threads = 32 events).
+        let events = computes_with_a_late_share(50, 16);
+        let (nodes, a) = streamed(&events, 8);
+        assert_eq!(nodes.len(), 50, "{nodes:?}");
+        assert!(nodes.iter().all(|o| o.threads == 2));
+        assert_eq!(a.late_shares, 0);
+        // Rings of 1 event: 4 events of lag; the share comes later than that, and is said to.
+        let (nodes, a) = streamed(&events, 1);
+        assert!(a.late_shares > 0);
+        assert_eq!(nodes.len() as u64, 50 + a.late_shares);
+        assert_eq!(nodes.iter().map(|o| o.threads as u64).sum::<u64>(), 100);
     }
 
     #[test]
