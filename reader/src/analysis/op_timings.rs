@@ -16,7 +16,7 @@ use rustc_hash::FxHashMap as HashMap;
 
 use crate::analysis::stats::DurationSummary;
 use crate::format::Damage;
-use crate::format::ext::{self, BackendNames, OpNames, SpanBoundary, TensorInfo};
+use crate::format::ext::{self, NameTables, SpanBoundary};
 use crate::format::{Event, EventType, ExtensionKind, Payload};
 use crate::telemetry::export::summary::Histogram;
 
@@ -148,9 +148,7 @@ struct Thread {
 #[derive(Default)]
 pub struct OpCollector {
     a: OpAnalysis,
-    op_names: HashMap<u32, String>,
-    infos: HashMap<String, TensorInfo>,
-    backends: HashMap<u64, String>,
+    names: NameTables,
     threads: HashMap<u32, Thread>,
     /// Shares not yet joined into nodes, in the order read.
     shares: Vec<Share>,
@@ -311,28 +309,8 @@ impl OpCollector {
                     }
                 }
             }
-            ExtensionKind::OpNames => {
-                for (k, v) in ext::parse_payload::<OpNames>(label)
-                    .unwrap_or_default()
-                    .names
-                {
-                    if let Ok(k) = k.parse() {
-                        self.op_names.insert(k, v);
-                    }
-                }
-            }
-            ExtensionKind::TensorInfo => {
-                if let Some(info) = ext::parse_payload::<TensorInfo>(label) {
-                    self.infos.insert(info.name.clone(), info);
-                }
-            }
-            ExtensionKind::BackendNames => {
-                for b in ext::parse_payload::<BackendNames>(label)
-                    .unwrap_or_default()
-                    .backends
-                {
-                    self.backends.insert(b.ptr, b.name);
-                }
+            ExtensionKind::OpNames | ExtensionKind::TensorInfo | ExtensionKind::BackendNames => {
+                self.names.take(kind, label);
             }
             ExtensionKind::SpanBegin | ExtensionKind::SpanEnd => {
                 let t = self.threads.entry(thread_id).or_default();
@@ -405,9 +383,7 @@ impl OpCollector {
             totals.share_ns = totals.share_ns.saturating_add(s.end - s.begin);
         }
         let namer = Namer {
-            op_names: &self.op_names,
-            infos: &self.infos,
-            backends: &self.backends,
+            names: &self.names,
             tensors: &self.tensors,
         };
         join_shares(done, &namer, each);
@@ -460,11 +436,9 @@ fn thread_totals(threads: &mut Vec<ThreadTotals>, thread_id: u32) -> &mut Thread
     &mut threads[i]
 }
 
-/// The trace's name tables.
+/// The trace's name tables, and the tensor names the shares point into.
 struct Namer<'a> {
-    op_names: &'a HashMap<u32, String>,
-    infos: &'a HashMap<String, TensorInfo>,
-    backends: &'a HashMap<u64, String>,
+    names: &'a NameTables,
     tensors: &'a [String],
 }
 
@@ -511,20 +485,10 @@ fn sample_of(node: &[Share], namer: &Namer<'_>) -> OpSample {
         .iter()
         .find(|s| !tensor(s).is_empty())
         .unwrap_or(&node[0]);
-    let info = namer
-        .infos
-        .get(tensor(first))
-        .filter(|i| i.op_type.is_none_or(|o| o == first.op_type));
-    let op = match info {
-        Some(i) if !i.op.is_empty() => i.op.clone(),
-        _ => namer
-            .op_names
-            .get(&first.op_type)
-            .cloned()
-            .unwrap_or_else(|| format!("op {}", first.op_type)),
-    };
-    let backend = match namer.backends.get(&first.backend) {
-        Some(name) => name.clone(),
+    let info = namer.names.info(tensor(first), first.op_type);
+    let op = namer.names.op(info, first.op_type);
+    let backend = match namer.names.backend(first.backend) {
+        Some(name) => name.to_string(),
         // A CPU worker thread's share (threads-mode op timing) names no backend (FORMAT.md).
         None if first.backend == 0 => "CPU".into(),
         None => format!("{:#x}", first.backend),

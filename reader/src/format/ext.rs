@@ -276,6 +276,81 @@ pub struct TensorInfo {
     pub flops: Option<u64>,
 }
 
+/// The names a trace gives its numbers, as its op-name, tensor-info and backend-name records
+/// come: what both the importer and the op analysis name nodes by.
+#[derive(Clone, Debug, Default)]
+pub struct NameTables {
+    op_names: std::collections::HashMap<u32, String>,
+    infos: std::collections::HashMap<String, TensorInfo>,
+    backends: std::collections::HashMap<u64, String>,
+}
+
+/// What a record taken in by [`NameTables::take`] changed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum NamesChanged {
+    /// Op or backend names: any node's name may have changed.
+    All,
+    /// The info of the tensor of this name.
+    Tensor(String),
+}
+
+impl NameTables {
+    /// Takes in an extension record of `kind` with `payload` if it is one of the tables'; what it
+    /// changed (`None` for other kinds).
+    pub fn take(&mut self, kind: ExtensionKind, payload: &[u8]) -> Option<NamesChanged> {
+        match kind {
+            ExtensionKind::OpNames => {
+                let names = parse_payload::<OpNames>(payload).unwrap_or_default().names;
+                for (k, v) in names {
+                    if let Ok(k) = k.parse() {
+                        self.op_names.insert(k, v);
+                    }
+                }
+                Some(NamesChanged::All)
+            }
+            ExtensionKind::TensorInfo => {
+                let info = parse_payload::<TensorInfo>(payload)?;
+                let name = info.name.clone();
+                self.infos.insert(name.clone(), info);
+                Some(NamesChanged::Tensor(name))
+            }
+            ExtensionKind::BackendNames => {
+                let names = parse_payload::<BackendNames>(payload).unwrap_or_default();
+                for b in names.backends {
+                    self.backends.insert(b.ptr, b.name);
+                }
+                Some(NamesChanged::All)
+            }
+            _ => None,
+        }
+    }
+
+    /// The info of the node computing tensor `name` with op `op_type`, if the trace gave one.
+    pub fn info(&self, name: &str, op_type: u32) -> Option<&TensorInfo> {
+        self.infos
+            .get(name)
+            .filter(|i| i.op_type.is_none_or(|o| o == op_type))
+    }
+
+    /// What a node of op `op_type` with `info` computes: the info's op (the sub-op of a unary or
+    /// GLU op, a fused call's ops), else the op's name in the trace's table, else its number.
+    pub fn op(&self, info: Option<&TensorInfo>, op_type: u32) -> String {
+        match info {
+            Some(i) if !i.op.is_empty() => i.op.clone(),
+            _ => self
+                .op_names
+                .get(&op_type)
+                .cloned()
+                .unwrap_or_else(|| format!("op {op_type}")),
+        }
+    }
+
+    /// The name of backend `ptr`, if the trace gave one.
+    pub fn backend(&self, ptr: u64) -> Option<&str> {
+        self.backends.get(&ptr).map(String::as_str)
+    }
+}
+
 /// Backend buffers allocated and never freed, as the writer closed the trace.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default)]
@@ -295,6 +370,34 @@ pub struct LiveBuffer {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A node is named by its tensor's info when that info is for the node's op, else by the op
+    /// table, else by number; a later record for a tensor replaces its info.
+    #[test]
+    fn nodes_are_named_from_the_latest_tables() {
+        let mut t = NameTables::default();
+        let ops = br#"{"names":{"29":"MUL_MAT","x":"bad"}}"#;
+        assert_eq!(t.take(ExtensionKind::OpNames, ops), Some(NamesChanged::All));
+        let info = br#"{"name":"ffn_out-0","op":"SILU","op_type":80,"type":"f32","ne":[8,1,1,1]}"#;
+        let changed = t.take(ExtensionKind::TensorInfo, info);
+        assert_eq!(changed, Some(NamesChanged::Tensor("ffn_out-0".into())));
+        assert_eq!(t.take(ExtensionKind::TensorInfo, b"not json"), None);
+        assert_eq!(t.take(ExtensionKind::Metadata, ops), None);
+        assert_eq!(t.op(t.info("ffn_out-0", 80), 80), "SILU");
+        // Another op under that name (a graph reusing it): the info is not that node's.
+        assert_eq!(t.info("ffn_out-0", 29), None);
+        assert_eq!(t.op(t.info("ffn_out-0", 29), 29), "MUL_MAT");
+        assert_eq!(t.op(None, 7), "op 7");
+        let info = br#"{"name":"ffn_out-0","op":"GELU","op_type":80}"#;
+        t.take(ExtensionKind::TensorInfo, info);
+        assert_eq!(t.op(t.info("ffn_out-0", 80), 80), "GELU");
+        let backends = br#"{"backends":[{"ptr":4096,"name":"CUDA0"}]}"#;
+        assert_eq!(
+            t.take(ExtensionKind::BackendNames, backends),
+            Some(NamesChanged::All)
+        );
+        assert_eq!((t.backend(4096), t.backend(0)), (Some("CUDA0"), None));
+    }
 
     #[test]
     fn a_batch_is_prefill_when_a_sequence_brings_several_tokens() {

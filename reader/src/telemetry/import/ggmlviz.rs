@@ -10,7 +10,7 @@
 use rustc_hash::FxHashMap as HashMap;
 
 use crate::format::Damage;
-use crate::format::ext::{self, BackendNames, OpNames, TensorInfo};
+use crate::format::ext::{self, NameTables, NamesChanged};
 use crate::format::{Event, EventType, ExtensionKind, Payload};
 use crate::read::Events;
 use crate::telemetry::{
@@ -101,9 +101,7 @@ struct Importer<'s, S: RecordSink> {
     threads: Vec<Thread>,
     thread_of: HashMap<u32, usize>,
     last_thread: (u32, usize),
-    op_names: HashMap<u32, String>,
-    infos: HashMap<String, TensorInfo>,
-    backends: HashMap<u64, String>,
+    names: NameTables,
     live: HashMap<String, i64>,
     buffers: HashMap<u64, (String, u64)>,
     last_ns: u64,
@@ -166,9 +164,7 @@ impl<'s, S: RecordSink> Import<'s, S> {
             threads: Vec::new(),
             thread_of: HashMap::default(),
             last_thread: (u32::MAX, usize::MAX),
-            op_names: HashMap::default(),
-            infos: HashMap::default(),
-            backends: HashMap::default(),
+            names: NameTables::default(),
             live: HashMap::default(),
             buffers: HashMap::default(),
             last_ns: 0,
@@ -398,7 +394,7 @@ impl<S: RecordSink> Importer<'_, S> {
                 if let Some(backend) = words
                     .next()
                     .map(str::to_string)
-                    .or_else(|| self.backends.get(&backend_ptr).cloned())
+                    .or_else(|| self.names.backend(backend_ptr).map(str::to_string))
                 {
                     args.push((
                         self.texts.get("backend"),
@@ -413,18 +409,8 @@ impl<S: RecordSink> Importer<'_, S> {
                 backend_ptr,
                 ..
             } => {
-                let info = self
-                    .infos
-                    .get(label)
-                    .filter(|i| i.op_type.is_none_or(|o| o == op_type));
-                let op = match info {
-                    Some(i) if !i.op.is_empty() => i.op.clone(),
-                    _ => self
-                        .op_names
-                        .get(&op_type)
-                        .cloned()
-                        .unwrap_or_else(|| format!("op {op_type}")),
-                };
+                let info = self.names.info(label, op_type);
+                let op = self.names.op(info, op_type);
                 let mut args = vec![
                     (self.texts.get("tensor"), Arg::Str(self.texts.get(label))),
                     (self.texts.get("bytes"), Arg::UInt(op_size)),
@@ -440,8 +426,8 @@ impl<S: RecordSink> Importer<'_, S> {
                 }
                 // A backend the trace never named is still told apart from the others; none at
                 // all is a CPU worker thread's share (threads-mode op timing, FORMAT.md).
-                let backend = match self.backends.get(&backend_ptr) {
-                    Some(b) => b.clone(),
+                let backend = match self.names.backend(backend_ptr) {
+                    Some(b) => b.to_string(),
                     None if backend_ptr == 0 => "CPU".into(),
                     None => format!("backend {backend_ptr:#x}"),
                 };
@@ -476,31 +462,14 @@ impl<S: RecordSink> Importer<'_, S> {
                     }));
                 }
             }
-            ExtensionKind::OpNames => {
-                for (k, v) in ext::parse_payload::<OpNames>(bytes)
-                    .unwrap_or_default()
-                    .names
-                {
-                    if let Ok(k) = k.parse() {
-                        self.op_names.insert(k, v);
+            ExtensionKind::OpNames | ExtensionKind::TensorInfo | ExtensionKind::BackendNames => {
+                match self.names.take(kind, bytes) {
+                    Some(NamesChanged::All) => self.described.clear(),
+                    Some(NamesChanged::Tensor(name)) => {
+                        self.described.remove(name.as_bytes());
                     }
+                    None => {}
                 }
-                self.described.clear();
-            }
-            ExtensionKind::TensorInfo => {
-                if let Some(info) = ext::parse_payload::<TensorInfo>(bytes) {
-                    self.described.remove(info.name.as_bytes());
-                    self.infos.insert(info.name.clone(), info);
-                }
-            }
-            ExtensionKind::BackendNames => {
-                for b in ext::parse_payload::<BackendNames>(bytes)
-                    .unwrap_or_default()
-                    .backends
-                {
-                    self.backends.insert(b.ptr, b.name);
-                }
-                self.described.clear();
             }
             ExtensionKind::SpanBegin => {
                 let span = ext::parse_payload::<ext::SpanBoundary>(bytes).unwrap_or_default();
