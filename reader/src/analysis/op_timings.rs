@@ -157,10 +157,12 @@ pub struct OpCollector {
     tensor_of: HashMap<Box<[u8]>, u32>,
     /// Outermost graph computes: begin, end, and the events taken in when the end was read.
     windows: Vec<(u64, u64, u64)>,
-    /// Events taken in, when nodes were last handed out, and up to which graph computes were
-    /// then done with.
+    /// Events taken in; when nodes were last handed out (by a periodic join; `seen`, by any
+    /// join: the shares it looked at were read before that many events), and up to which graph
+    /// computes were then done with.
     pushed: u64,
     joined_at: u64,
+    seen: u64,
     cutoff: u64,
     /// Streaming: the capacity of a thread's ring, in events; the most threads a graph compute
     /// said it ran on (some may not have been met yet).
@@ -354,18 +356,28 @@ impl OpCollector {
     fn join(&mut self, cutoff: u64, each: &mut dyn FnMut(u64, OpSample)) {
         self.windows.sort_unstable();
         let bounds: Vec<(u64, u64)> = self.windows.iter().map(|w| (w.0, w.1)).collect();
-        let (windows, before, mut late) = (&self.windows, self.cutoff, 0);
+        let (windows, before, seen, mut late) = (&self.windows, self.cutoff, self.seen, 0);
+        // A share begun after a graph compute still open began may be that compute's.
+        let open_since = self
+            .threads
+            .values()
+            .filter(|t| t.graph_depth > 0)
+            .map(|t| t.graph_begin)
+            .min()
+            .unwrap_or(u64::MAX);
         let done: Vec<Share> = self
             .shares
             .extract_if(.., |s| {
                 s.window = window_of(&bounds, s.begin);
                 let read_by = windows.get(s.window as usize).map_or(s.read_at, |w| w.2);
-                late += u64::from(read_by < before);
-                read_by < cutoff
+                let done = read_by < cutoff && s.begin < open_since;
+                // Read after the last join had handed out its compute's nodes.
+                late += u64::from(done && read_by < before && s.read_at >= seen);
+                done
             })
             .collect();
         self.a.late_shares += late;
-        self.cutoff = cutoff;
+        (self.cutoff, self.seen) = (cutoff, self.pushed);
         // Graph computes done with (their shares all read), but the last few: a share read late
         // still finds the compute it began in.
         let old = self.windows.iter().filter(|w| w.2 < cutoff).count();
@@ -954,9 +966,34 @@ mod tests {
         assert_eq!(a.late_shares, 0);
         // Rings of 1 event: 4 events of lag; the share comes later than that, and is said to.
         let (nodes, a) = streamed(&events, 1);
-        assert!(a.late_shares > 0);
+        assert!(
+            a.late_shares > 0,
+            "{} nodes, {} late",
+            nodes.len(),
+            a.late_shares
+        );
         assert_eq!(nodes.len() as u64, 50 + a.late_shares);
         assert_eq!(nodes.iter().map(|o| o.threads as u64).sum::<u64>(), 100);
+    }
+
+    #[test]
+    fn a_compute_longer_than_the_lag_is_not_cut() {
+        // One compute of 100 nodes on 2 threads, 402 events; rings of 2: 8 events of lag.
+        let mut events = vec![graph(true, 0, 1)];
+        for k in 0..100 {
+            let (t, node) = (10 + 100 * k, 0x100 + k);
+            events.extend([
+                op_event(true, t, 1, node),
+                op_event(true, t + 1, 2, node),
+                op_event(false, t + 50, 1, node),
+                op_event(false, t + 60, 2, node),
+            ]);
+        }
+        events.push(graph(false, 20_000, 1));
+        let (nodes, a) = streamed(&events, 2);
+        assert_eq!(nodes.len(), 100);
+        assert!(nodes.iter().all(|o| o.threads == 2));
+        assert_eq!(a.late_shares, 0);
     }
 
     #[test]
