@@ -14,8 +14,8 @@ use crate::input::{Input, ReadStop};
 
 /// Show per-op timings: count, total, mean/p50/p99 time (p50 and p99 within 1 %), GFLOP/s
 /// (MUL_MAT) and GB/s (result bytes per second) per op type, tensor name, backend or layer, and
-/// the share of graph time spent in ops. With llama_decode spans in the trace, prefill (multi-token batches) and
-/// generation (single tokens) are shown separately.
+/// the share of graph time spent in ops. With llama_decode spans in the trace, prefill
+/// (multi-token batches) and generation (single tokens) are shown separately.
 ///
 /// Op timings exist when the hook ran with op timing on (GGML_VIZ_OP_TIMING=auto, the
 /// default). On the CPU backend (`threads` mode) every worker thread's share of every node is
@@ -54,15 +54,11 @@ enum By {
     Thread,
 }
 
-/// The nodes as `ops` shows them, grouped as they come: all of them and per phase, and the
-/// header's figures.
+/// The nodes as `ops` shows them, grouped as they come: all of them and per phase.
 struct Tables {
     all: OpGroups,
     prefill: OpGroups,
     generation: OpGroups,
-    nodes: u64,
-    op_ns: u64,
-    thread_ns: u64,
     /// Whether a node was computed by more than one thread (threads-mode op timing).
     threaded: bool,
 }
@@ -73,17 +69,11 @@ impl Tables {
             all: OpGroups::new(by),
             prefill: OpGroups::new(by),
             generation: OpGroups::new(by),
-            nodes: 0,
-            op_ns: 0,
-            thread_ns: 0,
             threaded: false,
         }
     }
 
     fn add(&mut self, o: &OpSample) {
-        self.nodes += 1;
-        self.op_ns = self.op_ns.saturating_add(o.duration_ns);
-        self.thread_ns = self.thread_ns.saturating_add(o.thread_ns);
         self.threaded |= o.threads > 1;
         match o.phase {
             Some(Phase::Prefill) => self.prefill.add(o),
@@ -124,11 +114,18 @@ pub fn run(args: OpsArgs) -> Result<(), Failure> {
             writeln!(out, "\n{} ({} ops)", phase.name(), groups.nodes())?;
             write_table(&mut out, groups, args.top, tables.threaded)?;
         }
-    } else if tables.nodes > 0 {
+    } else if !tables.all.is_empty() {
         writeln!(out)?;
         write_table(&mut out, &tables.all, args.top, tables.threaded)?;
     }
     out.flush()?;
+    if analysis.late_shares > 0 {
+        eprintln!(
+            "ggml-viz: warning: {} thread share(s) of nodes came in the trace long after their \
+             graph compute ended (more than two ring drains); each is counted as a node of its own",
+            analysis.late_shares
+        );
+    }
     match stop {
         Some(stop) if stop.is_warning() => {
             eprintln!("ggml-viz: warning: {}", stop.describe(&input.name()));
@@ -145,26 +142,20 @@ fn write_header(out: &mut impl Write, a: &OpAnalysis, t: &Tables) -> io::Result<
     if let Some(note) = &a.timing_note {
         writeln!(out, "op timing: {note}")?;
     }
-    if t.nodes == 0 {
+    if t.all.is_empty() {
         return writeln!(out, "no op timings in this trace");
     }
-    if a.late_shares > 0 {
-        eprintln!(
-            "ggml-viz: warning: {} thread share(s) of nodes came in the trace long after their \
-             graph compute ended (more than two ring drains); each is counted as a node of its own",
-            a.late_shares
-        );
-    }
+    let op_ns = t.all.total_ns();
     let share = if a.timed_graph_ns > 0 {
-        100.0 * t.op_ns as f64 / a.timed_graph_ns as f64
+        100.0 * op_ns as f64 / a.timed_graph_ns as f64
     } else {
         0.0
     };
     writeln!(
         out,
         "{} ops, {} in ops = {share:.1} % of the {} of graph computes they ran in",
-        t.nodes,
-        fmt_ns(t.op_ns as f64),
+        t.all.nodes(),
+        fmt_ns(op_ns as f64),
         fmt_ns(a.timed_graph_ns as f64)
     )?;
     if t.threaded {
@@ -176,7 +167,7 @@ fn write_header(out: &mut impl Write, a: &OpAnalysis, t: &Tables) -> io::Result<
             out,
             "{} threads: {} in their shares of nodes, {} waiting at barriers",
             a.threads.len(),
-            fmt_ns(t.thread_ns as f64),
+            fmt_ns(t.all.thread_ns() as f64),
             fmt_ns(wait_ns as f64)
         )?;
     }

@@ -157,11 +157,9 @@ pub struct OpCollector {
     tensor_of: HashMap<Box<[u8]>, u32>,
     /// Outermost graph computes: begin, end, and the events taken in when the end was read.
     windows: Vec<(u64, u64, u64)>,
-    /// Events taken in; when nodes were last handed out (by a periodic join; `seen`, by any
-    /// join: the shares it looked at were read before that many events), and up to which graph
-    /// computes were then done with.
+    /// Events taken in; at the last join, events taken in (the shares it looked at were read
+    /// before) and up to which graph computes were done with.
     pushed: u64,
-    joined_at: u64,
     seen: u64,
     cutoff: u64,
     /// Streaming: the capacity of a thread's ring, in events; the most threads a graph compute
@@ -185,8 +183,7 @@ impl OpCollector {
         if let Some(ring) = self.ring {
             let threads = (self.threads.len() as u64).max(self.graph_threads).max(1);
             let lag = 2u64.saturating_mul(ring).saturating_mul(threads);
-            if self.pushed - self.joined_at >= lag / 8 && self.pushed > lag {
-                self.joined_at = self.pushed;
+            if self.pushed - self.seen >= lag / 8 && self.pushed > lag {
                 let mut ready = std::mem::take(&mut self.ready);
                 self.join(self.pushed - lag, &mut |begin, node| {
                     ready.push((begin, node))
@@ -355,7 +352,6 @@ impl OpCollector {
     /// with their start.
     fn join(&mut self, cutoff: u64, each: &mut dyn FnMut(u64, OpSample)) {
         self.windows.sort_unstable();
-        let bounds: Vec<(u64, u64)> = self.windows.iter().map(|w| (w.0, w.1)).collect();
         let (windows, before, seen, mut late) = (&self.windows, self.cutoff, self.seen, 0);
         // A share begun after a graph compute still open began may be that compute's.
         let open_since = self
@@ -368,7 +364,7 @@ impl OpCollector {
         let done: Vec<Share> = self
             .shares
             .extract_if(.., |s| {
-                s.window = window_of(&bounds, s.begin);
+                s.window = window_of(windows, s.begin);
                 let read_by = windows.get(s.window as usize).map_or(s.read_at, |w| w.2);
                 let done = read_by < cutoff && s.begin < open_since;
                 // Read after the last join had handed out its compute's nodes.
@@ -472,16 +468,15 @@ fn join_shares(mut shares: Vec<Share>, namer: &Namer<'_>, each: &mut dyn FnMut(u
             end += 1;
         }
         let node = &shares[start..end];
-        let begin = node.iter().map(|s| s.begin).min().unwrap_or(0);
-        each(begin, sample_of(node, namer));
+        each(node[0].begin, sample_of(node, namer));
         start = end;
     }
 }
 
 /// The latest-begun of the sorted `windows` that holds `at` (looking back over a few: graph
 /// computes of several threads may overlap), or `u32::MAX`.
-fn window_of(windows: &[(u64, u64)], at: u64) -> u32 {
-    let after = windows.partition_point(|&(begin, _)| begin <= at);
+fn window_of(windows: &[(u64, u64, u64)], at: u64) -> u32 {
+    let after = windows.partition_point(|&(begin, _, _)| begin <= at);
     (after.saturating_sub(64)..after)
         .rev()
         .find(|&i| windows[i].1 >= at)
@@ -680,9 +675,18 @@ impl OpGroups {
 
     /// The groups' time, summed.
     pub fn total_ns(&self) -> u64 {
+        self.sum(|g| g.total_ns)
+    }
+
+    /// The groups' threads' shares, summed.
+    pub fn thread_ns(&self) -> u64 {
+        self.sum(|g| g.thread_ns)
+    }
+
+    fn sum(&self, of: fn(&GroupSums) -> u64) -> u64 {
         self.groups
             .values()
-            .fold(0u64, |a, g| a.saturating_add(g.total_ns))
+            .fold(0u64, |a, g| a.saturating_add(of(g)))
     }
 
     /// The rows, largest total time first.
