@@ -9,7 +9,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::sync::OnceLock;
 
-use ggml_viz_reader::format::{EventType, Payload};
+use ggml_viz_reader::format::ext::{self, TensorInfo};
+use ggml_viz_reader::format::{EventType, ExtensionKind, Payload};
 use ggml_viz_reader::{Damage, Event, TraceFile, TraceStats};
 
 /// `target/release` (or whichever profile built this test).
@@ -397,4 +398,44 @@ pub fn alloc_sizes(events: &[Event<'_>]) -> Vec<u64> {
             _ => None,
         })
         .collect()
+}
+
+/// Every op begin follows an info for its label and op type, and no info repeats the last one of
+/// its name and op (a reader keeps the latest of each: FORMAT.md); one name has nodes of several
+/// ops (llama.cpp's `Qcur-0`: a MUL_MAT, then the ROPE after it), whose infos are each written
+/// once per shape.
+pub fn check_tensor_infos(events: &[Event<'_>]) {
+    let mut known: HashMap<(String, Option<u32>), TensorInfo> = HashMap::new();
+    let mut begins = 0;
+    for e in events {
+        match (e.event_type(), e.payload) {
+            (None, Payload::Extension(x)) if x.kind == ExtensionKind::TensorInfo => {
+                let label = e.label.as_deref().unwrap_or_default();
+                let info: TensorInfo = ext::parse_payload(label).expect("our payload parses");
+                if let Some(before) = known.insert((info.name.clone(), info.op_type), info.clone())
+                {
+                    assert_ne!(
+                        before, info,
+                        "written again with no other info of its name and op between"
+                    );
+                }
+            }
+            (Some(EventType::OpComputeBegin), Payload::Op { op_type, .. }) => {
+                let label = e.label_str().expect("op events carry their tensor's name");
+                assert!(
+                    known.contains_key(&(label.to_string(), Some(op_type))),
+                    "no info for {label} (op {op_type}) before its op event"
+                );
+                begins += 1;
+            }
+            _ => {}
+        }
+    }
+    assert!(begins > 100, "{begins} op begins");
+    let ops_of_qcur = known.keys().filter(|(name, _)| name == "Qcur-0").count();
+    assert!(
+        ops_of_qcur >= 2,
+        "Qcur-0 is a MUL_MAT and a ROPE: {:?}",
+        known.keys()
+    );
 }

@@ -103,6 +103,7 @@ fn llama_simple_ops_are_timed_one_pair_per_node_with_names_and_spans() {
 
     // Op names from the trace itself, tensor labels as llama.cpp names them.
     let infos: Vec<TensorInfo> = ext_payloads(&events, ExtensionKind::TensorInfo);
+    check_tensor_infos(&events);
     let ops: BTreeSet<&str> = infos.iter().map(|i| i.op.as_str()).collect();
     for op in ["MUL_MAT", "RMS_NORM", "ROPE", "GET_ROWS", "MUL", "ADD"] {
         assert!(ops.contains(op), "{op} missing from {ops:?}");

@@ -144,6 +144,8 @@ fn every_worker_records_its_share_of_every_node(how: &Run<'_>) {
     assert_eq!(mode["op_timing_mode"], "threads", "{mode:?}");
     assert_eq!(settings(&sched)["op_timing_mode"], "sched");
     check_nesting(&threads);
+    check_tensor_infos(&threads);
+    check_tensor_infos(&unfused);
 
     // Every thread that computed waits at barriers as one index of 4, and the 4 indices are
     // there (OpenMP keeps 4 threads; ggml's own pool without a persistent pool makes new workers

@@ -100,7 +100,8 @@ pub unsafe fn fingerprint(h: &Helpers, tensor: Ptr) -> Option<u64> {
 #[derive(Clone, Debug, PartialEq)]
 pub struct TensorInfo {
     pub name: String,
-    /// Index of the distinct name, in order of first sight (a name can have several infos).
+    /// Index of the distinct name and op type, in order of first sight (one can have several
+    /// infos: shapes differ between graphs).
     pub group: u32,
     /// `ggml_op_desc`: the op's name, or the unary / GLU sub-op's.
     pub op: String,

@@ -19,8 +19,9 @@ pub struct Tensors {
     used: AtomicUsize,
     /// Lookups refused because the table was full (op events without tensor info).
     refused: AtomicU64,
-    /// Held while adding; maps each distinct name to its group.
-    adding: Mutex<HashMap<String, u32>>,
+    /// Held while adding; maps each distinct name and op type to its group (the tensors a
+    /// reader tells apart by an op event's label and op type: FORMAT.md).
+    adding: Mutex<HashMap<(String, Option<u32>), u32>>,
 }
 
 impl Tensors {
@@ -77,7 +78,9 @@ impl Tensors {
         }
         let mut info = info();
         let next = groups.len() as u32;
-        info.group = *groups.entry(info.name.clone()).or_insert(next);
+        info.group = *groups
+            .entry((info.name.clone(), info.op_type))
+            .or_insert(next);
         let _ = self.infos[n].set(info);
         let id = n as u16 + 1;
         let start = first_slot(key);

@@ -53,11 +53,12 @@ pub struct TraceWriter {
     tensor_names: bool,
     /// Encoding buffer, reused.
     buf: Vec<u8>,
-    /// For each tensor-name group, the tensor info last written (the reader keeps the latest).
+    /// For each group of tensors (a name and op type), the tensor info last written (the reader
+    /// keeps the latest of each).
     info_of_group: Vec<u16>,
     /// Each tensor info's JSON, by tensor id, made the first time it is written: an info is
-    /// written again wherever another tensor of its name came between (llama.cpp names a MUL_MAT
-    /// and the ROPE after it both `Qcur-0`), every graph.
+    /// written again wherever another tensor of its name and op came between (the prompt's
+    /// graph and a generation step's give a node other shapes).
     info_json: Vec<Vec<u8>>,
     /// Buffers allocated and not yet freed: handle to size and buffer type.
     live_buffers: std::collections::BTreeMap<u64, (u64, String)>,

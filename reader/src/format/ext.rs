@@ -92,7 +92,8 @@ pub fn encode_extension<T: Serialize>(
 }
 
 /// [`encode_extension`] of a payload already serialized (`json`): for a writer that repeats a
-/// record (a tensor's info, written again wherever another tensor of its name came between).
+/// record (a tensor's info, written again wherever another tensor of its name and op came
+/// between).
 pub fn encode_extension_json(
     out: &mut Vec<u8>,
     layout: Layout,
@@ -257,8 +258,9 @@ fn is_zero(n: &u32) -> bool {
     *n == 0
 }
 
-/// What a node is: applies to the op events with this tensor name (their label) that follow it,
-/// until the next record for the same name.
+/// What a node is: applies to the op events with this tensor name (their label) and op type that
+/// follow it, until the next record for the same name and op type. One whose `op_type` is null
+/// applies to every op of that name, until the next record for that name.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct TensorInfo {
@@ -281,7 +283,10 @@ pub struct TensorInfo {
 #[derive(Clone, Debug, Default)]
 pub struct NameTables {
     op_names: std::collections::HashMap<u32, String>,
-    infos: std::collections::HashMap<String, TensorInfo>,
+    /// By tensor name, the latest info for each op type (`None`: an info that does not say its
+    /// op, which applies to any), with its place in the order infos came.
+    infos: std::collections::HashMap<String, Vec<(u64, TensorInfo)>>,
+    infos_taken: u64,
     backends: std::collections::HashMap<u64, String>,
 }
 
@@ -311,7 +316,16 @@ impl NameTables {
             ExtensionKind::TensorInfo => {
                 let info = parse_payload::<TensorInfo>(payload)?;
                 let name = info.name.clone();
-                self.infos.insert(name.clone(), info);
+                self.infos_taken += 1;
+                let taken = (self.infos_taken, info);
+                let of_name = self.infos.entry(name.clone()).or_default();
+                match of_name
+                    .iter_mut()
+                    .find(|(_, i)| i.op_type == taken.1.op_type)
+                {
+                    Some(kept) => *kept = taken,
+                    None => of_name.push(taken),
+                }
                 Some(NamesChanged::Tensor(name))
             }
             ExtensionKind::BackendNames => {
@@ -325,11 +339,15 @@ impl NameTables {
         }
     }
 
-    /// The info of the node computing tensor `name` with op `op_type`, if the trace gave one.
+    /// The info of the node computing tensor `name` with op `op_type`, if the trace gave one:
+    /// the latest for that name and op, or for that name without an op if that came later.
     pub fn info(&self, name: &str, op_type: u32) -> Option<&TensorInfo> {
         self.infos
-            .get(name)
-            .filter(|i| i.op_type.is_none_or(|o| o == op_type))
+            .get(name)?
+            .iter()
+            .filter(|(_, i)| i.op_type.is_none_or(|o| o == op_type))
+            .max_by_key(|(taken, _)| *taken)
+            .map(|(_, i)| i)
     }
 
     /// What a node of op `op_type` with `info` computes: the info's op (the sub-op of a unary or
@@ -397,6 +415,47 @@ mod tests {
             Some(NamesChanged::All)
         );
         assert_eq!((t.backend(4096), t.backend(0)), (Some("CUDA0"), None));
+    }
+
+    /// Two nodes of one name and different ops (llama.cpp's `Qcur-0`: a MUL_MAT, then the ROPE
+    /// after it): each op finds its own info, in whatever order the records came; a record that
+    /// does not say its op applies to every op of the name until one is given again.
+    #[test]
+    fn a_name_keeps_one_info_per_op() {
+        let mut t = NameTables::default();
+        let mut take = |op: &str, op_type: Option<u32>, ne0: i64| {
+            let info = TensorInfo {
+                name: "Qcur-0".into(),
+                op: op.into(),
+                op_type,
+                ne: [ne0, 1, 1, 1],
+                ..TensorInfo::default()
+            };
+            let json = serde_json::to_vec(&info).unwrap();
+            assert!(t.take(ExtensionKind::TensorInfo, &json).is_some());
+            t.clone()
+        };
+        take("MUL_MAT", Some(29), 64);
+        let t1 = take("ROPE", Some(45), 64);
+        let op_of =
+            |t: &NameTables, op_type| t.info("Qcur-0", op_type).map(|i| (i.op.clone(), i.ne[0]));
+        assert_eq!(op_of(&t1, 29), Some(("MUL_MAT".into(), 64)));
+        assert_eq!(op_of(&t1, 45), Some(("ROPE".into(), 64)));
+        assert_eq!(op_of(&t1, 7), None);
+        // A generation step's shape replaces the prompt's, for that op only.
+        let t2 = take("MUL_MAT", Some(29), 1);
+        assert_eq!(op_of(&t2, 29), Some(("MUL_MAT".into(), 1)));
+        assert_eq!(op_of(&t2, 45), Some(("ROPE".into(), 64)));
+        // Without an op: for every op, until one is given again.
+        let t3 = take("?", None, 7);
+        assert_eq!(
+            (op_of(&t3, 29), op_of(&t3, 7)),
+            (Some(("?".into(), 7)), Some(("?".into(), 7)))
+        );
+        let t4 = take("ROPE", Some(45), 8);
+        assert_eq!(op_of(&t4, 45), Some(("ROPE".into(), 8)));
+        assert_eq!(op_of(&t4, 29), Some(("?".into(), 7)));
+        assert_eq!(t4.info("Kcur-0", 29), None);
     }
 
     #[test]

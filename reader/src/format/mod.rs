@@ -171,7 +171,7 @@ pub enum ExtensionKind {
     /// An application-level span closes.
     SpanEnd,
     /// A node's name, op, type, shape and FLOP count; applies to the op events of that tensor name
-    /// that follow, until the next record for the same name (JSON).
+    /// and op type that follow, until the next record for the same name and op type (JSON).
     TensorInfo,
     /// Backend buffers still allocated when the writer closed the trace (JSON).
     LiveBuffers,
