@@ -207,7 +207,7 @@ impl Row {
 }
 
 /// The summary sink.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Summary {
     /// One row per distinct name, in the order first seen.
     rows: Vec<(Text, Row)>,
@@ -215,10 +215,12 @@ pub struct Summary {
     /// Each shared name's row, found by its address.
     by_addr: ByAddress<RowIndex>,
     /// Coverage gathered from the closed children of spans still open, by span id; the parent
-    /// last handed to is kept apart in `hot` (most spans share their parent with the span closed
-    /// before them: their hand-over skips the map).
+    /// last handed to is kept apart in `hot_id` and `hot` (most spans share their parent with
+    /// the span closed before them: their hand-over skips the map).
     pending: FxHashMap<u64, Coverage>,
-    hot: Option<(u64, Coverage)>,
+    /// The parent whose coverage `hot` is.
+    hot_id: Option<u64>,
+    hot: Coverage,
     pub first_ns: Option<u64>,
     pub last_ns: u64,
     pub warnings: Vec<String>,
@@ -271,35 +273,31 @@ impl Summary {
         let index = self.row_index(&s.name);
         let row = &mut self.rows[index as usize].1;
         row.self_ns = row.self_ns.saturating_add(s.self_ns);
-        // Leaves (most spans) have no coverage of their own: nothing is allocated for them.
-        let mut coverage = match self.hot.take() {
-            Some((id, coverage)) if id == s.id => Some(coverage),
-            hot => {
-                self.hot = hot;
-                // Mostly empty: the parent handed to last is kept apart, in `hot`.
-                if self.pending.is_empty() {
-                    None
-                } else {
-                    self.pending.remove(&s.id)
-                }
-            }
+        // The coverage of this span's closed descendants: none for a leaf (most spans), nothing
+        // allocated for them.
+        let coverage = if self.hot_id == Some(s.id) {
+            self.hot_id = None;
+            Some(std::mem::take(&mut self.hot))
+        } else if self.pending.is_empty() {
+            None
+        } else {
+            self.pending.remove(&s.id)
         };
-        let counted = match coverage.iter_mut().flatten().find(|(r, _)| *r == index) {
+        let Some(mut coverage) = coverage else {
+            row.durations.add(dur);
+            row.counted_ns = row.counted_ns.saturating_add(dur);
+            return self.merge(s.parent, index, 1, dur);
+        };
+        match coverage.iter_mut().find(|(r, _)| *r == index) {
             // A same-name descendant: this span is not counted, but covers its time.
-            Some((_, entry)) => {
-                entry.1 = dur;
-                false
-            }
+            Some((_, entry)) => entry.1 = dur,
             None => {
                 row.durations.add(dur);
                 row.counted_ns = row.counted_ns.saturating_add(dur);
-                true
+                coverage.push((index, (1, dur)));
             }
-        };
-        if counted {
-            self.merge(s.parent, index, 1, dur);
         }
-        for &(row, (count, covered)) in coverage.iter().flatten() {
+        for (row, (count, covered)) in coverage {
             self.merge(s.parent, row, count, covered);
         }
     }
@@ -309,22 +307,41 @@ impl Summary {
     #[inline]
     fn merge(&mut self, parent: Option<u64>, row: RowIndex, count: u64, covered: u64) {
         match parent {
-            Some(parent) => {
-                if self.hot.as_ref().is_none_or(|(id, _)| *id != parent) {
-                    if let Some((id, coverage)) = self.hot.take() {
-                        self.pending.insert(id, coverage);
-                    }
-                    let coverage = self.pending.remove(&parent).unwrap_or_default();
-                    self.hot = Some((parent, coverage));
-                }
-                let (_, coverage) = self.hot.as_mut().expect("set above");
-                cover(coverage, row, count, covered)
-            }
+            Some(_) if parent == self.hot_id => cover(&mut self.hot, row, count, covered),
+            Some(parent) => self.merge_cold(parent, row, count, covered),
             None => {
                 let row = &mut self.rows[row as usize].1;
                 row.count += count;
                 row.total_ns = row.total_ns.saturating_add(covered);
             }
+        }
+    }
+
+    /// [`Summary::merge`] into a parent other than the hot one: that one becomes hot.
+    #[cold]
+    #[inline(never)]
+    fn merge_cold(&mut self, parent: u64, row: RowIndex, count: u64, covered: u64) {
+        if let Some(hot) = self.hot_id {
+            self.pending.insert(hot, std::mem::take(&mut self.hot));
+        }
+        self.hot = self.pending.remove(&parent).unwrap_or_default();
+        self.hot_id = Some(parent);
+        cover(&mut self.hot, row, count, covered)
+    }
+}
+
+impl Default for Summary {
+    fn default() -> Summary {
+        Summary {
+            rows: Vec::new(),
+            by_name: FxHashMap::default(),
+            by_addr: ByAddress::default(),
+            pending: FxHashMap::default(),
+            hot_id: None,
+            hot: Coverage::new(),
+            first_ns: None,
+            last_ns: 0,
+            warnings: Vec::new(),
         }
     }
 }
