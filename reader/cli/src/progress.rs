@@ -122,7 +122,7 @@ impl Reading {
         opts: &InputOpts,
         ids: &mut Ids,
         sink: &mut S,
-        events: &mut dyn FnMut(Result<&Event<'_>, &Damage>),
+        events: &mut impl FnMut(Result<&Event<'_>, &Damage>),
     ) -> Result<(), ImportError> {
         let alignment = self
             .paths
@@ -141,7 +141,7 @@ impl Reading {
         opts: &InputOpts,
         ids: &mut Ids,
         sink: &mut S,
-        events: &mut dyn FnMut(Result<&Event<'_>, &Damage>),
+        events: &mut impl FnMut(Result<&Event<'_>, &Damage>),
     ) -> Result<(), ImportError> {
         self.bar.set_message(
             path.file_name()

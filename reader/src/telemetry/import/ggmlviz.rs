@@ -189,6 +189,7 @@ impl<'s, S: RecordSink> Import<'s, S> {
     }
 
     /// The event (or damage) that begins at byte `offset`; false once nothing more is to be read.
+    #[inline(always)]
     pub fn item(&mut self, offset: u64, item: Result<&Event<'_>, Damage>) -> bool {
         let name = self.name;
         match item {
@@ -258,6 +259,7 @@ impl<S: RecordSink> Importer<'_, S> {
         i
     }
 
+    #[inline(always)]
     fn event(&mut self, e: &Event<'_>, offset: u64, name: &str) {
         if let Payload::Extension(x) = e.payload {
             let label = e.label_str().unwrap_or_default();
@@ -355,6 +357,7 @@ impl<S: RecordSink> Importer<'_, S> {
 
     /// The name and arguments of the span a graph or op begin with `label` and `payload` opens:
     /// made once per distinct begin (the same node every graph), then shared.
+    #[inline(always)]
     fn described(&mut self, label: &[u8], payload: &Payload) -> Described {
         let key = begin_key(payload);
         if let Some(known) = self.described.get(label)

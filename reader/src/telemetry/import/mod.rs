@@ -140,7 +140,7 @@ pub fn import_path_reporting<S: RecordSink>(
     ids: &mut Ids,
     sink: &mut S,
     progress: &mut dyn FnMut(u64),
-    events: &mut dyn FnMut(Result<&crate::Event<'_>, &crate::Damage>),
+    events: &mut impl FnMut(Result<&crate::Event<'_>, &crate::Damage>),
 ) -> Result<(), ImportError> {
     let name = path.display().to_string();
     let fail = |e: std::io::Error| ImportError(format!("cannot read {name}: {e}"));
