@@ -207,7 +207,7 @@ impl Row {
 }
 
 /// The summary sink.
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub struct Summary {
     /// One row per distinct name, in the order first seen.
     rows: Vec<(Text, Row)>,
@@ -327,22 +327,6 @@ impl Summary {
         self.hot = self.pending.remove(&parent).unwrap_or_default();
         self.hot_id = Some(parent);
         cover(&mut self.hot, row, count, covered)
-    }
-}
-
-impl Default for Summary {
-    fn default() -> Summary {
-        Summary {
-            rows: Vec::new(),
-            by_name: FxHashMap::default(),
-            by_addr: ByAddress::default(),
-            pending: FxHashMap::default(),
-            hot_id: None,
-            hot: Coverage::new(),
-            first_ns: None,
-            last_ns: 0,
-            warnings: Vec::new(),
-        }
     }
 }
 
