@@ -64,9 +64,9 @@ pub struct TraceWriter {
     live_buffers: std::collections::BTreeMap<u64, (u64, String)>,
     /// Op types whose names were written.
     op_names_written: std::collections::HashSet<u32>,
-    /// Labels by entry point and name id (key `entry * NAME_IDS + name_id`): built once, not
-    /// per event.
-    labels: std::collections::HashMap<usize, Vec<u8>>,
+    /// Labels by entry point and name id (at `entry * NAME_IDS + name_id`): built once, not per
+    /// event, and found without hashing.
+    labels: Vec<Option<Box<[u8]>>>,
     /// Names already written in a backend_names record.
     names_written: usize,
     counters_written: Counters,
@@ -107,7 +107,7 @@ impl TraceWriter {
             layout,
             tensor_names: config.tensor_names,
             buf: Vec::with_capacity(1 << 16),
-            labels: Default::default(),
+            labels: Vec::new(),
             info_of_group: Vec::new(),
             info_json: Vec::new(),
             live_buffers: Default::default(),
@@ -258,9 +258,11 @@ impl TraceWriter {
         let label: &[u8] = if e.entry == 0 && e.type_code == EventType::BarrierWait.code() {
             b"ggml_barrier"
         } else {
-            self.labels
-                .entry(e.entry as usize * NAME_IDS + (e.name_id as usize % NAME_IDS))
-                .or_insert_with(|| label_of(e.entry, e.name_id, d.names))
+            let key = e.entry as usize * NAME_IDS + (e.name_id as usize % NAME_IDS);
+            if self.labels.len() <= key {
+                self.labels.resize(key + 1, None);
+            }
+            self.labels[key].get_or_insert_with(|| label_of(e.entry, e.name_id, d.names).into())
         };
         format::encode_record(
             &mut self.buf,
