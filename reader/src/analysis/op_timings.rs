@@ -503,11 +503,14 @@ fn sample_of(node: &[Share], namer: &Namer<'_>) -> OpSample {
     let begin = node.iter().map(|s| s.begin).min().unwrap_or(0);
     let end = node.iter().map(|s| s.end).max().unwrap_or(begin);
     let slowest_ns = node.iter().map(|s| s.end - s.begin).max().unwrap_or(0);
-    let working: Vec<u64> = node
+    // The threads that had work, and the time they finished before the slowest, summed.
+    let (working_threads, idle_ns) = node
         .iter()
         .map(|s| s.end - s.begin)
         .filter(|&d| d.saturating_mul(8) >= slowest_ns)
-        .collect();
+        .fold((0u32, 0u64), |(n, idle), d| {
+            (n + 1, idle.saturating_add(slowest_ns - d))
+        });
     OpSample {
         op,
         tensor: tensor(first).to_string(),
@@ -517,10 +520,8 @@ fn sample_of(node: &[Share], namer: &Namer<'_>) -> OpSample {
         thread_ns: node
             .iter()
             .fold(0u64, |a, s| a.saturating_add(s.end - s.begin)),
-        idle_ns: working
-            .iter()
-            .fold(0u64, |a, &d| a.saturating_add(slowest_ns - d)),
-        working_threads: working.len() as u32,
+        idle_ns,
+        working_threads,
         slowest_ns,
         wait_ns: node.iter().fold(0u64, |a, s| a.saturating_add(s.wait_ns)),
         flops: info.and_then(|i| i.flops),
