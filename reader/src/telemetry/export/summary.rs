@@ -399,6 +399,32 @@ mod tests {
         assert_eq!(row.durations.quantile(0.5), 10 * us);
     }
 
+    /// A parent's coverage gathered from its first child is kept while the children of its
+    /// second child close (the parent handed to last changes, and changes back).
+    #[test]
+    fn a_parents_coverage_outlasts_its_next_childs_children() {
+        let mut stack = SpanStack::default();
+        let mut summary = Summary::default();
+        let mut open = |stack: &mut SpanStack, id, name: &str, at| {
+            stack.open(id, name.into(), "c".into(), at, Default::default())
+        };
+        open(&mut stack, 1, "decode", 0);
+        for (graph, op, at) in [(2, 3, 0), (4, 5, 30)] {
+            open(&mut stack, graph, "graph", at);
+            open(&mut stack, op, "MUL_MAT", at);
+            summary.record(Record::Span(stack.close(0, at + 10).unwrap()));
+            summary.record(Record::Span(stack.close(0, at + 20).unwrap()));
+        }
+        summary.record(Record::Span(stack.close(0, 60).unwrap()));
+        let counted = |name| {
+            let row = summary.row(name).unwrap();
+            (row.count, row.total_ns)
+        };
+        assert_eq!(counted("MUL_MAT"), (2, 20));
+        assert_eq!(counted("graph"), (2, 40));
+        assert_eq!(counted("decode"), (1, 60));
+    }
+
     #[test]
     fn different_names_nest_without_interference() {
         let mut stack = SpanStack::default();
