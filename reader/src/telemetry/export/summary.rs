@@ -405,7 +405,7 @@ mod tests {
     fn a_parents_coverage_outlasts_its_next_childs_children() {
         let mut stack = SpanStack::default();
         let mut summary = Summary::default();
-        let mut open = |stack: &mut SpanStack, id, name: &str, at| {
+        let open = |stack: &mut SpanStack, id, name: &str, at| {
             stack.open(id, name.into(), "c".into(), at, Default::default())
         };
         open(&mut stack, 1, "decode", 0);
