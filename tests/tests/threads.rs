@@ -79,7 +79,7 @@ pub(crate) fn nodes_by_op(events: &[Event<'_>]) -> BTreeMap<String, usize> {
     let a = OpAnalysis::collect(events.iter().cloned().map(Ok));
     let mut by_op = BTreeMap::new();
     for o in &a.ops {
-        *by_op.entry(o.op.clone()).or_default() += 1;
+        *by_op.entry(o.op.to_string()).or_default() += 1;
     }
     by_op
 }

@@ -19,6 +19,7 @@ use crate::format::Damage;
 use crate::format::ext::{self, NameTables, SpanBoundary};
 use crate::format::{Event, EventType, ExtensionKind, Payload};
 use crate::telemetry::export::summary::Histogram;
+use crate::telemetry::{Text, Texts};
 
 /// Whether an op ran for a multi-token batch (prompt processing) or a single token.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -40,9 +41,9 @@ impl Phase {
 #[derive(Clone, Debug, PartialEq)]
 pub struct OpSample {
     /// `MUL_MAT`, `SILU`, … (the sub-op for unary and GLU ops; `RMS_NORM+MUL` for a fused call).
-    pub op: String,
-    pub tensor: String,
-    pub backend: String,
+    pub op: Text,
+    pub tensor: Text,
+    pub backend: Text,
     /// Wall time: the first thread's start to the last thread's end.
     pub duration_ns: u64,
     /// Threads that computed a share of it (1 with the eval callback).
@@ -110,9 +111,9 @@ struct Share {
     tensor_ptr: u64,
     /// Its tensor's name, an index into the collector's names.
     tensor: u32,
-    op_type: u32,
+    /// Its op, backend and FLOPs, as the trace's tables gave them when it began.
+    named: Named,
     bytes: u64,
-    backend: u64,
     phase: Option<Phase>,
     wait_ns: u64,
     /// The graph compute its start lies in (an index into the sorted windows; `u32::MAX`:
@@ -122,9 +123,9 @@ struct Share {
 
 #[derive(Default)]
 struct Thread {
-    /// Begin of the op being timed: time, tensor pointer, tensor name (an index), op type,
-    /// result bytes, backend.
-    open_op: Option<(u64, u64, u32, u32, u64, u64)>,
+    /// Begin of the op being timed: time, tensor pointer, tensor name (an index), its op,
+    /// backend and FLOPs, result bytes.
+    open_op: Option<(u64, u64, u32, Named, u64)>,
     /// The share this thread ended last (its `read_at`), for its barrier waits.
     last_share: Option<u64>,
     graph_depth: u32,
@@ -153,7 +154,12 @@ pub struct OpCollector {
     /// Shares not yet joined into nodes, in the order read.
     shares: Vec<Share>,
     /// Tensor names, each once: shares hold their index.
-    tensors: Vec<String>,
+    tensors: Vec<Text>,
+    /// Op and backend names, each made once (nodes share them); and by (tensor, op type,
+    /// backend), the op, backend and FLOPs of the nodes joined since the name tables last
+    /// changed.
+    texts: Texts,
+    named: HashMap<(u32, u32, u64), Named>,
     tensor_of: HashMap<Box<[u8]>, u32>,
     /// Outermost graph computes: begin, end, and the events taken in when the end was read.
     windows: Vec<(u64, u64, u64)>,
@@ -242,24 +248,23 @@ impl OpCollector {
                     None => {
                         let i = self.tensors.len() as u32;
                         self.tensors
-                            .push(String::from_utf8_lossy(label).into_owned());
+                            .push(String::from_utf8_lossy(label).as_ref().into());
                         self.tensor_of.insert(label.into(), i);
                         i
                     }
                 };
-                t.open_op = Some((
-                    e.timestamp_ns,
-                    tensor_ptr,
-                    tensor,
-                    op_type,
-                    op_size,
-                    backend_ptr,
-                ));
+                let named = named_now(
+                    &self.names,
+                    &mut self.texts,
+                    &mut self.named,
+                    &self.tensors[tensor as usize],
+                    (tensor, op_type, backend_ptr),
+                );
+                t.open_op = Some((e.timestamp_ns, tensor_ptr, tensor, named, op_size));
                 t.graph_has_ops = true;
             }
             (Some(EventType::OpComputeEnd), _) => {
-                let Some((begin, tensor_ptr, tensor, op_type, bytes, backend)) = t.open_op.take()
-                else {
+                let Some((begin, tensor_ptr, tensor, named, bytes)) = t.open_op.take() else {
                     return;
                 };
                 t.last_share = Some(self.pushed);
@@ -270,9 +275,8 @@ impl OpCollector {
                     end: e.timestamp_ns.max(begin),
                     tensor_ptr,
                     tensor,
-                    op_type,
+                    named,
                     bytes,
-                    backend,
                     phase: t.phase,
                     wait_ns: 0,
                     window: u32::MAX,
@@ -308,8 +312,12 @@ impl OpCollector {
                     }
                 }
             }
-            ExtensionKind::OpNames | ExtensionKind::TensorInfo | ExtensionKind::BackendNames => {
-                self.names.take(kind, label);
+            // Taken into the name tables; what nodes were named from them is forgotten when
+            // they change.
+            ExtensionKind::OpNames | ExtensionKind::TensorInfo | ExtensionKind::BackendNames
+                if self.names.take(kind, label).is_some() =>
+            {
+                self.named.clear();
             }
             ExtensionKind::SpanBegin | ExtensionKind::SpanEnd => {
                 let t = self.threads.entry(thread_id).or_default();
@@ -390,11 +398,7 @@ impl OpCollector {
             totals.shares += 1;
             totals.share_ns = totals.share_ns.saturating_add(s.end - s.begin);
         }
-        let namer = Namer {
-            names: &self.names,
-            tensors: &self.tensors,
-        };
-        join_shares(done, &namer, each);
+        join_shares(done, &self.tensors, each);
     }
 
     /// The analysis of every event taken in; its nodes are those not taken, in order of start.
@@ -445,14 +449,39 @@ fn thread_totals(threads: &mut Vec<ThreadTotals>, thread_id: u32) -> &mut Thread
 }
 
 /// The trace's name tables, and the tensor names the shares point into.
-struct Namer<'a> {
-    names: &'a NameTables,
-    tensors: &'a [String],
+/// A node's op, backend and FLOPs, as the name tables give them.
+type Named = (Text, Text, Option<u64>);
+
+/// The op, backend and FLOPs of a node of tensor `name` (`key`: its index, op type and backend
+/// pointer) as the tables give them now, made once while they do not change (`cache`).
+fn named_now(
+    tables: &NameTables,
+    texts: &mut Texts,
+    cache: &mut HashMap<(u32, u32, u64), Named>,
+    name: &str,
+    key: (u32, u32, u64),
+) -> Named {
+    let (_, op_type, backend) = key;
+    cache
+        .entry(key)
+        .or_insert_with(|| {
+            let info = tables.info(name, op_type);
+            let op = texts.get(&tables.op(info, op_type));
+            let backend = match tables.backend(backend) {
+                Some(name) => texts.get(name),
+                // A CPU worker thread's share (threads-mode op timing) names no backend
+                // (FORMAT.md).
+                None if backend == 0 => texts.get("CPU"),
+                None => texts.get(&format!("{backend:#x}")),
+            };
+            (op, backend, info.and_then(|i| i.flops))
+        })
+        .clone()
 }
 
 /// Joins the threads' shares into nodes (see the module's description), each handed to `each`
 /// with its start.
-fn join_shares(mut shares: Vec<Share>, namer: &Namer<'_>, each: &mut dyn FnMut(u64, OpSample)) {
+fn join_shares(mut shares: Vec<Share>, tensors: &[Text], each: &mut dyn FnMut(u64, OpSample)) {
     // In the order read where the rest is equal (`read_at` is unique): a sort without a buffer.
     shares.sort_unstable_by_key(|s| (s.tensor_ptr, s.window, s.begin, s.read_at));
     let mut start = 0;
@@ -468,7 +497,7 @@ fn join_shares(mut shares: Vec<Share>, namer: &Namer<'_>, each: &mut dyn FnMut(u
             end += 1;
         }
         let node = &shares[start..end];
-        each(node[0].begin, sample_of(node, namer));
+        each(node[0].begin, sample_of(node, tensors));
         start = end;
     }
 }
@@ -486,20 +515,13 @@ fn window_of(windows: &[(u64, u64, u64)], at: u64) -> u32 {
 /// One node from its threads' shares (at least one). Its name, info and backend are those of
 /// the share that has a name (threads mode: the first thread's; the others carry the node's
 /// pointer and op only).
-fn sample_of(node: &[Share], namer: &Namer<'_>) -> OpSample {
-    let tensor = |s: &Share| namer.tensors[s.tensor as usize].as_str();
+fn sample_of(node: &[Share], tensors: &[Text]) -> OpSample {
+    let tensor = |s: &Share| &tensors[s.tensor as usize];
     let first = node
         .iter()
         .find(|s| !tensor(s).is_empty())
         .unwrap_or(&node[0]);
-    let info = namer.names.info(tensor(first), first.op_type);
-    let op = namer.names.op(info, first.op_type);
-    let backend = match namer.names.backend(first.backend) {
-        Some(name) => name.to_string(),
-        // A CPU worker thread's share (threads-mode op timing) names no backend (FORMAT.md).
-        None if first.backend == 0 => "CPU".into(),
-        None => format!("{:#x}", first.backend),
-    };
+    let (op, backend, flops) = first.named.clone();
     let begin = node.iter().map(|s| s.begin).min().unwrap_or(0);
     let end = node.iter().map(|s| s.end).max().unwrap_or(begin);
     let slowest_ns = node.iter().map(|s| s.end - s.begin).max().unwrap_or(0);
@@ -513,7 +535,7 @@ fn sample_of(node: &[Share], namer: &Namer<'_>) -> OpSample {
         });
     OpSample {
         op,
-        tensor: tensor(first).to_string(),
+        tensor: tensor(first).clone(),
         backend,
         duration_ns: end - begin,
         threads: node.len() as u32,
@@ -524,7 +546,7 @@ fn sample_of(node: &[Share], namer: &Namer<'_>) -> OpSample {
         working_threads,
         slowest_ns,
         wait_ns: node.iter().fold(0u64, |a, s| a.saturating_add(s.wait_ns)),
-        flops: info.and_then(|i| i.flops),
+        flops,
         bytes: node.iter().map(|s| s.bytes).max().unwrap_or(0),
         phase: node.iter().find_map(|s| s.phase),
     }
@@ -787,6 +809,44 @@ mod tests {
             },
             label: Some(b"ggml_barrier"[..].into()),
         }
+    }
+
+    /// A node's op and FLOPs come from the tables as they are when it is joined: a tensor info
+    /// that changes between two computes of one node (the prompt's shape, then a step's) names
+    /// the second anew.
+    #[test]
+    fn a_changed_tensor_info_names_the_next_node() {
+        let info = |op: &str, flops: u64| {
+            let info = ext::TensorInfo {
+                name: "ffn_out-0".into(),
+                op: op.into(),
+                op_type: Some(29),
+                flops: Some(flops),
+                ..ext::TensorInfo::default()
+            };
+            Event {
+                type_code: crate::format::EXTENSION_TYPE_CODE,
+                timestamp_ns: 0,
+                thread_id: 1,
+                payload: Payload::Extension(crate::format::Extension {
+                    kind: ExtensionKind::TensorInfo,
+                    version: 1,
+                    layout: crate::format::Layout::Packed,
+                }),
+                label: Some(serde_json::to_vec(&info).unwrap().into()),
+            }
+        };
+        let events = vec![
+            info("MUL_MAT", 100),
+            op_event(true, 100, 1, 0xA0),
+            op_event(false, 200, 1, 0xA0),
+            info("SILU", 300),
+            op_event(true, 1000, 1, 0xA0),
+            op_event(false, 1100, 1, 0xA0),
+        ];
+        let a = OpAnalysis::collect(events.into_iter().map(Ok));
+        let named: Vec<_> = a.ops.iter().map(|o| (o.op.as_str(), o.flops)).collect();
+        assert_eq!(named, [("MUL_MAT", Some(100)), ("SILU", Some(300))]);
     }
 
     /// Two threads compute one node in two graph computes; the file holds thread 7's events of

@@ -352,14 +352,17 @@ impl NameTables {
 
     /// What a node of op `op_type` with `info` computes: the info's op (the sub-op of a unary or
     /// GLU op, a fused call's ops), else the op's name in the trace's table, else its number.
-    pub fn op(&self, info: Option<&TensorInfo>, op_type: u32) -> String {
+    pub fn op<'a>(
+        &'a self,
+        info: Option<&'a TensorInfo>,
+        op_type: u32,
+    ) -> std::borrow::Cow<'a, str> {
         match info {
-            Some(i) if !i.op.is_empty() => i.op.clone(),
-            _ => self
-                .op_names
-                .get(&op_type)
-                .cloned()
-                .unwrap_or_else(|| format!("op {op_type}")),
+            Some(i) if !i.op.is_empty() => i.op.as_str().into(),
+            _ => match self.op_names.get(&op_type) {
+                Some(name) => name.as_str().into(),
+                None => format!("op {op_type}").into(),
+            },
         }
     }
 
