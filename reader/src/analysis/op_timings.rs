@@ -18,8 +18,8 @@ use crate::analysis::stats::DurationSummary;
 use crate::format::Damage;
 use crate::format::ext::{self, NameTables, SpanBoundary};
 use crate::format::{Event, EventType, ExtensionKind, Payload};
+use crate::telemetry::Text;
 use crate::telemetry::export::summary::Histogram;
-use crate::telemetry::{Text, Texts};
 
 /// Whether an op ran for a multi-token batch (prompt processing) or a single token.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -155,10 +155,8 @@ pub struct OpCollector {
     shares: Vec<Share>,
     /// Tensor names, each once: shares hold their index.
     tensors: Vec<Text>,
-    /// Op and backend names, each made once (nodes share them); and by (tensor, op type,
-    /// backend), the op, backend and FLOPs of the nodes joined since the name tables last
-    /// changed.
-    texts: Texts,
+    /// By (tensor, op type, backend), the op, backend and FLOPs of the shares begun since the
+    /// name tables last changed: made once, shared by those shares' nodes.
     named: HashMap<(u32, u32, u64), Named>,
     tensor_of: HashMap<Box<[u8]>, u32>,
     /// Outermost graph computes: begin, end, and the events taken in when the end was read.
@@ -255,7 +253,6 @@ impl OpCollector {
                 };
                 let named = named_now(
                     &self.names,
-                    &mut self.texts,
                     &mut self.named,
                     &self.tensors[tensor as usize],
                     (tensor, op_type, backend_ptr),
@@ -448,7 +445,6 @@ fn thread_totals(threads: &mut Vec<ThreadTotals>, thread_id: u32) -> &mut Thread
     &mut threads[i]
 }
 
-/// The trace's name tables, and the tensor names the shares point into.
 /// A node's op, backend and FLOPs, as the name tables give them.
 type Named = (Text, Text, Option<u64>);
 
@@ -456,7 +452,6 @@ type Named = (Text, Text, Option<u64>);
 /// pointer) as the tables give them now, made once while they do not change (`cache`).
 fn named_now(
     tables: &NameTables,
-    texts: &mut Texts,
     cache: &mut HashMap<(u32, u32, u64), Named>,
     name: &str,
     key: (u32, u32, u64),
@@ -466,13 +461,13 @@ fn named_now(
         .entry(key)
         .or_insert_with(|| {
             let info = tables.info(name, op_type);
-            let op = texts.get(&tables.op(info, op_type));
+            let op = Text::from(&*tables.op(info, op_type));
             let backend = match tables.backend(backend) {
-                Some(name) => texts.get(name),
+                Some(name) => name.into(),
                 // A CPU worker thread's share (threads-mode op timing) names no backend
                 // (FORMAT.md).
-                None if backend == 0 => texts.get("CPU"),
-                None => texts.get(&format!("{backend:#x}")),
+                None if backend == 0 => "CPU".into(),
+                None => format!("{backend:#x}").into(),
             };
             (op, backend, info.and_then(|i| i.flops))
         })
