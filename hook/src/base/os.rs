@@ -1,10 +1,83 @@
 //! What differs between operating systems, below the capture path: thread ids and names, the
-//! host name, the clocks, opening the trace exclusively, and process-wide exit/fork handlers.
-//! Everything above this module is the same on Linux, macOS and Windows.
+//! host name, the clocks, opening the trace exclusively, process-wide exit/fork handlers, and
+//! zeroed memory for large tables. Everything above this module is the same on Linux, macOS and
+//! Windows.
 
 use std::fs::File;
 use std::io;
+use std::ops::Deref;
 use std::path::Path;
+use std::ptr::NonNull;
+
+/// A slice of `T`s that starts all zero, in pages of its own where the OS gives fresh pages
+/// (Unix: an anonymous mapping), so that a table of thousands of slots costs nothing until its
+/// slots are used: no loop initialising each, no `memset` (glibc's `calloc` clears memory it
+/// reuses from the heap, which it does for large blocks once the process has freed some).
+pub struct Zeroed<T> {
+    ptr: NonNull<T>,
+    len: usize,
+    /// Mapped pages (else the global allocator's block).
+    mapped: bool,
+}
+
+// SAFETY: `Zeroed` owns its `T`s like a `Box<[T]>` does.
+unsafe impl<T: Send> Send for Zeroed<T> {}
+// SAFETY: as for `Box<[T]>`: shared access hands out `&T` only.
+unsafe impl<T: Sync> Sync for Zeroed<T> {}
+
+impl<T> Zeroed<T> {
+    /// `len` zeroed `T`s; `None` when the memory cannot be had.
+    ///
+    /// # Safety
+    /// All-zero bytes are a valid `T` (an atomic integer or pointer).
+    pub unsafe fn new(len: usize) -> Option<Zeroed<T>> {
+        let layout = std::alloc::Layout::array::<T>(len).ok()?;
+        if layout.size() == 0 {
+            return None;
+        }
+        if let Some(ptr) = map_zeroed(layout.size()) {
+            return Some(Zeroed {
+                ptr: ptr.cast(),
+                len,
+                mapped: true,
+            });
+        }
+        // SAFETY: a layout of non-zero size.
+        let ptr = NonNull::new(unsafe { std::alloc::alloc_zeroed(layout) })?;
+        Some(Zeroed {
+            ptr: ptr.cast(),
+            len,
+            mapped: false,
+        })
+    }
+}
+
+impl<T> Deref for Zeroed<T> {
+    type Target = [T];
+    fn deref(&self) -> &[T] {
+        // SAFETY: `len` zeroed `T`s, valid per `new`'s contract, owned by `self`.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl<T> Drop for Zeroed<T> {
+    fn drop(&mut self) {
+        // SAFETY: the `T`s are dropped in place first (atomics: nothing to do), then the memory
+        // is given back the way it was had, with the layout `new` computed.
+        unsafe {
+            std::ptr::drop_in_place(std::ptr::slice_from_raw_parts_mut(
+                self.ptr.as_ptr(),
+                self.len,
+            ));
+            let layout = std::alloc::Layout::array::<T>(self.len).expect("the layout `new` made");
+            if self.mapped {
+                unmap(self.ptr.cast(), layout.size());
+            } else {
+                std::alloc::dealloc(self.ptr.as_ptr().cast(), layout);
+            }
+        }
+    }
+}
 
 #[cfg(unix)]
 pub use unix::*;
@@ -151,6 +224,34 @@ mod unix {
             libc::pthread_atfork(None, None, Some(after_fork));
         }
     }
+
+    /// `bytes` of fresh anonymous pages, which the kernel gives zeroed.
+    pub(super) fn map_zeroed(bytes: usize) -> Option<NonNull<u8>> {
+        // SAFETY: a new private anonymous mapping; nothing else is touched.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                bytes,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
+            return None;
+        }
+        NonNull::new(ptr.cast())
+    }
+
+    /// Gives back what [`map_zeroed`] mapped.
+    ///
+    /// # Safety
+    /// `ptr` and `bytes` are a mapping [`map_zeroed`] made, no longer used.
+    pub(super) unsafe fn unmap(ptr: NonNull<u8>, bytes: usize) {
+        // SAFETY: per the contract.
+        unsafe { libc::munmap(ptr.as_ptr().cast(), bytes) };
+    }
 }
 
 #[cfg(windows)]
@@ -233,4 +334,15 @@ mod windows {
         // SAFETY: the handler is an `extern "C"` function that never unwinds.
         unsafe { atexit(at_exit) };
     }
+
+    /// No mapping of our own here: [`Zeroed`] takes the global allocator's zeroed memory.
+    pub(super) fn map_zeroed(_bytes: usize) -> Option<NonNull<u8>> {
+        None
+    }
+
+    /// Never called: [`map_zeroed`] maps nothing.
+    ///
+    /// # Safety
+    /// None needed.
+    pub(super) unsafe fn unmap(_ptr: NonNull<u8>, _bytes: usize) {}
 }

@@ -73,6 +73,9 @@ impl Pushed {
     }
 }
 
+/// Slots a drain takes before it frees them to the producer.
+const RELEASE_EVERY: usize = 1024;
+
 pub struct Ring {
     slots: Box<[UnsafeCell<MaybeUninit<RawEvent>>]>,
     mask: usize,
@@ -138,7 +141,9 @@ impl Ring {
         }
     }
 
-    /// Consumer: passes every stored event to `take`, oldest first, and frees their slots.
+    /// Consumer: passes every stored event to `take`, oldest first, and frees their slots as it
+    /// goes ([`RELEASE_EVERY`] at a time), so that a producer still writing while a full ring is
+    /// drained has the slots already taken.
     ///
     /// # Safety
     /// Only one consumer at a time may call this.
@@ -151,6 +156,10 @@ impl Ring {
             let event = self.slots[head.wrapping_add(i) & self.mask]
                 .with(|slot| unsafe { *(*slot).assume_init_ref() });
             take(&event);
+            if (i + 1) % RELEASE_EVERY == 0 {
+                // The event was copied out: its slot, and those before it, are free.
+                self.head.store(head.wrapping_add(i + 1), Ordering::Release);
+            }
         }
         self.head.store(tail, Ordering::Release);
         n
@@ -201,6 +210,36 @@ mod tests {
             ring.drain(|_| {});
             let again: Vec<Pushed> = (0..4).map(|i| ring.push(ev(i))).collect();
             assert_eq!(again[3], Pushed::HalfFull);
+        }
+    }
+
+    #[test]
+    fn a_drain_frees_slots_as_it_goes() {
+        let ring = Ring::try_new(2 * RELEASE_EVERY).unwrap();
+        // SAFETY: single-threaded test: this thread is the one producer and the one consumer.
+        unsafe {
+            for i in 0..2 * RELEASE_EVERY as u64 {
+                assert!(ring.push(ev(i)).stored());
+            }
+            assert!(!ring.push(ev(0)).stored(), "full");
+            let mut pushed_while_draining = Vec::new();
+            let mut seen = 0;
+            ring.drain(|_| {
+                seen += 1;
+                if seen == RELEASE_EVERY + 1 {
+                    // The first RELEASE_EVERY slots were taken: the producer has room.
+                    pushed_while_draining.push(ring.push(ev(7)).stored());
+                }
+            });
+            assert_eq!(pushed_while_draining, [true]);
+            let mut after = Vec::new();
+            ring.drain(|e| after.push(e.ticks));
+            assert_eq!(
+                after,
+                [7],
+                "the event pushed during the drain comes in the next one"
+            );
+            assert_eq!(ring.dropped(), 1);
         }
     }
 

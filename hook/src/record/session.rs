@@ -164,9 +164,16 @@ fn spawn_flusher(recorder: &'static Recorder) {
         .name("ggml-viz-flush".into())
         .spawn(move || {
             let _ = recorder.flusher.set(std::thread::current());
+            // A quarter ring's events or more in one pass: they come faster than the interval,
+            // and a ring may have passed half full again while it was drained (its producer
+            // then says nothing more): the next pass starts at once.
+            let streaming = (recorder.config.buffer_size as usize / 4).max(1);
+            let mut drained = 0;
             loop {
-                // Woken early by a producer whose ring became half full.
-                std::thread::park_timeout(interval);
+                if drained < streaming {
+                    // Woken early by a producer whose ring became half full.
+                    std::thread::park_timeout(interval);
+                }
                 let mut writer = recorder
                     .writer
                     .lock()
@@ -174,7 +181,7 @@ fn spawn_flusher(recorder: &'static Recorder) {
                 if writer.is_closed() {
                     return;
                 }
-                contained(|| flush(recorder, &mut writer));
+                drained = contained(|| flush(recorder, &mut writer)).unwrap_or(0);
             }
         });
     if let Err(err) = spawned {
@@ -184,11 +191,12 @@ fn spawn_flusher(recorder: &'static Recorder) {
     }
 }
 
-/// Drains the rings into the trace; a failed write stops tracing for good.
-fn flush(recorder: &Recorder, writer: &mut TraceWriter) {
-    if let Err(err) = writer.flush(recorder.drain()) {
+/// Drains the rings into the trace: how many events; a failed write stops tracing for good.
+fn flush(recorder: &Recorder, writer: &mut TraceWriter) -> usize {
+    writer.flush(recorder.drain()).unwrap_or_else(|err| {
         stop_after_write_error(writer, err);
-    }
+        0
+    })
 }
 
 fn stop_after_write_error(writer: &TraceWriter, err: io::Error) {

@@ -2,20 +2,25 @@
 //! id, the writer writes each info once before the first event that needs it.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU16, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Mutex, OnceLock, PoisonError};
+use std::sync::atomic::{AtomicPtr, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Mutex, PoisonError};
 
+use crate::base::os::Zeroed;
 use crate::base::tensor::TensorInfo;
 
 const TENSOR_SLOTS: usize = 1 << 14;
 /// Ids run from 1 to this; beyond, op events carry no tensor info.
 pub const MAX_TENSORS: usize = 8191;
+/// A slot's low bits hold the id; the rest, the key's tag.
+const ID_BITS: u32 = 16;
+const ID_MASK: u64 = (1 << ID_BITS) - 1;
 
 pub struct Tensors {
-    /// Open addressing: key hash (never 0) and id.
-    keys: Box<[AtomicU64]>,
-    ids: Box<[AtomicU16]>,
-    infos: Box<[OnceLock<TensorInfo>]>,
+    /// Open addressing, one word per slot: the key's [`tag`] and the id (0: a free slot). Both
+    /// tables start as zeroed pages: a recorder that times no op never touches them.
+    slots: Option<Zeroed<AtomicU64>>,
+    /// By id - 1: each info, leaked from a `Box` when added, freed with the table.
+    infos: Option<Zeroed<AtomicPtr<TensorInfo>>>,
     used: AtomicUsize,
     /// Lookups refused because the table was full (op events without tensor info).
     refused: AtomicU64,
@@ -25,11 +30,14 @@ pub struct Tensors {
 }
 
 impl Tensors {
+    /// The tables; without memory for them every lookup is refused (counted as op events
+    /// without tensor info).
     pub fn new() -> Tensors {
         Tensors {
-            keys: (0..TENSOR_SLOTS).map(|_| AtomicU64::new(0)).collect(),
-            ids: (0..TENSOR_SLOTS).map(|_| AtomicU16::new(0)).collect(),
-            infos: (0..MAX_TENSORS).map(|_| OnceLock::new()).collect(),
+            // SAFETY: a zeroed atomic integer or pointer is a valid one.
+            slots: unsafe { Zeroed::new(TENSOR_SLOTS) },
+            // SAFETY: as above.
+            infos: unsafe { Zeroed::new(MAX_TENSORS) },
             used: AtomicUsize::new(0),
             refused: AtomicU64::new(0),
             adding: Mutex::new(HashMap::new()),
@@ -37,16 +45,22 @@ impl Tensors {
     }
 
     pub fn get(&self, id: u16) -> Option<&TensorInfo> {
-        self.infos.get((id as usize).checked_sub(1)?)?.get()
+        let info = self
+            .infos
+            .as_ref()?
+            .get((id as usize).checked_sub(1)?)?
+            .load(Ordering::Acquire);
+        // SAFETY: a non-null info is a leaked `Box`, published (Release) once complete and
+        // freed only when `self` is dropped.
+        (!info.is_null()).then(|| unsafe { &*info })
     }
 
-    fn find(&self, key: u64) -> Option<u16> {
+    fn find(slots: &[AtomicU64], key: u64) -> Option<u16> {
         let start = first_slot(key);
         for i in 0..TENSOR_SLOTS {
-            let slot = (start + i) % TENSOR_SLOTS;
-            match self.keys[slot].load(Ordering::Acquire) {
+            match slots[(start + i) % TENSOR_SLOTS].load(Ordering::Acquire) {
                 0 => return None,
-                k if k == key => return Some(self.ids[slot].load(Ordering::Acquire)),
+                word if word & !ID_MASK == tag(key) => return Some((word & ID_MASK) as u16),
                 _ => {}
             }
         }
@@ -61,7 +75,11 @@ impl Tensors {
     /// The id of `info` (key `key`), adding it on first sight; 0 (counted) when the table is
     /// full, which then costs a lookup and no lock.
     pub fn intern(&self, key: u64, info: impl FnOnce() -> TensorInfo) -> u16 {
-        if let Some(id) = self.find(key) {
+        let (Some(slots), Some(infos)) = (&self.slots, &self.infos) else {
+            self.refused.fetch_add(1, Ordering::Relaxed);
+            return 0;
+        };
+        if let Some(id) = Tensors::find(slots, key) {
             return id;
         }
         if self.used.load(Ordering::Acquire) >= MAX_TENSORS {
@@ -69,7 +87,7 @@ impl Tensors {
             return 0;
         }
         let mut groups = self.adding.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(id) = self.find(key) {
+        if let Some(id) = Tensors::find(slots, key) {
             return id;
         }
         let n = self.used.load(Ordering::Relaxed);
@@ -81,19 +99,36 @@ impl Tensors {
         info.group = *groups
             .entry((info.name.clone(), info.op_type))
             .or_insert(next);
-        let _ = self.infos[n].set(info);
+        infos[n].store(Box::into_raw(Box::new(info)), Ordering::Release);
         let id = n as u16 + 1;
         let start = first_slot(key);
         if let Some(slot) = (0..TENSOR_SLOTS)
-            .map(|i| (start + i) % TENSOR_SLOTS)
-            .find(|&s| self.keys[s].load(Ordering::Relaxed) == 0)
+            .map(|i| &slots[(start + i) % TENSOR_SLOTS])
+            .find(|s| s.load(Ordering::Relaxed) == 0)
         {
-            self.ids[slot].store(id, Ordering::Release);
-            self.keys[slot].store(key, Ordering::Release);
+            slot.store(tag(key) | u64::from(id), Ordering::Release);
         }
         self.used.store(n + 1, Ordering::Release);
         id
     }
+}
+
+impl Drop for Tensors {
+    fn drop(&mut self) {
+        for info in self.infos.iter().flat_map(|infos| infos.iter()) {
+            let info = info.load(Ordering::Acquire);
+            if !info.is_null() {
+                // SAFETY: leaked from a `Box` by `intern`, and no reference outlives `self`.
+                drop(unsafe { Box::from_raw(info) });
+            }
+        }
+    }
+}
+
+/// What a slot keeps of a key: all but its low bits (which hold the id), never zero. Two keys
+/// of the 8191 tensors a table holds share a tag with a chance below one in a million.
+fn tag(key: u64) -> u64 {
+    (key & !ID_MASK) | (1 << 63)
 }
 
 /// Where probing for `key` starts: its bits mixed (Fibonacci hashing), top bits taken.

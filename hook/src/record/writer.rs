@@ -137,22 +137,23 @@ impl TraceWriter {
         self.output.write(encoded)
     }
 
-    /// Drains every ring into the file, with new names and changed counters. After an error
-    /// the writer is closed: nothing more is written.
-    pub fn flush(&mut self, d: Drain<'_>) -> io::Result<()> {
+    /// Drains every ring into the file, with new names and changed counters: how many events.
+    /// After an error the writer is closed: nothing more is written.
+    pub fn flush(&mut self, d: Drain<'_>) -> io::Result<usize> {
         if self.closed {
-            return Ok(());
+            return Ok(0);
         }
         // Before draining: every event drained now is older than this calibration point, or a
         // few microseconds newer.
         self.clock.recalibrate();
         let events_at = self.buf.len();
+        let mut drained = 0;
         self.floors.resize(self.floors.len().max(d.rings.len()), 0);
         for (i, ring) in d.rings.iter().enumerate() {
             // A ring is one thread's: its events are converted against that thread's floor.
             let mut floor = self.floors[i];
             // SAFETY: the writer's lock is held by our caller, so this is the only consumer.
-            unsafe { ring.drain(|event| self.encode(event, &d, &mut floor)) };
+            drained += unsafe { ring.drain(|event| self.encode(event, &d, &mut floor)) };
             self.floors[i] = floor;
         }
         // Names are interned before the events that use them are pushed, so the names known
@@ -167,7 +168,7 @@ impl TraceWriter {
         }
         let written = self.write_buf();
         self.closed = written.is_err();
-        written
+        written.map(|()| drained)
     }
 
     /// The last flush: the buffers still live (with memory tracking), final counters, said on
