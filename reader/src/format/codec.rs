@@ -110,7 +110,25 @@ pub fn encode_record(
     payload: &Payload,
     label: Option<&[u8]>,
 ) {
-    // The fixed part is assembled on the stack and appended in one copy.
+    let parts = (type_code, timestamp_ns, thread_id, payload, label);
+    match layout {
+        Layout::Packed => encode_in::<{ Layout::Packed.union_len() }>(out, parts),
+        Layout::Padded => encode_in::<{ Layout::Padded.union_len() }>(out, parts),
+    }
+}
+
+/// [`encode_record`] in the layout whose union has `UNION` bytes, where every offset and the
+/// fixed part's length are constants: the fixed part is assembled on the stack and appended
+/// with one copy of a constant size (a few moves, not a call).
+#[inline(always)]
+fn encode_in<const UNION: usize>(
+    out: &mut Vec<u8>,
+    (type_code, timestamp_ns, thread_id, payload, label): (u8, u64, u32, &Payload, Option<&[u8]>),
+) {
+    let layout = match Layout::from_union_len(UNION as u32) {
+        Some(layout) => layout,
+        None => unreachable!("a union length of a layout"),
+    };
     let mut fixed = [0u8; UNION_OFFSET + 32 + 1 + 4];
     fixed[0] = type_code;
     fixed[1..9].copy_from_slice(&timestamp_ns.to_le_bytes());
@@ -150,25 +168,36 @@ pub fn encode_record(
             u[4..6].copy_from_slice(&ext.kind.code().to_le_bytes());
             u[6..8].copy_from_slice(&ext.version.to_le_bytes());
             // The marker names the layout actually written, whatever the caller put there.
-            u[8..12].copy_from_slice(&(layout.union_len() as u32).to_le_bytes());
+            u[8..12].copy_from_slice(&(UNION as u32).to_le_bytes());
         }
         Payload::Unknown { raw } => u.copy_from_slice(&raw),
     }
     // The union ends at the layout's size: has_label (and the label length) overwrite whatever a
     // 32-byte variant left beyond a 28-byte union.
-    let has_label_at = layout.fixed_len() - 1;
-    match label {
-        Some(label) => {
-            fixed[has_label_at] = 1;
-            fixed[has_label_at + 1..has_label_at + 5]
-                .copy_from_slice(&(label.len() as u32).to_le_bytes());
-            out.extend_from_slice(&fixed[..has_label_at + 5]);
-            out.extend_from_slice(label);
-        }
-        None => {
-            fixed[has_label_at] = 0;
-            out.extend_from_slice(&fixed[..has_label_at + 1]);
-        }
+    let has_label_at = UNION_OFFSET + UNION;
+    let Some(label) = label else {
+        fixed[has_label_at] = 0;
+        return append(out, &fixed[..has_label_at + 1], &[]);
+    };
+    fixed[has_label_at] = 1;
+    fixed[has_label_at + 1..has_label_at + 5].copy_from_slice(&(label.len() as u32).to_le_bytes());
+    append(out, &fixed[..has_label_at + 5], label);
+}
+
+/// Appends `fixed` (of a length known where this is inlined) and `label`, with one reservation.
+#[inline(always)]
+fn append(out: &mut Vec<u8>, fixed: &[u8], label: &[u8]) {
+    let (n, total) = (fixed.len(), fixed.len() + label.len());
+    out.reserve(total);
+    let at = out.len();
+    // SAFETY: `reserve` left room for `total` more bytes after the `at` initialised ones; both
+    // sources are slices of their stated lengths, and neither lies in `out`'s buffer (which is
+    // exclusively borrowed here). After the copies the first `at + total` bytes are initialised.
+    unsafe {
+        let end = out.as_mut_ptr().add(at);
+        std::ptr::copy_nonoverlapping(fixed.as_ptr(), end, n);
+        std::ptr::copy_nonoverlapping(label.as_ptr(), end.add(n), label.len());
+        out.set_len(at + total);
     }
 }
 
