@@ -359,6 +359,17 @@ impl Helpers {
         unsafe { borrowed(self.get_name_fn().map(|f| f(tensor))) }
     }
 
+    /// `ggml_get_name(tensor)`: where the tensor's name field starts (`None` if the function is
+    /// missing or gives null).
+    ///
+    /// # Safety
+    /// `tensor` must be a live tensor of this copy of ggml.
+    pub unsafe fn tensor_name_ptr(&self, tensor: Ptr) -> Option<*const u8> {
+        // SAFETY: per the contract; ggml returns a pointer into the tensor.
+        let name = unsafe { self.get_name_fn().map(|f| f(tensor)) }?;
+        (!name.is_null()).then_some(name.cast())
+    }
+
     /// `ggml_op_desc(tensor)`, a static string (empty if the function is missing).
     ///
     /// # Safety

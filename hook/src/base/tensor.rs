@@ -87,13 +87,59 @@ pub unsafe fn fingerprint(h: &Helpers, tensor: Ptr) -> Option<u64> {
     // SAFETY: per the contract; the layout was checked, so these fields lie inside the tensor.
     let (name, op, ty, ne) = unsafe {
         (
-            h.tensor_name_cstr(tensor),
+            h.tensor_name_ptr(tensor),
             field::<u32>(tensor, OP_AT),
             field::<u32>(tensor, TYPE_AT),
             field::<[i64; 4]>(tensor, NE_AT),
         )
     };
-    Some(tensor_key(&[name.to_bytes()], op, ty, ne))
+    let mut h = Mix::default();
+    if let Some(name) = name {
+        // SAFETY: ggml's name field of the live tensor (per the contract).
+        unsafe { eat_name(name, &mut h) };
+    }
+    h.eat(((op as u64) << 32) | ty as u64);
+    for n in ne {
+        h.eat(n as u64);
+    }
+    Some(h.0 | 1)
+}
+
+/// Bytes of ggml's tensor names: `char name[GGML_MAX_NAME]`, 64 in every ggml, NUL-terminated.
+const NAME_FIELD: usize = 64;
+
+/// Eats the name at `name` up to its NUL, a word at a time, without finding its length first:
+/// the word that holds the NUL is eaten with the bytes from the NUL on cleared, so that what
+/// follows the NUL in the field (a longer name written there before) does not count.
+///
+/// # Safety
+/// `name` is the start of a tensor's name field ([`NAME_FIELD`] readable bytes).
+#[cfg(all(target_os = "linux", target_arch = "x86_64"))]
+unsafe fn eat_name(name: *const u8, h: &mut Mix) {
+    const LOW: u64 = 0x0101_0101_0101_0101;
+    const HIGH: u64 = 0x8080_8080_8080_8080;
+    for i in 0..NAME_FIELD / 8 {
+        // SAFETY: per the contract, word `i` lies inside the field.
+        let word = u64::from_le(unsafe { std::ptr::read_unaligned(name.add(8 * i).cast::<u64>()) });
+        // The lowest set bit marks the first zero byte (bits above it can be false alarms).
+        let zeros = word.wrapping_sub(LOW) & !word & HIGH;
+        if zeros != 0 {
+            let before = zeros.trailing_zeros() / 8;
+            h.eat(word & ((1u64 << (8 * before)) - 1));
+            return;
+        }
+        h.eat(word);
+    }
+}
+
+/// The rotate-xor-multiply step of [`tensor_key`].
+#[derive(Default)]
+struct Mix(u64);
+
+impl Mix {
+    fn eat(&mut self, word: u64) {
+        self.0 = (self.0.rotate_left(5) ^ word).wrapping_mul(0x517c_c1b7_2722_0a95);
+    }
 }
 
 /// A node's name, op, type, shape and FLOP count: what a tensor-info record says.
@@ -223,29 +269,86 @@ pub unsafe fn identity(h: &Helpers, tensor: Ptr) -> (u64, u32) {
 /// thread, so it takes eight bytes at a time (FxHash's rotate-xor-multiply step); each string is
 /// followed by its length, so that `("ab", "c")` and `("a", "bc")` differ.
 pub fn tensor_key(strings: &[&[u8]], op: u32, ty: u32, ne: [i64; 4]) -> u64 {
-    const K: u64 = 0x517c_c1b7_2722_0a95;
-    let mut h: u64 = 0;
-    let mut eat = |word: u64| h = (h.rotate_left(5) ^ word).wrapping_mul(K);
+    let mut h = Mix::default();
     for bytes in strings {
         let mut chunks = bytes.chunks_exact(8);
         for chunk in &mut chunks {
-            eat(u64::from_le_bytes(chunk.try_into().expect("8 bytes")));
+            h.eat(u64::from_le_bytes(chunk.try_into().expect("8 bytes")));
         }
         let mut last = [0u8; 8];
         last[..chunks.remainder().len()].copy_from_slice(chunks.remainder());
-        eat(u64::from_le_bytes(last));
-        eat(bytes.len() as u64);
+        h.eat(u64::from_le_bytes(last));
+        h.eat(bytes.len() as u64);
     }
-    eat(((op as u64) << 32) | ty as u64);
+    h.eat(((op as u64) << 32) | ty as u64);
     for n in ne {
-        eat(n as u64);
+        h.eat(n as u64);
     }
-    h | 1
+    h.0 | 1
 }
 
 #[cfg(test)]
 mod tests {
     use super::tensor_key;
+
+    /// A name field's hash as the fingerprint takes it: up to the NUL, whatever follows it.
+    #[cfg(all(target_os = "linux", target_arch = "x86_64"))]
+    fn name_hash(field: &[u8; super::NAME_FIELD]) -> u64 {
+        let mut h = super::Mix::default();
+        // SAFETY: `field` is a whole name field.
+        unsafe { super::eat_name(field.as_ptr(), &mut h) };
+        h.0
+    }
+
+    #[cfg(all(target_os = "linux", target_arch = "x86_64"))]
+    fn field(name: &[u8], after: u8) -> [u8; super::NAME_FIELD] {
+        let mut field = [after; super::NAME_FIELD];
+        field[..name.len()].copy_from_slice(name);
+        field[name.len()] = 0;
+        field
+    }
+
+    #[test]
+    #[cfg(all(target_os = "linux", target_arch = "x86_64"))]
+    fn a_name_is_hashed_up_to_its_nul() {
+        for name in [
+            &b""[..],
+            b"a",
+            b"Qcur-0",
+            b"ffn_up-1",
+            b"ffn_gate-12",
+            b"a_name_of_exactly_24_ch.",
+            &[b'x'; 63],
+        ] {
+            // What a longer name left after the NUL does not count.
+            assert_eq!(
+                name_hash(&field(name, 0)),
+                name_hash(&field(name, b'z')),
+                "{name:?}"
+            );
+        }
+        let names: Vec<&[u8]> = vec![
+            b"",
+            b"a",
+            b"b",
+            b"ab",
+            b"ffn_up-1",
+            b"ffn_up-10",
+            b"ffn_up-1\x01",
+            b"Qcur-0",
+            b"Kcur-0",
+            &[b'x'; 63],
+        ];
+        for (i, a) in names.iter().enumerate() {
+            for b in &names[i + 1..] {
+                assert_ne!(
+                    name_hash(&field(a, 0)),
+                    name_hash(&field(b, 0)),
+                    "{a:?} {b:?}"
+                );
+            }
+        }
+    }
 
     #[test]
     fn keys_tell_apart_what_makes_infos_distinct() {
