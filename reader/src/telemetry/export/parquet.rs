@@ -73,8 +73,6 @@ enum Cell<'a> {
     I64(i64),
     F64(f64),
     Text(&'a str),
-    /// A text of the model, found in the column's dictionary by its address.
-    Shared(&'a Text),
     Null,
 }
 
@@ -86,12 +84,17 @@ fn opt_text(v: Option<&str>) -> Cell<'_> {
     v.map_or(Cell::Null, Cell::Text)
 }
 
-fn opt_shared(v: Option<&Text>) -> Cell<'_> {
-    v.map_or(Cell::Null, Cell::Shared)
+fn ns(v: u64) -> Cell<'static> {
+    Cell::I64(clamped(v))
 }
 
-fn ns(v: u64) -> Cell<'static> {
-    Cell::I64(v.min(i64::MAX as u64) as i64)
+/// A time, duration or id as a signed 64-bit integer (what engines read), clamped.
+fn clamped(v: u64) -> i64 {
+    v.min(i64::MAX as u64) as i64
+}
+
+fn wrong_type() -> io::Error {
+    io::Error::other("a cell of the wrong type for its column")
 }
 
 fn err(e: parquet::errors::ParquetError) -> io::Error {
@@ -244,15 +247,23 @@ fn width_of(max: u32) -> u8 {
 
 /// Appends `v` PLAIN-encoded (`bytes` of each, one after another) to `page`; their min and max
 /// (`None` when empty).
-fn plain<T: Copy + PartialOrd, const N: usize>(
+fn plain<T: Plain, const N: usize>(
     v: &[T],
     bytes: fn(T) -> [u8; N],
     page: &mut Vec<u8>,
 ) -> (Option<T>, Option<T>) {
-    let start = page.len();
-    page.resize(start + v.len() * N, 0);
-    for (out, &x) in page[start..].chunks_exact_mut(N).zip(v) {
-        out.copy_from_slice(&bytes(x));
+    debug_assert_eq!(size_of::<T>(), N);
+    if cfg!(target_endian = "little") {
+        // SAFETY: `T` is a plain number (the `Plain` contract): its `v.len() * N` bytes are
+        // initialised, without padding, and on a little-endian machine they are what
+        // `to_le_bytes` gives, one value after another.
+        page.extend_from_slice(unsafe {
+            std::slice::from_raw_parts(v.as_ptr().cast::<u8>(), std::mem::size_of_val(v))
+        });
+    } else {
+        for &x in v {
+            page.extend_from_slice(&bytes(x));
+        }
     }
     let mut it = v.iter().copied();
     let Some(first) = it.next() else {
@@ -264,22 +275,99 @@ fn plain<T: Copy + PartialOrd, const N: usize>(
     (Some(min), Some(max))
 }
 
+/// The numbers a PLAIN page holds as their little-endian bytes: `i32`, `i64`, `f64`.
+///
+/// # Safety
+/// Implemented only for primitive numbers: no padding, every byte initialised.
+unsafe trait Plain: Copy + PartialOrd {}
+
+// SAFETY: primitive numbers.
+unsafe impl Plain for i32 {}
+// SAFETY: primitive numbers.
+unsafe impl Plain for i64 {}
+// SAFETY: primitive numbers.
+unsafe impl Plain for f64 {}
+
 impl Column {
     fn push(&mut self, cell: &Cell<'_>) -> io::Result<()> {
-        let present = !matches!(cell, Cell::Null);
+        let fits = match *cell {
+            Cell::I32(x) => self.i32(x),
+            Cell::I64(x) => self.i64(x),
+            Cell::F64(x) => self.f64(x),
+            Cell::Text(x) => self.text(x),
+            Cell::Null => self.null(),
+        };
+        if fits { Ok(()) } else { Err(wrong_type()) }
+    }
+
+    /// A value present in this row (an OPTIONAL column's level 1).
+    #[inline]
+    fn present(&mut self) {
         if let Some(levels) = &mut self.present {
-            levels.push(u32::from(present));
+            levels.push(1);
         }
-        match (&mut self.values, cell) {
-            (_, Cell::Null) if self.present.is_some() => {}
-            (Values::Int32(v), Cell::I32(x)) => v.push(*x),
-            (Values::Int64(v), Cell::I64(x)) => v.push(*x),
-            (Values::Double(v), Cell::F64(x)) => v.push(*x),
-            (Values::Text(v, d), Cell::Text(x)) => v.push(d.index(x)),
-            (Values::Text(v, d), Cell::Shared(x)) => v.push(d.shared_index(x)),
-            _ => return Err(io::Error::other("a cell of the wrong type for its column")),
-        }
-        Ok(())
+    }
+
+    /// The typed pushes: false (nothing pushed) when the column is of another type.
+    #[inline]
+    fn i32(&mut self, x: i32) -> bool {
+        let Values::Int32(v) = &mut self.values else {
+            return false;
+        };
+        v.push(x);
+        self.present();
+        true
+    }
+
+    #[inline]
+    fn i64(&mut self, x: i64) -> bool {
+        let Values::Int64(v) = &mut self.values else {
+            return false;
+        };
+        v.push(x);
+        self.present();
+        true
+    }
+
+    #[inline]
+    fn f64(&mut self, x: f64) -> bool {
+        let Values::Double(v) = &mut self.values else {
+            return false;
+        };
+        v.push(x);
+        self.present();
+        true
+    }
+
+    #[inline]
+    fn text(&mut self, x: &str) -> bool {
+        let Values::Text(v, d) = &mut self.values else {
+            return false;
+        };
+        v.push(d.index(x));
+        self.present();
+        true
+    }
+
+    /// A text of the model, found in the column's dictionary by its address.
+    #[inline]
+    fn shared(&mut self, x: &Text) -> bool {
+        let Values::Text(v, d) = &mut self.values else {
+            return false;
+        };
+        v.push(d.shared_index(x));
+        self.present();
+        true
+    }
+
+    /// No value in this row: only an OPTIONAL column takes it.
+    #[inline]
+    fn null(&mut self) -> bool {
+        let Some(levels) = &mut self.present else {
+            return false;
+        };
+        levels.push(0);
+        true
     }
 
     /// The previous row's value again, `n` times (there is one in this row group).
@@ -495,7 +583,12 @@ impl Table {
     }
 
     fn push(&mut self, row: &[Cell<'_>]) -> io::Result<()> {
-        self.push_repeating(row, 0)
+        debug_assert_eq!(row.len(), self.columns.len());
+        self.begin_row(0)?;
+        for (column, cell) in self.columns.iter_mut().zip(row) {
+            column.push(cell)?;
+        }
+        self.end_row()
     }
 
     /// Whether a row can repeat cells of the previous one: a row group has begun.
@@ -503,11 +596,12 @@ impl Table {
         self.buffered > 0
     }
 
-    /// [`Table::push`], where the row's first `same` cells are known to equal the previous
-    /// row's: those are repeated from it (their cells in `row` are not read). Only where
+    /// Begins a row whose first `same` cells are known to equal the previous row's: those are
+    /// repeated from it, and the caller pushes the others, one to each column after them (with
+    /// [`Column`]'s typed pushes), then calls [`Table::end_row`]. Only where
     /// [`Table::can_repeat`], or `same` is 0.
-    fn push_repeating(&mut self, row: &[Cell<'_>], same: usize) -> io::Result<()> {
-        debug_assert_eq!(row.len(), self.columns.len());
+    #[inline]
+    fn begin_row(&mut self, same: usize) -> io::Result<()> {
         if same > 0 && !self.can_repeat() {
             return Err(io::Error::other("no previous row to repeat"));
         }
@@ -518,9 +612,12 @@ impl Table {
         if same > 0 {
             self.repeats += 1;
         }
-        for (column, cell) in self.columns[same..].iter_mut().zip(&row[same..]) {
-            column.push(cell)?;
-        }
+        Ok(())
+    }
+
+    /// The row begun is complete: a row group is written when it is full.
+    #[inline]
+    fn end_row(&mut self) -> io::Result<()> {
         self.buffered += 1;
         self.rows += 1;
         if self.buffered == ROW_GROUP {
@@ -617,30 +714,50 @@ impl ParquetWriter {
                 }
             }
         }
-        let row = [
-            Cell::Text(&self.input),
-            Cell::I32(process.map_or(0, |p| p.id as i32)),
-            Cell::I64(process.map_or(0, |p| i64::from(p.pid))),
-            Cell::Text(process.map_or("", |p| p.host.as_str())),
-            opt_i32(process.and_then(|p| p.rank)),
-            Cell::I32(s.lane as i32),
-            lane.and_then(|l| l.tid)
-                .map_or(Cell::Null, |t| Cell::I64(t.min(i64::MAX as u64) as i64)),
-            Cell::Text(lane.map_or("", |l| l.name.as_str())),
-            ns(s.id),
-            s.parent.map_or(Cell::Null, ns),
-            Cell::I32(s.depth as i32),
-            Cell::Shared(&s.name),
-            Cell::Shared(&s.category),
-            opt_shared((s.category == "op").then_some(&s.name)),
-            opt_shared(tensor),
-            opt_shared(backend),
-            ns(s.start_ns),
-            ns(s.duration_ns()),
-            ns(s.self_ns),
-        ];
-        self.spans
-            .push_repeating(&row, if same { LANE_COLUMNS } else { 0 })
+        let table = &mut self.spans;
+        table.begin_row(if same { LANE_COLUMNS } else { 0 })?;
+        // Typed pushes, column by column in schema order (no row of cells to build and match):
+        // spans are most of an export's rows.
+        let c = &mut table.columns[..];
+        let mut fits = true;
+        if !same {
+            let lane_cells = [
+                Cell::Text(&self.input),
+                Cell::I32(process.map_or(0, |p| p.id as i32)),
+                Cell::I64(process.map_or(0, |p| i64::from(p.pid))),
+                Cell::Text(process.map_or("", |p| p.host.as_str())),
+                opt_i32(process.and_then(|p| p.rank)),
+                Cell::I32(s.lane as i32),
+                lane.and_then(|l| l.tid)
+                    .map_or(Cell::Null, |t| Cell::I64(t.min(i64::MAX as u64) as i64)),
+                Cell::Text(lane.map_or("", |l| l.name.as_str())),
+            ];
+            for (column, cell) in c.iter_mut().zip(&lane_cells) {
+                column.push(cell)?;
+            }
+        }
+        let opt_shared = |column: &mut Column, text: Option<&Text>| match text {
+            Some(text) => column.shared(text),
+            None => column.null(),
+        };
+        fits &= c[8].i64(clamped(s.id));
+        fits &= match s.parent {
+            Some(parent) => c[9].i64(clamped(parent)),
+            None => c[9].null(),
+        };
+        fits &= c[10].i32(s.depth as i32);
+        fits &= c[11].shared(&s.name);
+        fits &= c[12].shared(&s.category);
+        fits &= opt_shared(&mut c[13], (s.category == "op").then_some(&s.name));
+        fits &= opt_shared(&mut c[14], tensor);
+        fits &= opt_shared(&mut c[15], backend);
+        fits &= c[16].i64(clamped(s.start_ns));
+        fits &= c[17].i64(clamped(s.duration_ns()));
+        fits &= c[18].i64(clamped(s.self_ns));
+        if !fits {
+            return Err(wrong_type());
+        }
+        table.end_row()
     }
 
     fn write(&mut self, record: Record) -> io::Result<()> {
