@@ -364,6 +364,7 @@ impl Helpers {
     ///
     /// # Safety
     /// `tensor` must be a live tensor of this copy of ggml.
+    #[cfg(all(target_os = "linux", target_arch = "x86_64"))]
     pub unsafe fn tensor_name_ptr(&self, tensor: Ptr) -> Option<*const u8> {
         // SAFETY: per the contract; ggml returns a pointer into the tensor.
         let name = unsafe { self.get_name_fn().map(|f| f(tensor)) }?;

@@ -106,6 +106,7 @@ pub unsafe fn fingerprint(h: &Helpers, tensor: Ptr) -> Option<u64> {
 }
 
 /// Bytes of ggml's tensor names: `char name[GGML_MAX_NAME]`, 64 in every ggml, NUL-terminated.
+#[cfg(all(target_os = "linux", target_arch = "x86_64"))]
 const NAME_FIELD: usize = 64;
 
 /// Eats the name at `name` up to its NUL, a word at a time, without finding its length first:
