@@ -275,25 +275,39 @@ fn plain<T: Plain, const N: usize>(
     (Some(min), Some(max))
 }
 
-/// The numbers a PLAIN page holds as their little-endian bytes: `i32`, `i64`, `f64`.
+/// The numbers of number columns, which a PLAIN page holds as their little-endian bytes: `i32`,
+/// `i64`, `f64`.
 ///
 /// # Safety
 /// Implemented only for primitive numbers: no padding, every byte initialised.
-unsafe trait Plain: Copy + PartialOrd {}
+unsafe trait Plain: Copy + PartialOrd {
+    /// A column's values, if they are of this type.
+    fn values(values: &mut Values) -> Option<&mut Vec<Self>>;
+}
 
-// SAFETY: primitive numbers.
-unsafe impl Plain for i32 {}
-// SAFETY: primitive numbers.
-unsafe impl Plain for i64 {}
-// SAFETY: primitive numbers.
-unsafe impl Plain for f64 {}
+/// `Plain` for a primitive number and the `Values` variant of its columns.
+macro_rules! plain {
+    ($($number:ty: $variant:ident),*) => {$(
+        // SAFETY: a primitive number.
+        unsafe impl Plain for $number {
+            fn values(values: &mut Values) -> Option<&mut Vec<$number>> {
+                match values {
+                    Values::$variant(v) => Some(v),
+                    _ => None,
+                }
+            }
+        }
+    )*};
+}
+
+plain!(i32: Int32, i64: Int64, f64: Double);
 
 impl Column {
     fn push(&mut self, cell: &Cell<'_>) -> io::Result<()> {
         let fits = match *cell {
-            Cell::I32(x) => self.i32(x),
-            Cell::I64(x) => self.i64(x),
-            Cell::F64(x) => self.f64(x),
+            Cell::I32(x) => self.number(x),
+            Cell::I64(x) => self.number(x),
+            Cell::F64(x) => self.number(x),
             Cell::Text(x) => self.text(x),
             Cell::Null => self.null(),
         };
@@ -310,28 +324,8 @@ impl Column {
 
     /// The typed pushes: false (nothing pushed) when the column is of another type.
     #[inline]
-    fn i32(&mut self, x: i32) -> bool {
-        let Values::Int32(v) = &mut self.values else {
-            return false;
-        };
-        v.push(x);
-        self.present();
-        true
-    }
-
-    #[inline]
-    fn i64(&mut self, x: i64) -> bool {
-        let Values::Int64(v) = &mut self.values else {
-            return false;
-        };
-        v.push(x);
-        self.present();
-        true
-    }
-
-    #[inline]
-    fn f64(&mut self, x: f64) -> bool {
-        let Values::Double(v) = &mut self.values else {
+    fn number<T: Plain>(&mut self, x: T) -> bool {
+        let Some(v) = T::values(&mut self.values) else {
             return false;
         };
         v.push(x);
@@ -341,21 +335,22 @@ impl Column {
 
     #[inline]
     fn text(&mut self, x: &str) -> bool {
-        let Values::Text(v, d) = &mut self.values else {
-            return false;
-        };
-        v.push(d.index(x));
-        self.present();
-        true
+        self.dictionary(|d| d.index(x))
     }
 
     /// A text of the model, found in the column's dictionary by its address.
     #[inline]
     fn shared(&mut self, x: &Text) -> bool {
+        self.dictionary(|d| d.shared_index(x))
+    }
+
+    /// A text column's push of the index `index` gives.
+    #[inline(always)]
+    fn dictionary(&mut self, index: impl FnOnce(&mut Dictionary) -> u32) -> bool {
         let Values::Text(v, d) = &mut self.values else {
             return false;
         };
-        v.push(d.shared_index(x));
+        v.push(index(d));
         self.present();
         true
     }
@@ -740,20 +735,20 @@ impl ParquetWriter {
             Some(text) => column.shared(text),
             None => column.null(),
         };
-        fits &= c[8].i64(clamped(s.id));
+        fits &= c[8].number(clamped(s.id));
         fits &= match s.parent {
-            Some(parent) => c[9].i64(clamped(parent)),
+            Some(parent) => c[9].number(clamped(parent)),
             None => c[9].null(),
         };
-        fits &= c[10].i32(s.depth as i32);
+        fits &= c[10].number(s.depth as i32);
         fits &= c[11].shared(&s.name);
         fits &= c[12].shared(&s.category);
         fits &= opt_shared(&mut c[13], (s.category == "op").then_some(&s.name));
         fits &= opt_shared(&mut c[14], tensor);
         fits &= opt_shared(&mut c[15], backend);
-        fits &= c[16].i64(clamped(s.start_ns));
-        fits &= c[17].i64(clamped(s.duration_ns()));
-        fits &= c[18].i64(clamped(s.self_ns));
+        fits &= c[16].number(clamped(s.start_ns));
+        fits &= c[17].number(clamped(s.duration_ns()));
+        fits &= c[18].number(clamped(s.self_ns));
         if !fits {
             return Err(wrong_type());
         }
