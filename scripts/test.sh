@@ -85,7 +85,9 @@ CARGO_TARGET_DIR=target/cross cargo build --release --locked --target x86_64-pc-
 # (hook/tests/macos_interpose.rs: the interpose table dyld will see).
 macos_objects=()
 for target in x86_64-apple-darwin aarch64-apple-darwin; do
+  # Cleaned first: cargo skips rustc for a hook it finds fresh, and then emits no object.
   rm -rf "target/cross/$target/release/deps/ggml_viz_hook-"*.o
+  CARGO_TARGET_DIR=target/cross cargo clean -q --release --target "$target" -p ggml-viz-hook
   CARGO_TARGET_DIR=target/cross cargo rustc --release --locked --target "$target" \
     -p ggml-viz-hook --lib --crate-type rlib -- --emit=obj
   macos_objects+=("$PWD/$(ls "target/cross/$target/release/deps/ggml_viz_hook-"*.o)")
