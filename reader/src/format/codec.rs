@@ -112,8 +112,8 @@ pub fn encode_record(
 ) {
     let parts = (type_code, timestamp_ns, thread_id, payload, label);
     match layout {
-        Layout::Packed => encode_in::<{ Layout::Packed.union_len() }>(out, parts),
-        Layout::Padded => encode_in::<{ Layout::Padded.union_len() }>(out, parts),
+        Layout::Packed => encode_in::<{ Layout::Packed.union_len() }>(out, layout, parts),
+        Layout::Padded => encode_in::<{ Layout::Padded.union_len() }>(out, layout, parts),
     }
 }
 
@@ -123,12 +123,10 @@ pub fn encode_record(
 #[inline(always)]
 fn encode_in<const UNION: usize>(
     out: &mut Vec<u8>,
+    layout: Layout,
     (type_code, timestamp_ns, thread_id, payload, label): (u8, u64, u32, &Payload, Option<&[u8]>),
 ) {
-    let layout = match Layout::from_union_len(UNION as u32) {
-        Some(layout) => layout,
-        None => unreachable!("a union length of a layout"),
-    };
+    debug_assert_eq!(layout.union_len(), UNION);
     let mut fixed = [0u8; UNION_OFFSET + 32 + 1 + 4];
     fixed[0] = type_code;
     fixed[1..9].copy_from_slice(&timestamp_ns.to_le_bytes());

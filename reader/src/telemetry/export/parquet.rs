@@ -723,8 +723,7 @@ impl ParquetWriter {
                 Cell::Text(process.map_or("", |p| p.host.as_str())),
                 opt_i32(process.and_then(|p| p.rank)),
                 Cell::I32(s.lane as i32),
-                lane.and_then(|l| l.tid)
-                    .map_or(Cell::Null, |t| Cell::I64(t.min(i64::MAX as u64) as i64)),
+                lane.and_then(|l| l.tid).map_or(Cell::Null, ns),
                 Cell::Text(lane.map_or("", |l| l.name.as_str())),
             ];
             for (column, cell) in c.iter_mut().zip(&lane_cells) {
