@@ -325,3 +325,70 @@ fn streamed_and_mapped_imports_agree_on_every_record() {
     }
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// A node's span is named by what the trace said of it at its begin: a tensor info that comes
+/// while the span is open renames the node's later spans, not that one, whatever begins on other
+/// threads meanwhile (the importer reuses the naming of spans no begin can find any more).
+#[test]
+fn a_span_keeps_the_name_it_began_with_while_infos_change() {
+    use ggml_viz_reader::format::ext::{self, TensorInfo};
+    use ggml_viz_reader::format::{self, Event, ExtensionKind, Payload};
+    let layout = Layout::Packed;
+    // Nanoseconds since the epoch (no clock warning): the times below are from this.
+    const T0: u64 = 1_700_000_000_000_000_000;
+    let mut bytes = Vec::new();
+    format::encode_header(&mut bytes);
+    let op = |bytes: &mut Vec<u8>, begin: bool, tid: u32, label: &str, op_type, ts| {
+        let tensor_ptr = u64::from(op_type) << 8;
+        let e = Event {
+            type_code: if begin { 2 } else { 3 },
+            timestamp_ns: T0 + ts,
+            thread_id: tid,
+            payload: Payload::Op {
+                tensor_ptr,
+                op_type,
+                op_size: 64,
+                backend_ptr: 0,
+            },
+            label: Some(label.as_bytes().into()),
+        };
+        format::encode_event(bytes, layout, &e);
+    };
+    let info = |bytes: &mut Vec<u8>, name: &str, op: &str, op_type, ts| {
+        let info = TensorInfo {
+            name: name.into(),
+            op: op.into(),
+            op_type: Some(op_type),
+            ..TensorInfo::default()
+        };
+        ext::encode_extension(bytes, layout, ExtensionKind::TensorInfo, T0 + ts, 1, &info);
+    };
+    op(&mut bytes, true, 1, "x", 29, 10);
+    info(&mut bytes, "x", "SOFT_MAX", 29, 20);
+    op(&mut bytes, true, 2, "y", 7, 30);
+    op(&mut bytes, false, 2, "y", 7, 40);
+    op(&mut bytes, false, 1, "x", 29, 50);
+    op(&mut bytes, true, 1, "x", 29, 60);
+    op(&mut bytes, false, 1, "x", 29, 70);
+    info(&mut bytes, "y", "ADD", 7, 80);
+    op(&mut bytes, true, 2, "y", 7, 90);
+    op(&mut bytes, false, 2, "y", 7, 100);
+    op(&mut bytes, true, 1, "x", 29, 110);
+    op(&mut bytes, false, 1, "x", 29, 120);
+    let mut got = Collected::default();
+    ggmlviz::import(&bytes, layout, "t", &mut Ids::default(), &mut got);
+    let spans: Vec<(&str, u64, u64)> = (got.spans.iter())
+        .map(|s| (s.name.as_str(), s.start_ns - T0, s.end_ns - T0))
+        .collect();
+    assert_eq!(
+        spans,
+        [
+            ("op 7", 30, 40),
+            ("op 29", 10, 50),
+            ("SOFT_MAX", 60, 70),
+            ("ADD", 90, 100),
+            ("SOFT_MAX", 110, 120)
+        ]
+    );
+    assert!(got.warnings.is_empty(), "{:?}", got.warnings);
+}

@@ -1,9 +1,9 @@
 //! The common telemetry model every import lands in, and the exports that read it.
 //!
-//! An importer turns its input into a stream of [`Record`]s handed to a [`RecordSink`]: processes and
-//! lanes (threads, devices, NCCL proxy lanes) as they are met, spans when they close (with their
-//! parent, depth and self time already known), counter samples, instants and warnings. Exporters
-//! and summaries are sinks, so nothing needs the whole input in memory.
+//! An importer turns its input into a stream handed to a [`RecordSink`]: spans lent as they close
+//! (with their parent, depth and self time already known), and [`Record`]s: processes and lanes
+//! (threads, devices, NCCL proxy lanes) as they are met, counter samples, instants and warnings.
+//! Exporters and summaries are sinks, so nothing needs the whole input in memory.
 //!
 //! - importers ([`import`]): GGMLVIZ, GE logs, TelemetryEvent v2, CoMMA NCCL;
 //! - [`rpc`]: ggml-rpc clients and servers joined across traces, with their clock offsets;
@@ -144,12 +144,11 @@ pub enum Clock {
     Relative,
 }
 
-/// Everything an importer produces.
+/// Everything an importer produces besides spans (lent to [`RecordSink::span`]).
 #[derive(Clone, Debug, PartialEq)]
 pub enum Record {
     Process(Process),
     Lane(Lane),
-    Span(Span),
     Counter(CounterSample),
     Instant(Instant),
     /// Something the user should know: bad lines, unmatched or crossing pairs, clock problems.
@@ -159,6 +158,10 @@ pub enum Record {
 
 /// Receives an import.
 pub trait RecordSink {
+    /// A span as it closes, lent: a sink that keeps it clones it. (An importer may lend the same
+    /// value again with other times: nothing is allocated or reference-counted per span.)
+    fn span(&mut self, span: &Span);
+    /// Everything else.
     fn record(&mut self, record: Record);
 }
 
@@ -175,11 +178,14 @@ pub struct Collected {
 }
 
 impl RecordSink for Collected {
+    fn span(&mut self, span: &Span) {
+        self.spans.push(span.clone());
+    }
+
     fn record(&mut self, record: Record) {
         match record {
             Record::Process(p) => self.processes.push(p),
             Record::Lane(l) => self.lanes.push(l),
-            Record::Span(s) => self.spans.push(s),
             Record::Counter(c) => self.counters.push(c),
             Record::Instant(i) => self.instants.push(i),
             Record::Warning(w) => self.warnings.push(w),
@@ -188,30 +194,106 @@ impl RecordSink for Collected {
     }
 }
 
-/// Open spans of one lane, for importers that see begins and ends: assigns ids, parents and
-/// depths, and self time (duration minus children) at close.
-#[derive(Debug, Default)]
-pub struct SpanStack {
-    open: Vec<OpenSpan>,
+/// What a span is called: its name, category and arguments.
+#[derive(Clone, Debug)]
+pub struct Naming {
+    pub name: Text,
+    pub category: Text,
+    pub args: Args,
+}
+
+/// Open spans of one lane, for importers that see begins and ends: assigns parents and depths,
+/// and self time (duration minus children) at close. `N` is what an open span carries besides
+/// its id and start: its [`Naming`], or an importer's own handle to it.
+#[derive(Debug)]
+pub struct SpanStack<N = Naming> {
+    open: Vec<OpenSpan<N>>,
+}
+
+impl<N> Default for SpanStack<N> {
+    fn default() -> Self {
+        SpanStack { open: Vec::new() }
+    }
 }
 
 #[derive(Debug)]
-pub struct OpenSpan {
+pub struct OpenSpan<N> {
     pub id: u64,
-    pub name: Text,
-    pub category: Text,
     pub start_ns: u64,
-    pub args: Args,
     children_ns: u64,
+    pub naming: N,
 }
 
-impl SpanStack {
+/// A span its stack closed: where it sat and when, and what it carried.
+#[derive(Debug)]
+pub struct Closed<N> {
+    pub place: SpanPlace,
+    pub naming: N,
+}
+
+/// Where a closed span sat in its lane's stack, and when it was.
+#[derive(Clone, Copy, Debug)]
+pub struct SpanPlace {
+    pub id: u64,
+    pub parent: Option<u64>,
+    pub depth: u32,
+    pub start_ns: u64,
+    pub end_ns: u64,
+    pub self_ns: u64,
+}
+
+impl SpanPlace {
+    /// Writes this place, on `lane`, into `span` (all but what it is called).
+    #[inline]
+    pub fn write(&self, lane: u32, span: &mut Span) {
+        span.id = self.id;
+        span.parent = self.parent;
+        span.depth = self.depth;
+        span.lane = lane;
+        span.start_ns = self.start_ns;
+        span.end_ns = self.end_ns;
+        span.self_ns = self.self_ns;
+    }
+}
+
+impl Closed<Naming> {
+    /// The span, on `lane`.
+    pub fn into_span(self, lane: u32) -> Span {
+        let (
+            p,
+            Naming {
+                name,
+                category,
+                args,
+            },
+        ) = (self.place, self.naming);
+        Span {
+            id: p.id,
+            parent: p.parent,
+            depth: p.depth,
+            lane,
+            name,
+            category,
+            start_ns: p.start_ns,
+            end_ns: p.end_ns,
+            self_ns: p.self_ns,
+            args,
+        }
+    }
+}
+
+impl<N> SpanStack<N> {
     pub fn depth(&self) -> usize {
         self.open.len()
     }
 
-    pub fn top(&self) -> Option<&OpenSpan> {
+    pub fn top(&self) -> Option<&OpenSpan<N>> {
         self.open.last()
+    }
+
+    /// The open spans, outermost first.
+    pub fn iter(&self) -> std::slice::Iter<'_, OpenSpan<N>> {
+        self.open.iter()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -219,56 +301,72 @@ impl SpanStack {
     }
 
     #[inline]
-    pub fn open(&mut self, id: u64, name: Text, category: Text, start_ns: u64, args: Args) {
+    pub fn push(&mut self, id: u64, start_ns: u64, naming: N) {
         self.open.push(OpenSpan {
             id,
-            name,
-            category,
             start_ns,
-            args,
             children_ns: 0,
+            naming,
         });
     }
 
     /// Closes the innermost open span at `end_ns`.
     #[inline]
-    pub fn close(&mut self, lane: u32, end_ns: u64) -> Option<Span> {
+    pub fn pop(&mut self, end_ns: u64) -> Option<Closed<N>> {
         let s = self.open.pop()?;
-        Some(self.closed(s, self.open.len(), lane, end_ns))
+        Some(self.closed(s, self.open.len(), end_ns))
     }
 
     /// Closes the open span at `index` (0: outermost) at `end_ns`. Below the top only for
     /// crossing pairs: the spans above it stay open.
-    pub fn close_at(&mut self, index: usize, lane: u32, end_ns: u64) -> Option<Span> {
+    pub fn remove(&mut self, index: usize, end_ns: u64) -> Option<Closed<N>> {
         if index >= self.open.len() {
             return None;
         }
         let s = self.open.remove(index);
-        Some(self.closed(s, index, lane, end_ns))
+        Some(self.closed(s, index, end_ns))
     }
 
     /// `s`, taken from `index`, closed at `end_ns`: its time is added to its parent's children.
     #[inline]
-    fn closed(&mut self, s: OpenSpan, index: usize, lane: u32, end_ns: u64) -> Span {
+    fn closed(&mut self, s: OpenSpan<N>, index: usize, end_ns: u64) -> Closed<N> {
         let end_ns = end_ns.max(s.start_ns);
         let duration = end_ns - s.start_ns;
         let parent = index.checked_sub(1).map(|p| &mut self.open[p]);
-        let parent_id = parent.map(|p| {
+        let parent = parent.map(|p| {
             p.children_ns = p.children_ns.saturating_add(duration);
             p.id
         });
-        Span {
+        let place = SpanPlace {
             id: s.id,
-            parent: parent_id,
+            parent,
             depth: index as u32,
-            lane,
-            name: s.name,
-            category: s.category,
             start_ns: s.start_ns,
             end_ns,
             self_ns: duration.saturating_sub(s.children_ns),
-            args: s.args,
+        };
+        Closed {
+            place,
+            naming: s.naming,
         }
+    }
+}
+
+impl SpanStack<Naming> {
+    #[inline]
+    pub fn open(&mut self, id: u64, name: Text, category: Text, start_ns: u64, args: Args) {
+        let naming = Naming {
+            name,
+            category,
+            args,
+        };
+        self.push(id, start_ns, naming);
+    }
+
+    /// Closes the innermost open span at `end_ns`.
+    #[inline]
+    pub fn close(&mut self, lane: u32, end_ns: u64) -> Option<Span> {
+        self.pop(end_ns).map(|c| c.into_span(lane))
     }
 }
 

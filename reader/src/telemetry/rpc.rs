@@ -72,28 +72,30 @@ pub struct RpcParts {
 }
 
 impl RecordSink for RpcParts {
+    fn span(&mut self, span: &Span) {
+        let process = self.lanes.get(&span.lane).copied().unwrap_or(0);
+        let interval = (process, span.start_ns, span.end_ns);
+        if &*span.category == CATEGORY {
+            if let Some(part) = command_part(process, span) {
+                self.parts.push(part);
+            }
+        } else if &*span.name == "llama_decode" {
+            self.decodes.push(interval);
+        } else if &*span.category == "graph"
+            && span
+                .args
+                .iter()
+                .any(|(k, v)| &**k == "backend" && matches!(v, Arg::Str(b) if !b.contains("RPC")))
+        {
+            self.local_computes.push(interval);
+        }
+    }
+
     fn record(&mut self, record: Record) {
         match record {
             Record::Process(p) => self.processes.push(p),
             Record::Lane(l) => {
                 self.lanes.insert(l.id, l.process);
-            }
-            Record::Span(span) => {
-                let process = self.lanes.get(&span.lane).copied().unwrap_or(0);
-                let interval = (process, span.start_ns, span.end_ns);
-                if &*span.category == CATEGORY {
-                    if let Some(part) = command_part(process, &span) {
-                        self.parts.push(part);
-                    }
-                } else if &*span.name == "llama_decode" {
-                    self.decodes.push(interval);
-                } else if &*span.category == "graph"
-                    && span.args.iter().any(|(k, v)| {
-                        &**k == "backend" && matches!(v, Arg::Str(b) if !b.contains("RPC"))
-                    })
-                {
-                    self.local_computes.push(interval);
-                }
             }
             Record::Warning(w) => self.warnings.push(w),
             _ => {}
@@ -631,38 +633,40 @@ impl<'a, S: RecordSink> Aligned<'a, S> {
 }
 
 impl<S: RecordSink> RecordSink for Aligned<'_, S> {
+    fn span(&mut self, span: &Span) {
+        let mut span = span.clone();
+        span.start_ns = self.shift(span.start_ns);
+        span.end_ns = self.shift(span.end_ns);
+        if &*span.category == CATEGORY {
+            let arg = |key: &str| {
+                span.args
+                    .iter()
+                    .find(|(k, _)| &**k == key)
+                    .map(|(_, v)| v.clone())
+            };
+            let (part, connection, index) = (arg(PART), arg(CONNECTION), arg(INDEX));
+            if let (Some(Arg::Str(part)), Some(Arg::UInt(c)), Some(Arg::UInt(i))) =
+                (part, connection, index)
+                && matches!(&*part, "request" | "serve")
+                && let Some(&id) =
+                    self.alignment
+                        .flows
+                        .get(&(c as u32, i as u32, &*part == "serve"))
+            {
+                let key = self.flow_key.get_or_insert_with(|| FLOW.into()).clone();
+                span.args = span
+                    .args
+                    .iter()
+                    .cloned()
+                    .chain([(key, Arg::UInt(id))])
+                    .collect();
+            }
+        }
+        self.inner.span(&span);
+    }
+
     fn record(&mut self, record: Record) {
         let record = match record {
-            Record::Span(mut span) => {
-                span.start_ns = self.shift(span.start_ns);
-                span.end_ns = self.shift(span.end_ns);
-                if &*span.category == CATEGORY {
-                    let arg = |key: &str| {
-                        span.args
-                            .iter()
-                            .find(|(k, _)| &**k == key)
-                            .map(|(_, v)| v.clone())
-                    };
-                    let (part, connection, index) = (arg(PART), arg(CONNECTION), arg(INDEX));
-                    if let (Some(Arg::Str(part)), Some(Arg::UInt(c)), Some(Arg::UInt(i))) =
-                        (part, connection, index)
-                        && matches!(&*part, "request" | "serve")
-                        && let Some(&id) =
-                            self.alignment
-                                .flows
-                                .get(&(c as u32, i as u32, &*part == "serve"))
-                    {
-                        let key = self.flow_key.get_or_insert_with(|| FLOW.into()).clone();
-                        span.args = span
-                            .args
-                            .iter()
-                            .cloned()
-                            .chain([(key, Arg::UInt(id))])
-                            .collect();
-                    }
-                }
-                Record::Span(span)
-            }
             Record::Counter(mut c) => {
                 c.time_ns = self.shift(c.time_ns);
                 Record::Counter(c)

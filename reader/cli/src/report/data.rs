@@ -275,14 +275,14 @@ impl ReportBuilder {
         );
     }
 
-    fn span(&mut self, span: Span) {
+    fn add_span(&mut self, span: &Span) {
         self.data.summary.spans += 1;
         self.earliest_ns = self.earliest_ns.min(span.start_ns);
         self.first_ns = self.first_ns.min(span.start_ns);
         self.last_ns = self.last_ns.max(span.end_ns);
-        self.sequences.span(&span);
-        let tensor = arg_str(&span, "tensor");
-        let backend = arg_str(&span, "backend");
+        self.sequences.span(span);
+        let tensor = arg_str(span, "tensor");
+        let backend = arg_str(span, "backend");
         let is_op = span.category == "op";
         if is_op {
             self.data.summary.ops += 1;
@@ -349,9 +349,9 @@ impl ReportBuilder {
                 start: span.start_ns,
                 end: span.end_ns,
                 kind,
-                n_tokens: arg_uint(&span, "n_tokens"),
+                n_tokens: arg_uint(span, "n_tokens"),
                 // Where the batch's sequences are known: a sequence's prompt in it.
-                prefill: arg_uint(&span, "prefill_tokens").map(|n| n > 0),
+                prefill: arg_uint(span, "prefill_tokens").map(|n| n > 0),
             });
         }
         let op_parent = is_op.then(|| mix(span.parent.unwrap_or(0)));
@@ -362,15 +362,15 @@ impl ReportBuilder {
         let rows = &mut self.data.lanes[lane as usize].rows;
         *rows = (*rows).max(span.depth + 1);
         let detail = [
-            arg_str(&span, "type"),
-            arg_str(&span, "shape"),
+            arg_str(span, "type"),
+            arg_str(span, "shape"),
             backend.map(|b| format!("on {b}")),
         ]
         .into_iter()
         .flatten()
         .collect::<Vec<_>>()
         .join(" ");
-        let bytes = arg_uint(&span, "bytes").unwrap_or(0);
+        let bytes = arg_uint(span, "bytes").unwrap_or(0);
         let name = self.string(&span.name);
         let cat = self.string(&span.category);
         let tensor = tensor.map_or(0, |t| self.string(&t));
@@ -539,8 +539,13 @@ impl ReportBuilder {
 }
 
 impl RecordSink for ReportBuilder {
+    fn span(&mut self, span: &Span) {
+        self.items += 1;
+        self.add_span(span);
+    }
+
     fn record(&mut self, record: Record) {
-        if let Record::Span(_) | Record::Counter(_) | Record::Instant(_) = record {
+        if let Record::Counter(_) | Record::Instant(_) = record {
             self.items += 1;
         }
         match record {
@@ -568,7 +573,6 @@ impl RecordSink for ReportBuilder {
                 entry.0 = l.process;
                 entry.1 = l.name;
             }
-            Record::Span(s) => self.span(s),
             Record::Counter(c) => {
                 self.earliest_ns = self.earliest_ns.min(c.time_ns);
                 let name = c.name.strip_prefix("live bytes ").unwrap_or(&c.name);
@@ -689,11 +693,11 @@ mod tests {
                 id += 1;
                 let mut op = span(id, Some(graph_id), 1, "op", t0 + o * 10);
                 op.end_ns = op.start_ns + 5;
-                builder.record(Record::Span(op));
+                builder.span(&op);
             }
             let mut graph = span(graph_id, None, 0, "graph", t0);
             graph.end_ns = t0 + ops_per_graph * 10;
-            builder.record(Record::Span(graph));
+            builder.span(&graph);
         }
         let data = builder.finish();
         let stride = data.sampling.op_stride;
@@ -729,7 +733,7 @@ mod tests {
             }));
             let mut s = span(u64::from(lane), None, 0, name, u64::from(lane) * 10);
             s.lane = lane;
-            builder.record(Record::Span(s));
+            builder.span(&s);
         }
         let data = builder.finish();
         let names: Vec<&str> = data.lanes.iter().map(|l| l.name.as_str()).collect();

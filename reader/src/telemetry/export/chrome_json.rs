@@ -64,7 +64,8 @@ impl<W: Write> ChromeJsonWriter<W> {
         self.error = result.err();
     }
 
-    fn span(&mut self, s: &Span) {
+    /// A complete event (`X`) for `s`.
+    fn complete(&mut self, s: &Span) {
         let ts = self.us(s.start_ns);
         let dur = s.duration_ns() as f64 / 1000.0;
         let pid = self.lanes.get(&s.lane).map_or(0, |l| l.process);
@@ -135,6 +136,10 @@ fn arg_json(a: &Arg) -> Value {
 }
 
 impl<W: Write> RecordSink for ChromeJsonWriter<W> {
+    fn span(&mut self, span: &Span) {
+        self.complete(span);
+    }
+
     fn record(&mut self, record: Record) {
         match record {
             Record::Process(p) => {
@@ -143,7 +148,6 @@ impl<W: Write> RecordSink for ChromeJsonWriter<W> {
             Record::Lane(l) => {
                 self.lanes.insert(l.id, l);
             }
-            Record::Span(s) => self.span(&s),
             Record::Counter(c) => {
                 let ts = self.us(c.time_ns);
                 self.emit(json!({"ph": "C", "name": c.name, "pid": c.process, "tid": 0, "ts": ts, "args": {"bytes": c.value}}));

@@ -693,7 +693,7 @@ impl ParquetWriter {
         })
     }
 
-    fn span(&mut self, s: &Span) -> io::Result<()> {
+    fn span_row(&mut self, s: &Span) -> io::Result<()> {
         // The lane's columns repeat the previous row's: not looked up (their cells are ignored).
         let same = self.last_lane == Some(s.lane) && self.spans.can_repeat();
         self.last_lane = Some(s.lane);
@@ -776,7 +776,6 @@ impl ParquetWriter {
                 self.last_lane = None;
                 self.lanes.insert(l.id, l);
             }
-            Record::Span(s) => self.span(&s)?,
             Record::Counter(c) => {
                 let process = self.process_of.get(&c.process);
                 let row = [
@@ -819,6 +818,14 @@ impl ParquetWriter {
 }
 
 impl RecordSink for ParquetWriter {
+    fn span(&mut self, span: &Span) {
+        if self.error.is_none()
+            && let Err(e) = self.span_row(span)
+        {
+            self.error = Some(e);
+        }
+    }
+
     fn record(&mut self, record: Record) {
         if self.error.is_none()
             && let Err(e) = self.write(record)
@@ -889,25 +896,23 @@ mod tests {
                 name: name.into(),
             })
         };
-        let span = |i: u64, lane: u32| {
-            Record::Span(Span {
-                id: i,
-                parent: None,
-                depth: 0,
-                lane,
-                name: "op".into(),
-                category: "op".into(),
-                start_ns: i,
-                end_ns: i + 1,
-                self_ns: 1,
-                args: Args::default(),
-            })
+        let span = |i: u64, lane: u32| Span {
+            id: i,
+            parent: None,
+            depth: 0,
+            lane,
+            name: "op".into(),
+            category: "op".into(),
+            start_ns: i,
+            end_ns: i + 1,
+            self_ns: 1,
+            args: Args::default(),
         };
         writer.record(lane(1, "one"));
         writer.record(lane(2, "two"));
         let mut expected = Vec::new();
         for (i, l) in [1, 1, 2, 2, 1].into_iter().enumerate() {
-            writer.record(span(i as u64, l));
+            writer.span(&span(i as u64, l));
             expected.push((
                 l as i32,
                 i64::from(l) * 10,
@@ -915,7 +920,7 @@ mod tests {
             ));
         }
         writer.record(lane(1, "renamed"));
-        writer.record(span(5, 1));
+        writer.span(&span(5, 1));
         expected.push((1, 10, "renamed"));
         writer.finish().unwrap();
         let file = File::open(dir.join("spans/t.parquet")).unwrap();
@@ -956,7 +961,7 @@ mod tests {
         let names: [Text; 3] = ["MUL_MAT".into(), "ADD".into(), "ROPE".into()];
         let args: Args = vec![("tensor".into(), Arg::Str("attn_out-5".into()))].into();
         for i in 0..n {
-            writer.record(Record::Span(Span {
+            writer.span(&Span {
                 id: i + 1,
                 parent: None,
                 depth: 0,
@@ -967,7 +972,7 @@ mod tests {
                 end_ns: 10 * i + i % 7,
                 self_ns: i % 7,
                 args: args.clone(),
-            }));
+            });
         }
         assert_eq!(writer.finish().unwrap(), n);
         let file = File::open(dir.join("spans/t.parquet")).unwrap();

@@ -377,7 +377,7 @@ impl<W: Write> PerfettoWriter<W> {
     }
 
     /// Holds `s` until its lane's outermost span closes; then writes that span's tree.
-    fn span(&mut self, s: Span) {
+    fn hold(&mut self, s: Span) {
         let lane = s.lane;
         let outermost = s.depth == 0;
         let held = self.pending.entry(lane).or_default();
@@ -515,11 +515,14 @@ fn end<W: Write>(seq: &mut Sequence, out: &mut Output<W>, s: &Span) {
 }
 
 impl<W: Write> RecordSink for PerfettoWriter<W> {
+    fn span(&mut self, span: &Span) {
+        self.hold(span.clone());
+    }
+
     fn record(&mut self, record: Record) {
         match record {
             Record::Process(p) => self.process(&p),
             Record::Lane(l) => self.lane(&l),
-            Record::Span(s) => self.span(s),
             Record::Counter(c) => {
                 let track = self.counter_track(c.process, &c.name);
                 self.global_event(c.time_ns, COUNTER, track, |event| {
@@ -567,8 +570,8 @@ mod tests {
                 t + 10,
                 Args::default(),
             );
-            writer.record(Record::Span(stack.close(1, t + 500).unwrap()));
-            writer.record(Record::Span(stack.close(1, t + 900).unwrap()));
+            writer.span(&stack.close(1, t + 500).unwrap());
+            writer.span(&stack.close(1, t + 900).unwrap());
         }
         writer.finish().unwrap().0
     }

@@ -266,7 +266,8 @@ impl Summary {
         i
     }
 
-    fn span(&mut self, s: &Span) {
+    /// Counts `s` into its row, and its coverage into its parent's.
+    fn add(&mut self, s: &Span) {
         let dur = s.duration_ns();
         self.first_ns = Some(self.first_ns.map_or(s.start_ns, |f| f.min(s.start_ns)));
         self.last_ns = self.last_ns.max(s.end_ns);
@@ -331,11 +332,13 @@ impl Summary {
 }
 
 impl RecordSink for Summary {
+    fn span(&mut self, span: &Span) {
+        self.add(span);
+    }
+
     fn record(&mut self, record: Record) {
-        match record {
-            Record::Span(s) => self.span(&s),
-            Record::Warning(w) => self.warnings.push(w),
-            _ => {}
+        if let Record::Warning(w) = record {
+            self.warnings.push(w);
         }
     }
 }
@@ -368,10 +371,10 @@ mod tests {
         let us = 1000;
         stack.open(1, "Tiling".into(), "ge".into(), 0, Default::default());
         stack.open(2, "Tiling".into(), "ge".into(), 0, Default::default());
-        summary.record(Record::Span(stack.close(0, 10 * us).unwrap()));
+        summary.span(&stack.close(0, 10 * us).unwrap());
         stack.open(3, "Tiling".into(), "ge".into(), 10 * us, Default::default());
-        summary.record(Record::Span(stack.close(0, 20 * us).unwrap()));
-        summary.record(Record::Span(stack.close(0, 20 * us).unwrap()));
+        summary.span(&stack.close(0, 20 * us).unwrap());
+        summary.span(&stack.close(0, 20 * us).unwrap());
         let row = summary.row("Tiling").unwrap();
         assert_eq!((row.count, row.total_ns), (2, 20 * us));
         assert_eq!(row.mean_ns(), 10_000.0);
@@ -388,10 +391,10 @@ mod tests {
         let us = 1000;
         stack.open(1, "Tiling".into(), "ge".into(), 0, Default::default());
         stack.open(2, "Tiling".into(), "ge".into(), 5 * us, Default::default());
-        summary.record(Record::Span(stack.close(0, 15 * us).unwrap()));
+        summary.span(&stack.close(0, 15 * us).unwrap());
         stack.open(3, "Tiling".into(), "ge".into(), 16 * us, Default::default());
-        summary.record(Record::Span(stack.close(0, 26 * us).unwrap()));
-        summary.record(Record::Span(stack.close(0, 30 * us).unwrap()));
+        summary.span(&stack.close(0, 26 * us).unwrap());
+        summary.span(&stack.close(0, 30 * us).unwrap());
         let row = summary.row("Tiling").unwrap();
         assert_eq!((row.count, row.total_ns), (2, 30 * us));
         assert_eq!(row.mean_ns(), 10_000.0);
@@ -412,10 +415,10 @@ mod tests {
         for (graph, op, at) in [(2, 3, 0), (4, 5, 30)] {
             open(&mut stack, graph, "graph", at);
             open(&mut stack, op, "MUL_MAT", at);
-            summary.record(Record::Span(stack.close(0, at + 10).unwrap()));
-            summary.record(Record::Span(stack.close(0, at + 20).unwrap()));
+            summary.span(&stack.close(0, at + 10).unwrap());
+            summary.span(&stack.close(0, at + 20).unwrap());
         }
-        summary.record(Record::Span(stack.close(0, 60).unwrap()));
+        summary.span(&stack.close(0, 60).unwrap());
         let counted = |name| {
             let row = summary.row(name).unwrap();
             (row.count, row.total_ns)
@@ -438,9 +441,9 @@ mod tests {
                 i * 100,
                 Default::default(),
             );
-            summary.record(Record::Span(stack.close(0, i * 100 + 50).unwrap()));
+            summary.span(&stack.close(0, i * 100 + 50).unwrap());
         }
-        summary.record(Record::Span(stack.close(0, 400).unwrap()));
+        summary.span(&stack.close(0, 400).unwrap());
         assert_eq!(
             (
                 summary.row("MUL_MAT").unwrap().count,

@@ -127,7 +127,7 @@ impl<S: RecordSink> Importer<'_, S> {
     ) -> u64 {
         self.ids.next_span += 1;
         let id = self.ids.next_span;
-        self.sink.record(Record::Span(Span {
+        self.sink.span(&Span {
             id,
             parent: None,
             depth: 0,
@@ -138,7 +138,7 @@ impl<S: RecordSink> Importer<'_, S> {
             end_ns: end.max(start),
             self_ns: end.saturating_sub(start),
             args: args.into(),
-        }));
+        });
         id
     }
 

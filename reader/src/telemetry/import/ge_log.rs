@@ -169,7 +169,7 @@ fn flush<S: RecordSink>(
             while ends.last().is_some_and(|&end| end <= i.start) {
                 let end = ends.pop().expect("checked");
                 if let Some(s) = stack.close(lane, end) {
-                    sink.record(Record::Span(s));
+                    sink.span(&s);
                 }
             }
             ids.next_span += 1;
@@ -185,7 +185,7 @@ fn flush<S: RecordSink>(
         }
         while let Some(end) = ends.pop() {
             if let Some(s) = stack.close(lane, end) {
-                sink.record(Record::Span(s));
+                sink.span(&s);
             }
         }
     }

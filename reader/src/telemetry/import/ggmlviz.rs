@@ -14,7 +14,8 @@ use crate::format::ext::{self, NameTables, NamesChanged};
 use crate::format::{Event, EventType, ExtensionKind, Payload};
 use crate::read::Events;
 use crate::telemetry::{
-    Arg, Args, Clock, Ids, Lane, Process, Record, RecordSink, SpanStack, Text, Texts, clock_of,
+    Arg, Args, Clock, Closed, Ids, Lane, Process, Record, RecordSink, SpanStack, Text, Texts,
+    clock_of,
 };
 use crate::telemetry::{Span, rpc};
 
@@ -23,13 +24,60 @@ use super::sequences::{self, Sequences};
 #[derive(Default)]
 struct Thread {
     lane: u32,
-    stack: SpanStack,
-    /// For each open span: graph/op/other, and the op's tensor pointer.
-    kinds: Vec<(Kind, u64)>,
+    stack: SpanStack<Opened>,
 }
 
-/// A span's name and arguments.
-type Described = (Text, Args);
+/// What an open span carries: graph/op/other, the op's tensor pointer, and what it is called.
+struct Opened {
+    kind: Kind,
+    tensor: u64,
+    named: Named,
+}
+
+/// A slot of [`Templates`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct TemplateId(u32);
+
+/// What an open span is called: a described begin's template, or its own.
+enum Named {
+    Template(TemplateId),
+    Own(Box<Span>),
+}
+
+/// One span per distinct graph, op or barrier begin, with its name, category and arguments: an
+/// open span names its template, and at its close the template, its times written in, is what
+/// the sink is lent. Nothing is cloned, allocated or reference-counted per span.
+#[derive(Default)]
+struct Templates {
+    spans: Vec<Span>,
+    /// Slots no begin finds any more and no open span names: reused first.
+    free: Vec<TemplateId>,
+    /// Slots no begin finds any more that an open span may still name.
+    retired: Vec<TemplateId>,
+}
+
+impl Templates {
+    fn add(&mut self, span: Span) -> TemplateId {
+        match self.free.pop() {
+            Some(id) => {
+                self.spans[id.0 as usize] = span;
+                id
+            }
+            None => {
+                self.spans.push(span);
+                TemplateId(self.spans.len() as u32 - 1)
+            }
+        }
+    }
+
+    /// Slots `gone` will not be found again: free once no span in `open` names them.
+    fn retire(&mut self, gone: impl IntoIterator<Item = TemplateId>, open: &[TemplateId]) {
+        self.retired.extend(gone);
+        let (named, unnamed) = self.retired.drain(..).partition(|t| open.contains(t));
+        self.retired = named;
+        self.free.extend::<Vec<_>>(unnamed);
+    }
+}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Kind {
@@ -40,8 +88,9 @@ enum Kind {
     Rpc,
 }
 
-/// What of a graph or op begin's payload its span's name and arguments depend on: all of it but
-/// an op's tensor address (the same node's tensor moves between graphs).
+/// What of a graph, op or barrier begin's payload its span's name and arguments depend on: all of
+/// it but an op's tensor address (the same node's tensor moves between graphs) and a barrier's
+/// wait.
 type BeginKey = [u64; 4];
 
 fn begin_key(payload: &Payload) -> BeginKey {
@@ -86,9 +135,9 @@ impl<'a> End<'a> {
         }
     }
 
-    /// Whether this ends an open span of `open` (kind and tensor).
-    fn ends(&self, open: (Kind, u64)) -> bool {
-        open.0 == self.kind && (self.kind != Kind::Op || open.1 == self.tensor)
+    /// Whether this ends `open`: its kind, and for an op its tensor.
+    fn ends(&self, open: &Opened) -> bool {
+        open.kind == self.kind && (self.kind != Kind::Op || open.tensor == self.tensor)
     }
 }
 
@@ -107,9 +156,10 @@ struct Importer<'s, S: RecordSink> {
     last_ns: u64,
     clock_said: bool,
     texts: Texts,
-    /// By label, the name and arguments made for each distinct graph or op begin payload (the op's
-    /// tensor address left out): forgotten when a record they were made from changes.
-    described: HashMap<Box<[u8]>, Vec<(BeginKey, Described)>>,
+    /// By label, the template made for each distinct graph, op or barrier begin payload (see
+    /// [`BeginKey`]): forgotten when a record it was made from changes.
+    described: HashMap<Box<[u8]>, Vec<(BeginKey, TemplateId)>>,
+    templates: Templates,
     /// By span id, the sequences of each open decode span whose batch named them.
     batches: HashMap<u64, Vec<(i32, u32)>>,
     sequences: Sequences,
@@ -119,6 +169,22 @@ struct Importer<'s, S: RecordSink> {
     wait_category: Text,
     call_category: Text,
     no_args: Args,
+}
+
+/// A span named `name` in `category` with `args`, its place and times still to be written.
+fn unplaced(name: Text, category: Text, args: Args) -> Span {
+    Span {
+        id: 0,
+        parent: None,
+        depth: 0,
+        lane: 0,
+        name,
+        category,
+        start_ns: 0,
+        end_ns: 0,
+        self_ns: 0,
+        args,
+    }
 }
 
 /// Imports the trace in `file` (header included) read with `layout`. `name` names the process
@@ -171,6 +237,7 @@ impl<'s, S: RecordSink> Import<'s, S> {
             clock_said: false,
             texts,
             described: HashMap::default(),
+            templates: Templates::default(),
             batches: HashMap::default(),
             sequences: Sequences::default(),
             sequence_names,
@@ -283,14 +350,21 @@ impl<S: RecordSink> Importer<'_, S> {
         match (e.event_type(), &e.payload) {
             (Some(EventType::GraphComputeBegin), Payload::Graph { .. })
             | (Some(EventType::OpComputeBegin), Payload::Op { .. }) => {
-                let (span_name, args) = self.described(label, &e.payload);
-                let (kind, tensor, category) = match e.payload {
-                    Payload::Op { tensor_ptr, .. } => {
-                        (Kind::Op, tensor_ptr, self.op_category.clone())
-                    }
-                    _ => (Kind::Graph, 0, self.graph_category.clone()),
+                let template = self.template(label, &e.payload);
+                let (kind, tensor) = match e.payload {
+                    Payload::Op { tensor_ptr, .. } => (Kind::Op, tensor_ptr),
+                    _ => (Kind::Graph, 0),
                 };
-                self.open(e.thread_id, kind, tensor, span_name, category, ts, args);
+                let named = Named::Template(template);
+                self.open(
+                    e.thread_id,
+                    Opened {
+                        kind,
+                        tensor,
+                        named,
+                    },
+                    ts,
+                );
             }
             (Some(EventType::GraphComputeEnd), _) => {
                 self.close(End::of(e, Kind::Graph, 0, offset, name))
@@ -299,23 +373,14 @@ impl<S: RecordSink> Importer<'_, S> {
                 self.close(End::of(e, Kind::Op, tensor_ptr, offset, name))
             }
             (Some(EventType::BarrierWait), &Payload::Thread { value, .. }) => {
-                let label = String::from_utf8_lossy(label);
-                let entry = label
-                    .split(' ')
-                    .next()
-                    .filter(|w| !w.is_empty())
-                    .unwrap_or("barrier_wait");
-                let entry = self.texts.get(entry);
-                let (category, args) = (self.wait_category.clone(), self.no_args.clone());
-                self.open(
-                    e.thread_id,
-                    Kind::Call,
-                    0,
-                    entry,
-                    category,
-                    ts.saturating_sub(value),
-                    args,
-                );
+                let named = Named::Template(self.template(label, &e.payload));
+                let (kind, tensor) = (Kind::Call, 0);
+                let opened = Opened {
+                    kind,
+                    tensor,
+                    named,
+                };
+                self.open(e.thread_id, opened, ts.saturating_sub(value));
                 self.close(End::of(e, Kind::Call, 0, offset, name));
             }
             (Some(EventType::TensorAlloc), &Payload::Memory { ptr, size }) => {
@@ -355,26 +420,28 @@ impl<S: RecordSink> Importer<'_, S> {
         }
     }
 
-    /// The name and arguments of the span a graph or op begin with `label` and `payload` opens:
+    /// The template of the span a graph, op or barrier begin with `label` and `payload` opens:
     /// made once per distinct begin (the same node every graph), then shared.
     #[inline(always)]
-    fn described(&mut self, label: &[u8], payload: &Payload) -> Described {
+    fn template(&mut self, label: &[u8], payload: &Payload) -> TemplateId {
         let key = begin_key(payload);
         if let Some(known) = self.described.get(label)
-            && let Some((_, made)) = known.iter().find(|(k, _)| *k == key)
+            && let Some(&(_, made)) = known.iter().find(|(k, _)| *k == key)
         {
-            return made.clone();
+            return made;
         }
         let made = self.describe(&String::from_utf8_lossy(label), *payload);
+        let made = self.templates.add(made);
         self.described
             .entry(label.into())
             .or_default()
-            .push((key, made.clone()));
+            .push((key, made));
         made
     }
 
-    fn describe(&mut self, label: &str, payload: Payload) -> Described {
-        match payload {
+    /// The span (times left zero) a graph, op or barrier begin with `label` and `payload` opens.
+    fn describe(&mut self, label: &str, payload: Payload) -> Span {
+        let (name, category, args) = match payload {
             Payload::Graph {
                 graph_ptr,
                 n_nodes,
@@ -404,7 +471,11 @@ impl<S: RecordSink> Importer<'_, S> {
                         Arg::Str(self.texts.get(&backend)),
                     ));
                 }
-                (self.texts.get(entry), args.into())
+                (
+                    self.texts.get(entry),
+                    self.graph_category.clone(),
+                    args.into(),
+                )
             }
             Payload::Op {
                 op_type,
@@ -438,10 +509,20 @@ impl<S: RecordSink> Importer<'_, S> {
                     self.texts.get("backend"),
                     Arg::Str(self.texts.get(&backend)),
                 ));
-                (self.texts.get(&op), args.into())
+                (self.texts.get(&op), self.op_category.clone(), args.into())
             }
-            _ => (self.texts.get(label), self.no_args.clone()),
-        }
+            // A barrier wait: named for its entry point, the label's first word.
+            _ => {
+                let entry = label
+                    .split(' ')
+                    .next()
+                    .filter(|w| !w.is_empty())
+                    .unwrap_or("barrier_wait");
+                let category = self.wait_category.clone();
+                (self.texts.get(entry), category, self.no_args.clone())
+            }
+        };
+        unplaced(name, category, args)
     }
 
     fn extension(&mut self, kind: ExtensionKind, e: &Event<'_>, label: &str) {
@@ -467,9 +548,13 @@ impl<S: RecordSink> Importer<'_, S> {
             }
             ExtensionKind::OpNames | ExtensionKind::TensorInfo | ExtensionKind::BackendNames => {
                 match self.names.take(kind, bytes) {
-                    Some(NamesChanged::All) => self.described.clear(),
+                    Some(NamesChanged::All) => {
+                        let gone: Vec<_> = self.described.drain().flat_map(|(_, v)| v).collect();
+                        self.retire(gone.into_iter().map(|(_, t)| t));
+                    }
                     Some(NamesChanged::Tensor(name)) => {
-                        self.described.remove(name.as_bytes());
+                        let gone = self.described.remove(name.as_bytes()).unwrap_or_default();
+                        self.retire(gone.into_iter().map(|(_, t)| t));
                     }
                     None => {}
                 }
@@ -525,15 +610,13 @@ impl<S: RecordSink> Importer<'_, S> {
                     args.into()
                 };
                 let (name, category) = (self.texts.get(&span.name), self.call_category.clone());
-                self.open(
-                    e.thread_id,
-                    Kind::Call,
-                    0,
-                    name,
-                    category,
-                    e.timestamp_ns,
-                    args,
-                );
+                let named = Named::Own(Box::new(unplaced(name, category, args)));
+                let opened = Opened {
+                    kind: Kind::Call,
+                    tensor: 0,
+                    named,
+                };
+                self.open(e.thread_id, opened, e.timestamp_ns);
                 if !span.seqs.is_empty()
                     && let Some(open) = self.thread(e.thread_id).stack.top()
                 {
@@ -542,19 +625,19 @@ impl<S: RecordSink> Importer<'_, S> {
                 }
             }
             ExtensionKind::SpanEnd => {
-                if let Some(span) = self.close_span(End::of(e, Kind::Call, 0, 0, "")) {
-                    if let Some(seqs) = self.batches.remove(&span.id) {
+                if let Some((span, lane)) = self.close_span(End::of(e, Kind::Call, 0, 0, "")) {
+                    if let Some(seqs) = self.batches.remove(&span.place.id) {
                         self.sequences.batch(
                             self.sink,
                             self.ids,
                             &self.sequence_names,
                             self.process,
                             &seqs,
-                            span.start_ns,
-                            span.end_ns,
+                            span.place.start_ns,
+                            span.place.end_ns,
                         );
                     }
-                    self.sink.record(Record::Span(span));
+                    self.deliver(span, lane);
                 }
             }
             ExtensionKind::RpcBegin => {
@@ -580,71 +663,94 @@ impl<S: RecordSink> Importer<'_, S> {
                 }
                 let name = self.texts.get(&ext::rpc_command_name(rpc.command));
                 let category = self.texts.get(rpc::CATEGORY);
-                self.open(
-                    e.thread_id,
-                    Kind::Rpc,
-                    0,
-                    name,
-                    category,
-                    e.timestamp_ns,
-                    args.into(),
-                );
+                let named = Named::Own(Box::new(unplaced(name, category, args.into())));
+                let opened = Opened {
+                    kind: Kind::Rpc,
+                    tensor: 0,
+                    named,
+                };
+                self.open(e.thread_id, opened, e.timestamp_ns);
             }
             ExtensionKind::RpcEnd => {
                 let rpc = ext::parse_payload::<ext::RpcBoundary>(bytes).unwrap_or_default();
                 let bytes = [(rpc::SENT, rpc.sent), (rpc::RECEIVED, rpc.received)]
                     .map(|(key, n)| (self.texts.get(key), Arg::UInt(n)));
-                if let Some(mut span) = self.close_span(End::of(e, Kind::Rpc, 0, 0, "")) {
+                if let Some((span, lane)) = self.close_span(End::of(e, Kind::Rpc, 0, 0, "")) {
+                    let mut span = self.owned(span, lane);
                     span.args = span.args.iter().cloned().chain(bytes).collect();
-                    self.sink.record(Record::Span(span));
+                    self.sink.span(&span);
                 }
             }
             _ => {}
         }
     }
 
-    #[allow(clippy::too_many_arguments)]
     #[inline]
-    fn open(
-        &mut self,
-        tid: u32,
-        kind: Kind,
-        tensor: u64,
-        name: Text,
-        category: Text,
-        ts: u64,
-        args: Args,
-    ) {
+    fn open(&mut self, tid: u32, opened: Opened, ts: u64) {
         let id = self.ids.span();
-        let t = self.thread(tid);
-        t.stack.open(id, name, category, ts, args);
-        t.kinds.push((kind, tensor));
+        self.thread(tid).stack.push(id, ts, opened);
     }
 
     #[inline]
     fn close(&mut self, end: End<'_>) {
-        if let Some(span) = self.close_span(end) {
-            self.sink.record(Record::Span(span));
+        if let Some((span, lane)) = self.close_span(end) {
+            self.deliver(span, lane);
         }
     }
 
-    /// Closes the open span that `end` ends, and returns it; problems (no begin, crossing
-    /// pairs) are warnings.
+    /// Lends the sink the span `closed` on `lane`.
+    #[inline]
+    fn deliver(&mut self, closed: Closed<Opened>, lane: u32) {
+        let mut own;
+        let span = match closed.naming.named {
+            Named::Template(t) => &mut self.templates.spans[t.0 as usize],
+            Named::Own(span) => {
+                own = span;
+                &mut *own
+            }
+        };
+        closed.place.write(lane, span);
+        self.sink.span(span);
+    }
+
+    /// The span `closed` on `lane`, owned: for a span that gets more arguments.
+    fn owned(&self, closed: Closed<Opened>, lane: u32) -> Span {
+        let mut span = match closed.naming.named {
+            Named::Template(t) => self.templates.spans[t.0 as usize].clone(),
+            Named::Own(span) => *span,
+        };
+        closed.place.write(lane, &mut span);
+        span
+    }
+
+    /// Closes the open span that `end` ends, and returns it with its lane; problems (no begin,
+    /// crossing pairs) are warnings.
     #[inline(always)]
-    fn close_span(&mut self, end: End<'_>) -> Option<Span> {
+    fn close_span(&mut self, end: End<'_>) -> Option<(Closed<Opened>, u32)> {
         let t = self.thread(end.tid);
-        if t.kinds.last().is_some_and(|&k| end.ends(k)) {
-            t.kinds.pop();
+        if t.stack.top().is_some_and(|o| end.ends(&o.naming)) {
             let lane = t.lane;
-            return t.stack.close(lane, end.ts);
+            return t.stack.pop(end.ts).map(|c| (c, lane));
         }
         self.close_below(end)
+    }
+
+    /// Slots of templates no begin will find again: free once no open span names them.
+    fn retire(&mut self, gone: impl IntoIterator<Item = TemplateId>) {
+        let open: Vec<TemplateId> = (self.threads.iter())
+            .flat_map(|t| t.stack.iter())
+            .filter_map(|o| match o.naming.named {
+                Named::Template(t) => Some(t),
+                Named::Own(_) => None,
+            })
+            .collect();
+        self.templates.retire(gone, &open);
     }
 
     /// [`Importer::close_span`] when the span it closes is not the innermost.
     #[cold]
     #[inline(never)]
-    fn close_below(&mut self, end: End<'_>) -> Option<Span> {
+    fn close_below(&mut self, end: End<'_>) -> Option<(Closed<Opened>, u32)> {
         let End {
             tid,
             kind,
@@ -655,7 +761,7 @@ impl<S: RecordSink> Importer<'_, S> {
         } = end;
         let t = self.thread(tid);
         let lane = t.lane;
-        let Some(i) = t.kinds.iter().rposition(|&k| end.ends(k)) else {
+        let Some(i) = t.stack.iter().rposition(|o| end.ends(&o.naming)) else {
             self.sink.record(Record::Warning(format!(
                 "{input}: {kind:?} end at byte offset {offset} has no begin on thread {tid}; ignored"
             )));
@@ -663,12 +769,11 @@ impl<S: RecordSink> Importer<'_, S> {
         };
         // Crossing pairs: the right begin is closed, the spans begun after it stay open.
         let crossed = t.stack.depth() - 1 - i;
-        t.kinds.remove(i);
-        let span = t.stack.close_at(i, lane, end.ts);
+        let span = t.stack.remove(i, end.ts);
         self.sink.record(Record::Warning(format!(
             "{input}: {kind:?} end at byte offset {offset} (tensor {tensor:#x}) crosses {crossed} span(s) begun after its begin; paired with its own begin"
         )));
-        span
+        span.map(|s| (s, lane))
     }
 
     fn counter(&mut self, buft: String, ts: u64) {
@@ -685,14 +790,15 @@ impl<S: RecordSink> Importer<'_, S> {
     fn finish(&mut self, name: &str) {
         let end = self.last_ns;
         let mut open = 0;
-        for t in &mut self.threads {
-            while let Some(mut span) = t.stack.close(t.lane, end) {
+        for i in 0..self.threads.len() {
+            let lane = self.threads[i].lane;
+            while let Some(closed) = self.threads[i].stack.pop(end) {
+                let mut span = self.owned(closed, lane);
                 let unfinished = ("unfinished".into(), Arg::UInt(1));
                 span.args = span.args.iter().cloned().chain([unfinished]).collect();
                 open += 1;
-                self.sink.record(Record::Span(span));
+                self.sink.span(&span);
             }
-            t.kinds.clear();
         }
         self.sequences.finish(self.sink, &self.sequence_names);
         if open > 0 {

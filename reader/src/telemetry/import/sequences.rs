@@ -122,7 +122,7 @@ impl Sequences {
             seq.stack
                 .open(ids.span(), step, names.category.clone(), start_ns, args);
             if let Some(span) = seq.stack.close(seq.lane, end_ns) {
-                sink.record(Record::Span(span));
+                sink.span(&span);
             }
             seq.generating = !prefill;
             seq.cleared = false;
@@ -160,7 +160,7 @@ impl Sequence {
                 (names.generated.clone(), Arg::UInt(self.generated_tokens)),
             ];
             span.args = span.args.iter().cloned().chain(tokens).collect();
-            sink.record(Record::Span(span));
+            sink.span(&span);
         }
         self.prompt_tokens = 0;
         self.generated_tokens = 0;
