@@ -392,3 +392,59 @@ fn a_span_keeps_the_name_it_began_with_while_infos_change() {
     );
     assert!(got.warnings.is_empty(), "{:?}", got.warnings);
 }
+
+/// Each begin is named by its own label and op, whatever came before it on its thread, for
+/// labels of every length (the importer first tries the begin that followed the previous one
+/// last time, and compares short labels a word at a time).
+#[test]
+fn a_begin_is_named_by_its_own_label_and_op() {
+    use ggml_viz_reader::format::{self, Event, Payload};
+    const T0: u64 = 1_700_000_000_000_000_000;
+    let labels = [
+        "ab",
+        "x_1",
+        "Qcur-0",
+        "attn_norm-0",
+        "kq_soft_max_ext-0",
+        "blk.0.attn_q.weight (view)",
+    ];
+    // Each round: every label with op 29, then a label with op 48 where op 29 came before.
+    let mut begins = Vec::new();
+    for round in 0..6 {
+        for (i, l) in labels.iter().enumerate() {
+            let op = if i == round { 48 } else { 29 };
+            begins.push((*l, op));
+        }
+    }
+    let mut bytes = Vec::new();
+    format::encode_header(&mut bytes);
+    for (k, &(label, op_type)) in begins.iter().enumerate() {
+        for type_code in [2, 3] {
+            let e = Event {
+                type_code,
+                timestamp_ns: T0 + 10 * k as u64 + u64::from(type_code),
+                thread_id: 7,
+                payload: Payload::Op {
+                    tensor_ptr: 0x1000 + k as u64,
+                    op_type,
+                    op_size: 64,
+                    backend_ptr: 0,
+                },
+                label: Some(label.as_bytes().into()),
+            };
+            format::encode_event(&mut bytes, Layout::Packed, &e);
+        }
+    }
+    let mut got = Collected::default();
+    ggmlviz::import(&bytes, Layout::Packed, "t", &mut Ids::default(), &mut got);
+    let named: Vec<(String, String)> = (got.spans.iter())
+        .map(|s| {
+            let tensor = s.args.iter().find(|(k, _)| &**k == "tensor").unwrap();
+            (s.name.to_string(), tensor.1.to_string())
+        })
+        .collect();
+    let expected: Vec<(String, String)> = (begins.iter())
+        .map(|&(l, op)| (format!("op {op}"), l.to_string()))
+        .collect();
+    assert_eq!(named, expected);
+}

@@ -2,6 +2,7 @@
 //! the record's label, one struct per kind. Unknown fields are ignored and missing ones take
 //! their defaults, so that older and newer writers stay readable.
 
+use rustc_hash::FxHashMap;
 use serde::{Deserialize, Serialize};
 
 use crate::format::{self, EXTENSION_TYPE_CODE, Extension, ExtensionKind, Layout, Payload};
@@ -278,15 +279,21 @@ pub struct TensorInfo {
     pub flops: Option<u64>,
 }
 
+/// A tensor info kept: its place in the order infos came, the info, and the record it came in.
+type Kept = (u64, TensorInfo, Box<[u8]>);
+
 /// The names a trace gives its numbers, as its op-name, tensor-info and backend-name records
 /// come: what both the importer and the op analysis name nodes by.
 #[derive(Clone, Debug, Default)]
 pub struct NameTables {
     op_names: std::collections::HashMap<u32, String>,
     /// By tensor name, the latest info for each op type (`None`: an info that does not say its
-    /// op, which applies to any), with its place in the order infos came.
-    infos: std::collections::HashMap<String, Vec<(u64, TensorInfo)>>,
+    /// op, which applies to any), with its place in the order infos came and its record.
+    infos: FxHashMap<String, Vec<Kept>>,
     infos_taken: u64,
+    /// By record, the name and op type of each info kept: a record that comes again is found
+    /// without parsing it.
+    held: FxHashMap<Box<[u8]>, (String, Option<u32>)>,
     backends: std::collections::HashMap<u64, String>,
 }
 
@@ -314,18 +321,24 @@ impl NameTables {
                 Some(NamesChanged::All)
             }
             ExtensionKind::TensorInfo => {
-                let info = parse_payload::<TensorInfo>(payload)?;
-                let name = info.name.clone();
-                self.infos_taken += 1;
-                let taken = (self.infos_taken, info);
-                let of_name = self.infos.entry(name.clone()).or_default();
-                match of_name
-                    .iter_mut()
-                    .find(|(_, i)| i.op_type == taken.1.op_type)
+                if let Some((name, op_type)) = self.held.get(payload)
+                    && self.is_latest(name, *op_type)
                 {
-                    Some(kept) => *kept = taken,
+                    return None;
+                }
+                let info = parse_payload::<TensorInfo>(payload)?;
+                let (name, op_type) = (info.name.clone(), info.op_type);
+                self.infos_taken += 1;
+                let taken = (self.infos_taken, info, payload.into());
+                let of_name = self.infos.entry(name.clone()).or_default();
+                match of_name.iter_mut().find(|(_, i, _)| i.op_type == op_type) {
+                    Some(kept) => {
+                        let replaced = std::mem::replace(kept, taken);
+                        self.held.remove(&replaced.2);
+                    }
                     None => of_name.push(taken),
                 }
+                self.held.insert(payload.into(), (name.clone(), op_type));
                 Some(NamesChanged::Tensor(name))
             }
             ExtensionKind::BackendNames => {
@@ -339,15 +352,30 @@ impl NameTables {
         }
     }
 
+    /// Whether taking the kept info of `name` for `op_type` again would change nothing: no info
+    /// it competes with came after it (any of the name's for an info without an op; the name's
+    /// info without an op, for one with).
+    fn is_latest(&self, name: &str, op_type: Option<u32>) -> bool {
+        let Some(of_name) = self.infos.get(name) else {
+            return false;
+        };
+        let Some(&(taken, ..)) = of_name.iter().find(|(_, i, _)| i.op_type == op_type) else {
+            return false;
+        };
+        (of_name.iter())
+            .filter(|(_, i, _)| op_type.is_none() || i.op_type.is_none())
+            .all(|&(t, ..)| t <= taken)
+    }
+
     /// The info of the node computing tensor `name` with op `op_type`, if the trace gave one:
     /// the latest for that name and op, or for that name without an op if that came later.
     pub fn info(&self, name: &str, op_type: u32) -> Option<&TensorInfo> {
         self.infos
             .get(name)?
             .iter()
-            .filter(|(_, i)| i.op_type.is_none_or(|o| o == op_type))
-            .max_by_key(|(taken, _)| *taken)
-            .map(|(_, i)| i)
+            .filter(|(_, i, _)| i.op_type.is_none_or(|o| o == op_type))
+            .max_by_key(|(taken, ..)| *taken)
+            .map(|(_, i, _)| i)
     }
 
     /// What a node of op `op_type` with `info` computes: the info's op (the sub-op of a unary or
@@ -459,6 +487,49 @@ mod tests {
         assert_eq!(op_of(&t4, 45), Some(("ROPE".into(), 8)));
         assert_eq!(op_of(&t4, 29), Some(("?".into(), 7)));
         assert_eq!(t4.info("Kcur-0", 29), None);
+    }
+
+    /// A record the tables already hold, as the latest for its name and op, changes nothing (the
+    /// hook repeats a tensor's info wherever another node of its name came between: llama.cpp's
+    /// `Qcur-0` MUL_MAT and ROPE, every graph); one that would make an older info the latest again
+    /// changes what a name's ops find.
+    #[test]
+    fn a_record_already_held_changes_nothing() {
+        let mut t = NameTables::default();
+        let json = |op: &str, op_type: Option<u32>, ne0: i64| {
+            let info = TensorInfo {
+                name: "Qcur-0".into(),
+                op: op.into(),
+                op_type,
+                ne: [ne0, 1, 1, 1],
+                ..TensorInfo::default()
+            };
+            serde_json::to_vec(&info).unwrap()
+        };
+        let (mul_mat, rope, any) = (
+            json("MUL_MAT", Some(29), 64),
+            json("ROPE", Some(48), 64),
+            json("?", None, 7),
+        );
+        let changed = Some(NamesChanged::Tensor("Qcur-0".into()));
+        let mut take = |json: &[u8]| t.take(ExtensionKind::TensorInfo, json);
+        assert_eq!(take(&mul_mat), changed);
+        assert_eq!(take(&rope), changed);
+        for _ in 0..3 {
+            assert_eq!(take(&mul_mat), None);
+            assert_eq!(take(&rope), None);
+        }
+        // An info for any op, then the MUL_MAT's again: that one is the latest for op 29 again.
+        assert_eq!(take(&any), changed);
+        assert_eq!(take(&mul_mat), changed);
+        assert_eq!(take(&mul_mat), None);
+        let op_of = |t: &NameTables, op_type| t.info("Qcur-0", op_type).map(|i| i.op.clone());
+        assert_eq!(op_of(&t, 29).as_deref(), Some("MUL_MAT"));
+        assert_eq!(op_of(&t, 48).as_deref(), Some("?"));
+        // The info for any op again: it is not the latest of its name, so it changes op 29's.
+        assert_eq!(t.take(ExtensionKind::TensorInfo, &any), changed);
+        assert_eq!(op_of(&t, 29).as_deref(), Some("?"));
+        assert_eq!(t.take(ExtensionKind::TensorInfo, &any), None);
     }
 
     #[test]

@@ -206,6 +206,25 @@ impl Row {
     }
 }
 
+/// A lane's open spans' coverage, by depth: a span hands its coverage to its parent's slot,
+/// one depth up, and takes its own from its depth's slot as it closes. Nothing is looked up in
+/// a map for spans that nest (on every worker thread at once, in threads-mode op timing); a slot
+/// holds its span's id, and only a crossing pair (a span closed below the top) moves a slot's
+/// coverage aside to [`Summary::pending`].
+#[derive(Debug, Default)]
+struct LaneState {
+    by_depth: Vec<(Option<u64>, Coverage)>,
+    /// A bit per slot above depth 63 that holds a span's coverage; bit 63 for all the deeper.
+    occupied: u64,
+    /// This lane's spans in [`Summary::pending`].
+    pending: u32,
+}
+
+/// The bit of [`LaneState::occupied`] of the slot at `depth`.
+fn depth_bit(depth: usize) -> u64 {
+    1 << depth.min(63)
+}
+
 /// The summary sink.
 #[derive(Debug, Default)]
 pub struct Summary {
@@ -214,13 +233,11 @@ pub struct Summary {
     by_name: FxHashMap<Text, RowIndex>,
     /// Each shared name's row, found by its address.
     by_addr: ByAddress<RowIndex>,
-    /// Coverage gathered from the closed children of spans still open, by span id; the parent
-    /// last handed to is kept apart in `hot_id` and `hot` (most spans share their parent with
-    /// the span closed before them: their hand-over skips the map).
+    /// Coverage gathered from the closed children of spans still open, by span id, where it is
+    /// not in its lane's slot.
     pending: FxHashMap<u64, Coverage>,
-    /// The parent whose coverage `hot` is.
-    hot_id: Option<u64>,
-    hot: Coverage,
+    /// By lane id (ids are handed out densely from 1).
+    lanes: Vec<LaneState>,
     pub first_ns: Option<u64>,
     pub last_ns: u64,
     pub warnings: Vec<String>,
@@ -274,60 +291,138 @@ impl Summary {
         let index = self.row_index(&s.name);
         let row = &mut self.rows[index as usize].1;
         row.self_ns = row.self_ns.saturating_add(s.self_ns);
-        // The coverage of this span's closed descendants: none for a leaf (most spans), nothing
-        // allocated for them.
-        let coverage = if self.hot_id == Some(s.id) {
-            self.hot_id = None;
-            Some(std::mem::take(&mut self.hot))
-        } else if self.pending.is_empty() {
-            None
-        } else {
-            self.pending.remove(&s.id)
-        };
-        let Some(mut coverage) = coverage else {
+        let (lane, depth) = (s.lane as usize, s.depth as usize);
+        if lane >= self.lanes.len() || depth + 1 >= self.lanes[lane].by_depth.len() {
+            self.make_room(lane, depth);
+        }
+        let state = &mut self.lanes[lane];
+        // Deeper slots are empty as a span closes (its descendants closed before it) but where
+        // it closed below the top of its stack.
+        if state.occupied >> depth >> 1 != 0 || depth >= 63 {
+            self.set_aside_deeper(lane, depth);
+        }
+        // A leaf (most spans): no closed descendant handed it coverage.
+        let state = &self.lanes[lane];
+        if state.by_depth[depth].0 != Some(s.id) && state.pending == 0 {
+            let row = &mut self.rows[index as usize].1;
             row.durations.add(dur);
             row.counted_ns = row.counted_ns.saturating_add(dur);
-            return self.merge(s.parent, index, 1, dur);
+            return self.merge(s, index, 1, dur);
+        }
+        self.add_subtree(s, index, dur);
+    }
+
+    /// [`Summary::add`] of a span that may have closed descendants: their coverage, gathered in
+    /// its slot (or set aside), is handed on with its own.
+    #[inline(never)]
+    fn add_subtree(&mut self, s: &Span, index: RowIndex, dur: u64) {
+        let (lane, depth) = (s.lane as usize, s.depth as usize);
+        let state = &mut self.lanes[lane];
+        let own = state.by_depth[depth].0 == Some(s.id);
+        let coverage = if own {
+            state.by_depth[depth].0 = None;
+            state.occupied &= !depth_bit(depth);
+            Some(std::mem::take(&mut state.by_depth[depth].1))
+        } else {
+            self.pending_of(lane, s.id)
         };
+        let mut coverage = coverage.unwrap_or_default();
         match coverage.iter_mut().find(|(r, _)| *r == index) {
             // A same-name descendant: this span is not counted, but covers its time.
             Some((_, entry)) => entry.1 = dur,
             None => {
+                let row = &mut self.rows[index as usize].1;
                 row.durations.add(dur);
                 row.counted_ns = row.counted_ns.saturating_add(dur);
                 coverage.push((index, (1, dur)));
             }
         }
-        for (row, (count, covered)) in coverage {
-            self.merge(s.parent, row, count, covered);
+        for &(row, (count, covered)) in &coverage {
+            self.merge(s, row, count, covered);
+        }
+        if own {
+            // The slot keeps its memory for the next span at this depth.
+            coverage.clear();
+            self.lanes[lane].by_depth[depth].1 = coverage;
         }
     }
 
-    /// Hands a closed subtree's coverage of `row`'s name to its parent's, or to the rows at the
-    /// top.
-    #[inline]
-    fn merge(&mut self, parent: Option<u64>, row: RowIndex, count: u64, covered: u64) {
-        match parent {
-            Some(_) if parent == self.hot_id => cover(&mut self.hot, row, count, covered),
-            Some(parent) => self.merge_cold(parent, row, count, covered),
-            None => {
-                let row = &mut self.rows[row as usize].1;
-                row.count += count;
-                row.total_ns = row.total_ns.saturating_add(covered);
+    /// Slots for `lane`'s spans at `depth` and the one below.
+    #[cold]
+    fn make_room(&mut self, lane: usize, depth: usize) {
+        if lane >= self.lanes.len() {
+            self.lanes.resize_with(lane + 1, LaneState::default);
+        }
+        let slots = &mut self.lanes[lane].by_depth;
+        if depth + 1 >= slots.len() {
+            slots.resize_with(depth + 2, Default::default);
+        }
+    }
+
+    /// A span at `depth` closed below the top of `lane`'s stack: the spans above it, still open,
+    /// are one depth up from now on, and their slots' coverage waits aside.
+    #[cold]
+    fn set_aside_deeper(&mut self, lane: usize, depth: usize) {
+        let state = &mut self.lanes[lane];
+        for (d, slot) in state.by_depth.iter_mut().enumerate().skip(depth + 1) {
+            if let Some(other) = slot.0.take() {
+                self.pending.insert(other, std::mem::take(&mut slot.1));
+                state.pending += 1;
+                state.occupied &= !depth_bit(d);
             }
         }
     }
 
-    /// [`Summary::merge`] into a parent other than the hot one: that one becomes hot.
+    /// The coverage of span `id` of `lane` set aside, if any.
+    #[inline]
+    fn pending_of(&mut self, lane: usize, id: u64) -> Option<Coverage> {
+        let state = &mut self.lanes[lane];
+        if state.pending == 0 {
+            return None;
+        }
+        let found = self.pending.remove(&id)?;
+        state.pending -= 1;
+        Some(found)
+    }
+
+    /// Hands the coverage of `row`'s name by `s`'s closed subtree to its parent's, or to the rows
+    /// at the top.
+    #[inline(always)]
+    fn merge(&mut self, s: &Span, row: RowIndex, count: u64, covered: u64) {
+        let Some(parent) = s.parent else {
+            let row = &mut self.rows[row as usize].1;
+            row.count += count;
+            row.total_ns = row.total_ns.saturating_add(covered);
+            return;
+        };
+        let state = &mut self.lanes[s.lane as usize];
+        let slot = &mut state.by_depth[(s.depth as usize).saturating_sub(1)];
+        if slot.0 == Some(parent) {
+            cover(&mut slot.1, row, count, covered)
+        } else {
+            self.merge_cold(s, parent, row, count, covered)
+        }
+    }
+
+    /// [`Summary::merge`] into a parent whose slot holds another span's coverage, or none: that
+    /// one's is set aside, the parent's brought back if it was.
     #[cold]
     #[inline(never)]
-    fn merge_cold(&mut self, parent: u64, row: RowIndex, count: u64, covered: u64) {
-        if let Some(hot) = self.hot_id {
-            self.pending.insert(hot, std::mem::take(&mut self.hot));
+    fn merge_cold(&mut self, s: &Span, parent: u64, row: RowIndex, count: u64, covered: u64) {
+        let depth = (s.depth as usize).saturating_sub(1);
+        let found = self.pending_of(s.lane as usize, parent);
+        let state = &mut self.lanes[s.lane as usize];
+        let slot = &mut state.by_depth[depth];
+        if let Some(other) = slot.0 {
+            self.pending.insert(other, std::mem::take(&mut slot.1));
+            state.pending += 1;
         }
-        self.hot = self.pending.remove(&parent).unwrap_or_default();
-        self.hot_id = Some(parent);
-        cover(&mut self.hot, row, count, covered)
+        if let Some(coverage) = found {
+            slot.1 = coverage;
+        }
+        slot.0 = Some(parent);
+        state.occupied |= depth_bit(depth);
+        cover(&mut slot.1, row, count, covered)
     }
 }
 
@@ -426,6 +521,100 @@ mod tests {
         assert_eq!(counted("MUL_MAT"), (2, 20));
         assert_eq!(counted("graph"), (2, 40));
         assert_eq!(counted("decode"), (1, 60));
+    }
+
+    /// Worker threads closing spans in turn (threads-mode op timing): one summary of all lanes
+    /// counts what the lanes' own summaries count, added up, with same-name nesting three levels
+    /// deep on each lane and every lane's parents changing between its closes.
+    #[test]
+    fn interleaved_lanes_count_as_each_alone() {
+        // Per lane: (open or close, name, time); spans close in this order, lanes in turn.
+        let script = |lane: u64| {
+            let t = |k: u64| k * 10 + lane;
+            vec![
+                (true, "decode", t(0)),
+                (true, "graph", t(1)),
+                (true, "MUL_MAT", t(2)),
+                (false, "", t(3)),
+                (true, "Tiling", t(4)),
+                (true, "Tiling", t(5)),
+                (false, "", t(6)),
+                (false, "", t(7 + lane)),
+                (false, "", t(9)),
+                (true, "graph", t(10)),
+                (true, "Tiling", t(11)),
+                (false, "", t(12)),
+                (true, "graph", t(13)),
+                (false, "", t(14)),
+                (false, "", t(15)),
+                (false, "", t(16)),
+            ]
+        };
+        let mut all = Summary::default();
+        let mut alone = [Summary::default(), Summary::default(), Summary::default()];
+        let mut stacks = [
+            SpanStack::default(),
+            SpanStack::default(),
+            SpanStack::default(),
+        ];
+        let mut id = 0;
+        let scripts: Vec<_> = (1..=3).map(script).collect();
+        for ((one, two), three) in scripts[0].iter().zip(&scripts[1]).zip(&scripts[2]) {
+            for (lane, &(open, name, at)) in [one, two, three].into_iter().enumerate() {
+                if open {
+                    id += 1;
+                    stacks[lane].open(id, name.into(), "c".into(), at, Default::default());
+                } else {
+                    let span = stacks[lane].close(lane as u32 + 1, at).unwrap();
+                    all.span(&span);
+                    alone[lane].span(&span);
+                }
+            }
+        }
+        assert!(stacks.iter().all(|s| s.is_empty()));
+        for name in ["decode", "graph", "MUL_MAT", "Tiling"] {
+            let sum = alone.iter().fold((0, 0, 0), |(c, t, s), one| {
+                let row = one.row(name).unwrap();
+                (c + row.count, t + row.total_ns, s + row.self_ns)
+            });
+            let row = all.row(name).unwrap();
+            assert_eq!((row.count, row.total_ns, row.self_ns), sum, "{name}");
+        }
+        // Lane 1 alone, by hand (times t(k) = 10 k + 1): the Tilings counted are the inner one,
+        // 51..61, and the one at 111..121; they cover 41..81 (the outer one) and 111..121.
+        let tiling = alone[0].row("Tiling").unwrap();
+        assert_eq!((tiling.count, tiling.total_ns), (2, 40 + 10));
+        // The second graph holds a third: 2 graphs counted (the first and the third), covering
+        // 11..91 and 101..151.
+        let graph = alone[0].row("graph").unwrap();
+        assert_eq!((graph.count, graph.total_ns), (2, 80 + 50));
+    }
+
+    /// A crossing pair (the C++ tool's sample has them): a span closed below the top of its
+    /// lane's stack, while spans begun after it are open, still hands on its closed children.
+    #[test]
+    fn a_span_closed_below_the_top_keeps_its_childrens_coverage() {
+        let mut stack = SpanStack::default();
+        let mut summary = Summary::default();
+        let open = |stack: &mut SpanStack, id, name: &str, at| {
+            stack.open(id, name.into(), "c".into(), at, Default::default())
+        };
+        open(&mut stack, 1, "A", 0);
+        open(&mut stack, 2, "B", 10);
+        summary.span(&stack.close(1, 20).unwrap());
+        open(&mut stack, 3, "C", 30);
+        open(&mut stack, 4, "D", 40);
+        summary.span(&stack.close(1, 50).unwrap());
+        summary.span(&stack.remove(0, 60).unwrap().into_span(1));
+        summary.span(&stack.close(1, 70).unwrap());
+        let counted = |name| {
+            let row = summary.row(name).unwrap();
+            (row.count, row.total_ns)
+        };
+        assert_eq!(
+            ["A", "B", "C", "D"].map(counted),
+            [(1, 60), (1, 10), (1, 40), (1, 10)]
+        );
     }
 
     #[test]

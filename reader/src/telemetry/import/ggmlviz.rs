@@ -25,6 +25,9 @@ use super::sequences::{self, Sequences};
 struct Thread {
     lane: u32,
     stack: SpanStack<Opened>,
+    /// The template of this thread's last graph, op and barrier begin (by [`BeginKey`]'s kind):
+    /// the begin after it is most likely the one that followed it before.
+    last: [Option<TemplateId>; 3],
 }
 
 /// What an open span carries: graph/op/other, the op's tensor pointer, and what it is called.
@@ -50,6 +53,8 @@ enum Named {
 #[derive(Default)]
 struct Templates {
     spans: Vec<Span>,
+    /// Each slot's begin (label and key), and the slot of the begin that came after it last.
+    begins: Vec<(Box<[u8]>, BeginKey, Option<TemplateId>)>,
     /// Slots no begin finds any more and no open span names: reused first.
     free: Vec<TemplateId>,
     /// Slots no begin finds any more that an open span may still name.
@@ -57,17 +62,28 @@ struct Templates {
 }
 
 impl Templates {
-    fn add(&mut self, span: Span) -> TemplateId {
+    fn add(&mut self, span: Span, label: &[u8], key: BeginKey) -> TemplateId {
+        let begin = (label.into(), key, None);
         match self.free.pop() {
             Some(id) => {
                 self.spans[id.0 as usize] = span;
+                self.begins[id.0 as usize] = begin;
                 id
             }
             None => {
                 self.spans.push(span);
+                self.begins.push(begin);
                 TemplateId(self.spans.len() as u32 - 1)
             }
         }
+    }
+
+    /// The template of the begin that came after `t`'s last time, if it is `label` and `key`'s.
+    #[inline(always)]
+    fn after(&self, t: TemplateId, label: &[u8], key: &BeginKey) -> Option<TemplateId> {
+        let next = self.begins[t.0 as usize].2?;
+        let (l, k, _) = &self.begins[next.0 as usize];
+        (k == key && same_bytes(l, label)).then_some(next)
     }
 
     /// Slots `gone` will not be found again: free once no span in `open` names them.
@@ -169,6 +185,22 @@ struct Importer<'s, S: RecordSink> {
     wait_category: Text,
     call_category: Text,
     no_args: Args,
+}
+
+/// Whether `a` and `b` hold the same bytes; short ones (most labels) compared a word at a time.
+#[inline(always)]
+fn same_bytes(a: &[u8], b: &[u8]) -> bool {
+    let n = a.len();
+    if n != b.len() {
+        return false;
+    }
+    let word = |s: &[u8], at: usize| u64::from_le_bytes(s[at..at + 8].try_into().expect("8"));
+    let half = |s: &[u8], at: usize| u32::from_le_bytes(s[at..at + 4].try_into().expect("4"));
+    match n {
+        8..=16 => word(a, 0) == word(b, 0) && word(a, n - 8) == word(b, n - 8),
+        4..8 => half(a, 0) == half(b, 0) && half(a, n - 4) == half(b, n - 4),
+        _ => a == b,
+    }
 }
 
 /// A span named `name` in `category` with `args`, its place and times still to be written.
@@ -294,13 +326,19 @@ impl<'s, S: RecordSink> Import<'s, S> {
 impl<S: RecordSink> Importer<'_, S> {
     #[inline(always)]
     fn thread(&mut self, tid: u32) -> &mut Thread {
+        let i = self.thread_at(tid);
+        &mut self.threads[i]
+    }
+
+    /// The index of thread `tid` in [`Importer::threads`].
+    #[inline(always)]
+    fn thread_at(&mut self, tid: u32) -> usize {
         let (last, i) = self.last_thread;
-        let i = if last == tid {
+        if last == tid {
             i
         } else {
             self.thread_index(tid)
-        };
-        &mut self.threads[i]
+        }
     }
 
     fn thread_index(&mut self, tid: u32) -> usize {
@@ -329,8 +367,8 @@ impl<S: RecordSink> Importer<'_, S> {
     #[inline(always)]
     fn event(&mut self, e: &Event<'_>, offset: u64, name: &str) {
         if let Payload::Extension(x) = e.payload {
-            let label = e.label_str().unwrap_or_default();
-            self.extension(x.kind, e, &label);
+            let label = e.label.as_deref().unwrap_or_default();
+            self.extension(x.kind, e, label);
             return;
         }
         if !self.clock_said {
@@ -350,7 +388,7 @@ impl<S: RecordSink> Importer<'_, S> {
         match (e.event_type(), &e.payload) {
             (Some(EventType::GraphComputeBegin), Payload::Graph { .. })
             | (Some(EventType::OpComputeBegin), Payload::Op { .. }) => {
-                let template = self.template(label, &e.payload);
+                let template = self.template(e.thread_id, label, &e.payload);
                 let (kind, tensor) = match e.payload {
                     Payload::Op { tensor_ptr, .. } => (Kind::Op, tensor_ptr),
                     _ => (Kind::Graph, 0),
@@ -373,7 +411,7 @@ impl<S: RecordSink> Importer<'_, S> {
                 self.close(End::of(e, Kind::Op, tensor_ptr, offset, name))
             }
             (Some(EventType::BarrierWait), &Payload::Thread { value, .. }) => {
-                let named = Named::Template(self.template(label, &e.payload));
+                let named = Named::Template(self.template(e.thread_id, label, &e.payload));
                 let (kind, tensor) = (Kind::Call, 0);
                 let opened = Opened {
                     kind,
@@ -422,16 +460,37 @@ impl<S: RecordSink> Importer<'_, S> {
 
     /// The template of the span a graph, op or barrier begin with `label` and `payload` opens:
     /// made once per distinct begin (the same node every graph), then shared.
+    /// A thread's begins come in the order they came before (the same graph, every token): the
+    /// template that followed the thread's last one of the kind is tried first.
     #[inline(always)]
-    fn template(&mut self, label: &[u8], payload: &Payload) -> TemplateId {
+    fn template(&mut self, tid: u32, label: &[u8], payload: &Payload) -> TemplateId {
         let key = begin_key(payload);
+        let kind = key[0] as usize;
+        let thread = self.thread_at(tid);
+        let last = self.threads[thread].last[kind];
+        let found = match last.and_then(|t| self.templates.after(t, label, &key)) {
+            Some(next) => next,
+            None => {
+                let found = self.find_template(label, key, payload);
+                if let Some(t) = last {
+                    self.templates.begins[t.0 as usize].2 = Some(found);
+                }
+                found
+            }
+        };
+        self.threads[thread].last[kind] = Some(found);
+        found
+    }
+
+    /// [`Importer::template`] by label and key, made if it is new.
+    fn find_template(&mut self, label: &[u8], key: BeginKey, payload: &Payload) -> TemplateId {
         if let Some(known) = self.described.get(label)
             && let Some(&(_, made)) = known.iter().find(|(k, _)| *k == key)
         {
             return made;
         }
         let made = self.describe(&String::from_utf8_lossy(label), *payload);
-        let made = self.templates.add(made);
+        let made = self.templates.add(made, label, key);
         self.described
             .entry(label.into())
             .or_default()
@@ -525,8 +584,8 @@ impl<S: RecordSink> Importer<'_, S> {
         unplaced(name, category, args)
     }
 
-    fn extension(&mut self, kind: ExtensionKind, e: &Event<'_>, label: &str) {
-        let bytes = label.as_bytes();
+    /// An extension record; `bytes`, its label, is its JSON payload.
+    fn extension(&mut self, kind: ExtensionKind, e: &Event<'_>, bytes: &[u8]) {
         match kind {
             ExtensionKind::Metadata => {
                 if let Some(m) = ext::parse_payload::<ext::Metadata>(bytes) {
@@ -805,6 +864,33 @@ impl<S: RecordSink> Importer<'_, S> {
             self.sink.record(Record::Warning(format!(
                 "{name}: {open} span(s) begun and never ended; closed at the last timestamp and marked unfinished"
             )));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Against `==`, for every length a label can have here and a difference at every place.
+    #[test]
+    fn same_bytes_is_equality() {
+        let a: Vec<u8> = (0..40u8).map(|i| b'a' + i % 26).collect();
+        for n in 0..=a.len() {
+            let x = &a[..n];
+            let copy = x.to_vec();
+            assert!(same_bytes(x, &copy), "{n}");
+            for at in 0..n {
+                let mut y = x.to_vec();
+                y[at] ^= 0x20;
+                assert!(!same_bytes(x, &y), "{n} {at}");
+            }
+            if n > 0 {
+                assert!(
+                    !same_bytes(x, &a[..n - 1]) && !same_bytes(&a[..n - 1], x),
+                    "{n}"
+                );
+            }
         }
     }
 }
