@@ -15,6 +15,19 @@ const fn op_size_offset(layout: Layout) -> usize {
 /// Decodes the union of an event with `type_code` from `u`, which holds `layout.union_len()` bytes.
 pub fn decode_payload(type_code: u8, u: &[u8], layout: Layout) -> Payload {
     debug_assert_eq!(u.len(), layout.union_len());
+    // The union's size known to the compiler: no bounds check per field.
+    if let Ok(u) = <&[u8; 28]>::try_from(u) {
+        decode_union(type_code, u, layout)
+    } else if let Ok(u) = <&[u8; 32]>::try_from(u) {
+        decode_union(type_code, u, layout)
+    } else {
+        unknown(u)
+    }
+}
+
+/// [`decode_payload`] of a union of `N` bytes, 28 (packed) or 32 (padded).
+#[inline(always)]
+fn decode_union<const N: usize>(type_code: u8, u: &[u8; N], layout: Layout) -> Payload {
     match type_code {
         0 | 1 => Payload::Graph {
             graph_ptr: u64_at(u, 0),
@@ -23,7 +36,8 @@ pub fn decode_payload(type_code: u8, u: &[u8], layout: Layout) -> Payload {
             backend_ptr: u64_at(u, 16),
         },
         2 | 3 => {
-            let size_at = op_size_offset(layout);
+            // Right after `op_type`, or after 4 padding bytes: 16 bytes before the end.
+            let size_at = N - 16;
             Payload::Op {
                 tensor_ptr: u64_at(u, 0),
                 op_type: u32_at(u, 8),
@@ -43,13 +57,17 @@ pub fn decode_payload(type_code: u8, u: &[u8], layout: Layout) -> Payload {
         },
         _ => match decode_extension(type_code, u) {
             Some(ext) if ext.layout == layout => Payload::Extension(ext),
-            _ => {
-                let mut raw = [0u8; 32];
-                raw[..u.len()].copy_from_slice(u);
-                Payload::Unknown { raw }
-            }
+            _ => unknown(u),
         },
     }
+}
+
+/// A union of a type this format does not define: its bytes as found.
+fn unknown(u: &[u8]) -> Payload {
+    let mut raw = [0u8; 32];
+    let n = u.len().min(32);
+    raw[..n].copy_from_slice(&u[..n]);
+    Payload::Unknown { raw }
 }
 
 /// Reads an extension union, whatever layout the rest of the file turns out to use. `u` needs
