@@ -274,14 +274,28 @@ pub fn record_len(buf: &[u8], layout: Layout) -> Result<Option<usize>, RecordErr
 /// again.
 #[inline]
 pub fn decode_framed_record(record: &[u8], layout: Layout) -> Event<'_> {
-    let fixed = layout.fixed_len();
-    let type_code = record[0];
+    match layout {
+        Layout::Packed => decode_fixed::<28>(record, layout),
+        Layout::Padded => decode_fixed::<32>(record, layout),
+    }
+}
+
+/// [`decode_framed_record`] with a union of `U` bytes: the fixed part's size is known to the
+/// compiler, so its fields are read without a bounds check each.
+#[inline(always)]
+fn decode_fixed<const U: usize>(record: &[u8], layout: Layout) -> Event<'_> {
+    let fixed = UNION_OFFSET + U + 1;
+    let (head, label) = record.split_at(fixed);
+    let type_code = head[0];
+    let union: &[u8; U] = head[UNION_OFFSET..UNION_OFFSET + U]
+        .try_into()
+        .expect("a union's bytes");
     Event {
         type_code,
-        timestamp_ns: u64_at(record, 1),
-        thread_id: u32_at(record, 9),
-        payload: decode_payload(type_code, &record[UNION_OFFSET..fixed - 1], layout),
-        label: (record.len() > fixed).then(|| Cow::Borrowed(&record[fixed + 4..])),
+        timestamp_ns: u64_at(head, 1),
+        thread_id: u32_at(head, 9),
+        payload: decode_union(type_code, union, layout),
+        label: label.get(4..).map(Cow::Borrowed),
     }
 }
 
