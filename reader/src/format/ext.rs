@@ -448,6 +448,18 @@ mod tests {
         assert_eq!((t.backend(4096), t.backend(0)), (Some("CUDA0"), None));
     }
 
+    /// The tensor-info record of `Qcur-0` computed by `op` (`op_type`), `ne0` wide.
+    fn qcur_info(op: &str, op_type: Option<u32>, ne0: i64) -> Vec<u8> {
+        let info = TensorInfo {
+            name: "Qcur-0".into(),
+            op: op.into(),
+            op_type,
+            ne: [ne0, 1, 1, 1],
+            ..TensorInfo::default()
+        };
+        serde_json::to_vec(&info).unwrap()
+    }
+
     /// Two nodes of one name and different ops (llama.cpp's `Qcur-0`: a MUL_MAT, then the ROPE
     /// after it): each op finds its own info, in whatever order the records came; a record that
     /// does not say its op applies to every op of the name until one is given again.
@@ -455,14 +467,7 @@ mod tests {
     fn a_name_keeps_one_info_per_op() {
         let mut t = NameTables::default();
         let mut take = |op: &str, op_type: Option<u32>, ne0: i64| {
-            let info = TensorInfo {
-                name: "Qcur-0".into(),
-                op: op.into(),
-                op_type,
-                ne: [ne0, 1, 1, 1],
-                ..TensorInfo::default()
-            };
-            let json = serde_json::to_vec(&info).unwrap();
+            let json = qcur_info(op, op_type, ne0);
             assert!(t.take(ExtensionKind::TensorInfo, &json).is_some());
             t.clone()
         };
@@ -496,20 +501,10 @@ mod tests {
     #[test]
     fn a_record_already_held_changes_nothing() {
         let mut t = NameTables::default();
-        let json = |op: &str, op_type: Option<u32>, ne0: i64| {
-            let info = TensorInfo {
-                name: "Qcur-0".into(),
-                op: op.into(),
-                op_type,
-                ne: [ne0, 1, 1, 1],
-                ..TensorInfo::default()
-            };
-            serde_json::to_vec(&info).unwrap()
-        };
         let (mul_mat, rope, any) = (
-            json("MUL_MAT", Some(29), 64),
-            json("ROPE", Some(48), 64),
-            json("?", None, 7),
+            qcur_info("MUL_MAT", Some(29), 64),
+            qcur_info("ROPE", Some(48), 64),
+            qcur_info("?", None, 7),
         );
         let changed = Some(NamesChanged::Tensor("Qcur-0".into()));
         let mut take = |json: &[u8]| t.take(ExtensionKind::TensorInfo, json);

@@ -497,15 +497,23 @@ mod tests {
         assert_eq!(row.durations.quantile(0.5), 10 * us);
     }
 
+    /// Opens span `id` named `name` at `at` on `stack`.
+    fn open(stack: &mut SpanStack, id: u64, name: &str, at: u64) {
+        stack.open(id, name.into(), "c".into(), at, Default::default())
+    }
+
+    /// The spans counted of `name`'s row and the time they cover.
+    fn counted(summary: &Summary, name: &str) -> (u64, u64) {
+        let row = summary.row(name).unwrap();
+        (row.count, row.total_ns)
+    }
+
     /// A parent's coverage gathered from its first child is kept while the children of its
     /// second child close (the parent handed to last changes, and changes back).
     #[test]
     fn a_parents_coverage_outlasts_its_next_childs_children() {
         let mut stack = SpanStack::default();
         let mut summary = Summary::default();
-        let open = |stack: &mut SpanStack, id, name: &str, at| {
-            stack.open(id, name.into(), "c".into(), at, Default::default())
-        };
         open(&mut stack, 1, "decode", 0);
         for (graph, op, at) in [(2, 3, 0), (4, 5, 30)] {
             open(&mut stack, graph, "graph", at);
@@ -514,13 +522,9 @@ mod tests {
             summary.span(&stack.close(0, at + 20).unwrap());
         }
         summary.span(&stack.close(0, 60).unwrap());
-        let counted = |name| {
-            let row = summary.row(name).unwrap();
-            (row.count, row.total_ns)
-        };
-        assert_eq!(counted("MUL_MAT"), (2, 20));
-        assert_eq!(counted("graph"), (2, 40));
-        assert_eq!(counted("decode"), (1, 60));
+        assert_eq!(counted(&summary, "MUL_MAT"), (2, 20));
+        assert_eq!(counted(&summary, "graph"), (2, 40));
+        assert_eq!(counted(&summary, "decode"), (1, 60));
     }
 
     /// Worker threads closing spans in turn (threads-mode op timing): one summary of all lanes
@@ -596,9 +600,6 @@ mod tests {
     fn a_span_closed_below_the_top_keeps_its_childrens_coverage() {
         let mut stack = SpanStack::default();
         let mut summary = Summary::default();
-        let open = |stack: &mut SpanStack, id, name: &str, at| {
-            stack.open(id, name.into(), "c".into(), at, Default::default())
-        };
         open(&mut stack, 1, "A", 0);
         open(&mut stack, 2, "B", 10);
         summary.span(&stack.close(1, 20).unwrap());
@@ -607,12 +608,8 @@ mod tests {
         summary.span(&stack.close(1, 50).unwrap());
         summary.span(&stack.remove(0, 60).unwrap().into_span(1));
         summary.span(&stack.close(1, 70).unwrap());
-        let counted = |name| {
-            let row = summary.row(name).unwrap();
-            (row.count, row.total_ns)
-        };
         assert_eq!(
-            ["A", "B", "C", "D"].map(counted),
+            ["A", "B", "C", "D"].map(|name| counted(&summary, name)),
             [(1, 60), (1, 10), (1, 40), (1, 10)]
         );
     }
