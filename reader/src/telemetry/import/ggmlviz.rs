@@ -744,13 +744,13 @@ impl<S: RecordSink> Importer<'_, S> {
         }
     }
 
-    #[inline]
+    #[inline(always)]
     fn open(&mut self, tid: u32, opened: Opened, ts: u64) {
         let id = self.ids.span();
         self.thread(tid).stack.push(id, ts, opened);
     }
 
-    #[inline]
+    #[inline(always)]
     fn close(&mut self, end: End<'_>) {
         if let Some((span, lane)) = self.close_span(end) {
             self.deliver(span, lane);
