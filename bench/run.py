@@ -2,7 +2,7 @@
 """The benchmark suite: what ggml-viz costs and how fast it reads, compared with the floors and
 the alternatives, on this machine, in one go.
 
-    python3 bench/run.py            # the full suite (~25 minutes on 2 cores once built: callgrind)
+    python3 bench/run.py            # the full suite (~6 minutes on 2 cores once built)
     python3 bench/run.py --quick    # most metrics on less work, no callgrind (~4 minutes)
     python3 bench/run.py --only readers   # one section (figures go to bench/results-readers.json)
 
@@ -76,7 +76,7 @@ def producer(quick):
     dd_mb = float(m.group(1)) * (1000 if m.group(2) == "G" else 1)
     flat = [table_rows(out, r"^(\d) thread\(s\)\s+(\d+)\s+([\d.]+)\s+([\d.]+)%") for out in outs]
     for i, (threads, _, _, _) in enumerate(flat[0]):
-        rate, mbs, dropped = (median(float(rows[i][k]) for rows in flat) for k in (1, 2, 3))
+        rate, mbs, dropped = (statistics.median(float(rows[i][k]) for rows in flat) for k in (1, 2, 3))
         metric(f"written with default ring, {threads} thread(s) flat out", mbs, "MB/s", "dd to the same disk", dd_mb)
         metric(f"  events/s written ({dropped:.1f} % dropped)", rate, "events/s", "ring / interval: 65536 per 100 ms per thread", 655360 * int(threads))
     paced = [re.search(r"^1 thread paced at 5 M events/s\s+(\d+)\s+([\d.]+)\s+([\d.]+)%", out, re.M).groups()
@@ -84,7 +84,7 @@ def producer(quick):
     dropped = sorted(float(d) for _, _, d in paced)
     metric("one thread paced at 5 M events/s: events dropped", dropped[1], "%", "none lost (flusher woken at half full)", 0.0)
     metric("  paced: the most dropped of 3 runs", dropped[2], "%", "the least", dropped[0])
-    metric("  events/s written", median(float(r) for r, _, _ in paced), "events/s", "produced", 5e6)
+    metric("  events/s written", statistics.median(float(r) for r, _, _ in paced), "events/s", "produced", 5e6)
 
 
 def decode(quick):
@@ -99,11 +99,6 @@ def decode(quick):
             ev, mb = rows[(layout, op)]
             metric(f"{layout}: {op}", ev, "events/s", "memchr over the same bytes (GB/s)", floor, "GB/s")
             metric(f"  {layout}: {op}", mb / 1000, "GB/s", "memchr over the same bytes", floor)
-
-
-def median(values):
-    values = sorted(values)
-    return values[len(values) // 2]
 
 
 def peak_rss(cmd):
@@ -130,9 +125,12 @@ def readers(quick, tmp):
                        [viz, "export", "--to", "perfetto", "--no-compress", trace, "-o", plain]),
                       ("export --to chrome-json", [viz, "export", "--to", "chrome-json", trace, "-o", json_out]),
                       ("export --to parquet", [viz, "export", "--to", "parquet", trace, "-o", dataset])):
-        # This VM's speed wanders from run to run: three runs, the median and the spread.
+        # This VM's speed wanders from run to run: three runs, the median and the spread. Each
+        # starts with nothing waiting to be written back (the trace just synthesized, the last
+        # command's output): that writeback would take the cores from the run measured.
         rates, rss = [], 0
         for _ in range(3):
+            os.sync()
             start = time.perf_counter()
             rss = max(rss, peak_rss(cmd))
             rates.append(events / (time.perf_counter() - start))
