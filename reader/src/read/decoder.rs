@@ -83,7 +83,11 @@ impl Decoder {
             const PAGE: usize = 4096;
             let kept = self.end - self.start;
             let aligned = (PAGE - (self.buf.as_ptr() as usize + kept) % PAGE) % PAGE;
-            let to = if aligned + kept <= self.start { aligned } else { 0 };
+            let to = if aligned + kept <= self.start {
+                aligned
+            } else {
+                0
+            };
             self.base += (self.start - to) as u64;
             self.buf.copy_within(self.start..self.end, to);
             self.end = to + kept;
