@@ -16,16 +16,21 @@ const fn op_size_offset(layout: Layout) -> usize {
 pub fn decode_payload(type_code: u8, u: &[u8], layout: Layout) -> Payload {
     debug_assert_eq!(u.len(), layout.union_len());
     // The union's size known to the compiler: no bounds check per field.
-    if let Ok(u) = <&[u8; 28]>::try_from(u) {
-        decode_union(type_code, u, layout)
-    } else if let Ok(u) = <&[u8; 32]>::try_from(u) {
-        decode_union(type_code, u, layout)
-    } else {
-        unknown(u)
+    match layout {
+        Layout::Packed => decode_sized::<{ Layout::Packed.union_len() }>(type_code, u, layout),
+        Layout::Padded => decode_sized::<{ Layout::Padded.union_len() }>(type_code, u, layout),
     }
 }
 
-/// [`decode_payload`] of a union of `N` bytes, 28 (packed) or 32 (padded).
+/// [`decode_payload`] of `u` if it holds `N` bytes, as a `N`-byte union.
+fn decode_sized<const N: usize>(type_code: u8, u: &[u8], layout: Layout) -> Payload {
+    match <&[u8; N]>::try_from(u) {
+        Ok(union) => decode_union(type_code, union, layout),
+        Err(_) => unknown(u),
+    }
+}
+
+/// [`decode_payload`] of a union of `N` bytes, `layout`'s.
 #[inline(always)]
 fn decode_union<const N: usize>(type_code: u8, u: &[u8; N], layout: Layout) -> Payload {
     match type_code {
@@ -36,8 +41,7 @@ fn decode_union<const N: usize>(type_code: u8, u: &[u8; N], layout: Layout) -> P
             backend_ptr: u64_at(u, 16),
         },
         2 | 3 => {
-            // Right after `op_type`, or after 4 padding bytes: 16 bytes before the end.
-            let size_at = N - 16;
+            let size_at = op_size_offset(layout);
             Payload::Op {
                 tensor_ptr: u64_at(u, 0),
                 op_type: u32_at(u, 8),
@@ -275,8 +279,8 @@ pub fn record_len(buf: &[u8], layout: Layout) -> Result<Option<usize>, RecordErr
 #[inline]
 pub fn decode_framed_record(record: &[u8], layout: Layout) -> Event<'_> {
     match layout {
-        Layout::Packed => decode_fixed::<28>(record, layout),
-        Layout::Padded => decode_fixed::<32>(record, layout),
+        Layout::Packed => decode_fixed::<{ Layout::Packed.union_len() }>(record, layout),
+        Layout::Padded => decode_fixed::<{ Layout::Padded.union_len() }>(record, layout),
     }
 }
 

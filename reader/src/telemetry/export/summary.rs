@@ -214,7 +214,7 @@ impl Row {
 #[derive(Debug, Default)]
 struct LaneState {
     by_depth: Vec<(Option<u64>, Coverage)>,
-    /// A bit per slot above depth 63 that holds a span's coverage; bit 63 for all the deeper.
+    /// A bit per slot that holds a span's coverage, for depths 0 to 62; bit 63 for all the deeper.
     occupied: u64,
     /// This lane's spans in [`Summary::pending`].
     pending: u32,
