@@ -52,38 +52,56 @@ enum Named {
 /// the sink is lent. Nothing is cloned, allocated or reference-counted per span.
 #[derive(Default)]
 struct Templates {
-    spans: Vec<Span>,
-    /// Each slot's begin (label and key), and the slot of the begin that came after it last.
-    begins: Vec<(Box<[u8]>, BeginKey, Option<TemplateId>)>,
+    slots: Vec<Template>,
     /// Slots no begin finds any more and no open span names: reused first.
     free: Vec<TemplateId>,
     /// Slots no begin finds any more that an open span may still name.
     retired: Vec<TemplateId>,
 }
 
+/// The span a begin opens, and the begin (its label and key).
+struct Template {
+    span: Span,
+    label: Box<[u8]>,
+    key: BeginKey,
+    /// The template of the begin that came after this one last, on the same thread.
+    next: Option<TemplateId>,
+}
+
 impl Templates {
     fn add(&mut self, span: Span, label: &[u8], key: BeginKey) -> TemplateId {
-        let begin = (label.into(), key, None);
+        let template = Template {
+            span,
+            label: label.into(),
+            key,
+            next: None,
+        };
         match self.free.pop() {
             Some(id) => {
-                self.spans[id.0 as usize] = span;
-                self.begins[id.0 as usize] = begin;
+                self.slots[id.0 as usize] = template;
                 id
             }
             None => {
-                self.spans.push(span);
-                self.begins.push(begin);
-                TemplateId(self.spans.len() as u32 - 1)
+                self.slots.push(template);
+                TemplateId(self.slots.len() as u32 - 1)
             }
         }
+    }
+
+    fn get(&self, t: TemplateId) -> &Template {
+        &self.slots[t.0 as usize]
+    }
+
+    fn get_mut(&mut self, t: TemplateId) -> &mut Template {
+        &mut self.slots[t.0 as usize]
     }
 
     /// The template of the begin that came after `t`'s last time, if it is `label` and `key`'s.
     #[inline(always)]
     fn after(&self, t: TemplateId, label: &[u8], key: &BeginKey) -> Option<TemplateId> {
-        let next = self.begins[t.0 as usize].2?;
-        let (l, k, _) = &self.begins[next.0 as usize];
-        (k == key && same_bytes(l, label)).then_some(next)
+        let next = self.get(t).next?;
+        let n = self.get(next);
+        (n.key == *key && same_bytes(&n.label, label)).then_some(next)
     }
 
     /// Slots `gone` will not be found again: free once no span in `open` names them.
@@ -473,7 +491,7 @@ impl<S: RecordSink> Importer<'_, S> {
             None => {
                 let found = self.find_template(label, key, payload);
                 if let Some(t) = last {
-                    self.templates.begins[t.0 as usize].2 = Some(found);
+                    self.templates.get_mut(t).next = Some(found);
                 }
                 found
             }
@@ -762,7 +780,7 @@ impl<S: RecordSink> Importer<'_, S> {
     fn deliver(&mut self, closed: Closed<Opened>, lane: u32) {
         let mut own;
         let span = match closed.naming.named {
-            Named::Template(t) => &mut self.templates.spans[t.0 as usize],
+            Named::Template(t) => &mut self.templates.get_mut(t).span,
             Named::Own(span) => {
                 own = span;
                 &mut *own
@@ -775,7 +793,7 @@ impl<S: RecordSink> Importer<'_, S> {
     /// The span `closed` on `lane`, owned: for a span that gets more arguments.
     fn owned(&self, closed: Closed<Opened>, lane: u32) -> Span {
         let mut span = match closed.naming.named {
-            Named::Template(t) => self.templates.spans[t.0 as usize].clone(),
+            Named::Template(t) => self.templates.get(t).span.clone(),
             Named::Own(span) => *span,
         };
         closed.place.write(lane, &mut span);
