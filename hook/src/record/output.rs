@@ -75,12 +75,14 @@ impl Output {
         }
     }
 
-    /// An empty buffer, one the thread gave back when there is one.
-    pub fn buffer(&self) -> Vec<u8> {
+    /// An empty buffer, one the thread gave back when there is one, else a new one of
+    /// `capacity` bytes (the size of the last one handed over: grown from nothing instead, a
+    /// buffer is copied a dozen times on its way to that size).
+    pub fn buffer(&self, capacity: usize) -> Vec<u8> {
         self.spare
             .as_ref()
             .and_then(|s| s.try_recv().ok())
-            .unwrap_or_default()
+            .unwrap_or_else(|| Vec::with_capacity(capacity))
     }
 
     /// Queues `buf` to be written after what was queued before; the first error of an earlier
@@ -179,7 +181,7 @@ mod tests {
         let path = std::env::temp_dir().join(format!("ggml-viz-output-{}", std::process::id()));
         let mut out = Output::new(File::create(&path).unwrap());
         for part in [&b"one "[..], b"two ", b"three"] {
-            let mut buf = out.buffer();
+            let mut buf = out.buffer(16);
             buf.extend_from_slice(part);
             out.write(buf).unwrap();
         }

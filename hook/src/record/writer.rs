@@ -133,7 +133,8 @@ impl TraceWriter {
         if self.buf.is_empty() {
             return Ok(());
         }
-        let encoded = std::mem::replace(&mut self.buf, self.output.buffer());
+        let spare = self.output.buffer(self.buf.capacity());
+        let encoded = std::mem::replace(&mut self.buf, spare);
         self.output.write(encoded)
     }
 
