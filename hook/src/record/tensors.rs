@@ -1,9 +1,10 @@
 //! The tensors seen by op timing, interned by name, op, type and shape: an op event carries the
 //! id, the writer writes each info once before the first event that needs it.
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicPtr, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, PoisonError};
+
+use rustc_hash::FxHashMap;
 
 use crate::base::os::Zeroed;
 use crate::base::tensor::TensorInfo;
@@ -26,7 +27,7 @@ pub struct Tensors {
     refused: AtomicU64,
     /// Held while adding; maps each distinct name and op type to its group (the tensors a
     /// reader tells apart by an op event's label and op type: FORMAT.md).
-    adding: Mutex<HashMap<(String, Option<u32>), u32>>,
+    adding: Mutex<FxHashMap<(String, Option<u32>), u32>>,
 }
 
 impl Tensors {
@@ -40,7 +41,7 @@ impl Tensors {
             infos: unsafe { Zeroed::new(MAX_TENSORS) },
             used: AtomicUsize::new(0),
             refused: AtomicU64::new(0),
-            adding: Mutex::new(HashMap::new()),
+            adding: Mutex::new(FxHashMap::default()),
         }
     }
 

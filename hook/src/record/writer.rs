@@ -63,7 +63,7 @@ pub struct TraceWriter {
     /// Buffers allocated and not yet freed: handle to size and buffer type.
     live_buffers: std::collections::BTreeMap<u64, (u64, String)>,
     /// Op types whose names were written.
-    op_names_written: std::collections::HashSet<u32>,
+    op_names_written: rustc_hash::FxHashSet<u32>,
     /// Labels by entry point and name id (at `entry * NAME_IDS + name_id`): built once, not per
     /// event, and found without hashing.
     labels: Vec<Option<Box<[u8]>>>,
