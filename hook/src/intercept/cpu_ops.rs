@@ -348,13 +348,16 @@ struct Worker {
     /// The call sites this thread resolved last, direct-mapped by (row, site): each node makes
     /// three or more wrapped calls, so the shared cache's probing is paid once per site and
     /// thread.
-    sites: [Cell<(usize, Option<&'static Resolved>)>; SITES],
+    sites: [SiteSlot; SITES],
     /// The op infos of the nodes this thread computed last, direct-mapped by tensor address,
     /// with the tensor's fingerprint (name, op, type, shape) when it was described and the
     /// recorder whose tensor table the id is in (a child after `fork` has its own): a graph
     /// computed again (every token) reuses them instead of describing each node again.
     infos: [Cell<CachedInfo>; INFOS],
 }
+
+/// A call-site cache entry: key (return address and row) and where the call goes.
+type SiteSlot = Cell<(usize, Option<&'static Resolved>)>;
 
 /// Tensor address, fingerprint, recorder address, and the op info.
 type CachedInfo = (usize, u64, usize, Option<OpInfo>);
@@ -419,23 +422,45 @@ impl Worker {
 /// Entries of a thread's call-site cache (a power of two).
 const SITES: usize = 64;
 
-/// The real function of `row` called from `site`, through this thread's cache.
-fn resolve_cached(
-    w: &Worker,
-    row: usize,
-    name: &'static CStr,
-    site: usize,
-) -> Option<&'static Resolved> {
-    let key = site ^ (row << 48);
-    let slot = &w.sites[(key.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 58) % SITES];
-    if let (k, Some(resolved)) = slot.get()
-        && k == key
-    {
-        return Some(resolved);
+impl Worker {
+    /// The slot of this thread's call-site cache for `row` called from `site`, and its key.
+    fn site_slot(&self, row: usize, site: usize) -> (&SiteSlot, usize) {
+        let key = site ^ (row << 48);
+        (
+            &self.sites[(key.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 58) % SITES],
+            key,
+        )
     }
-    let (resolved, _) = resolve_callee(Callee::Cpu(row as u8, name), site)?;
-    slot.set((key, Some(resolved)));
-    Some(resolved)
+
+    /// The real function of `row` called from `site`, if this thread has resolved it before.
+    fn cached_site(&self, row: usize, site: usize) -> Option<&'static Resolved> {
+        let (slot, key) = self.site_slot(row, site);
+        match slot.get() {
+            (k, Some(resolved)) if k == key => Some(resolved),
+            _ => None,
+        }
+    }
+
+    /// The real function of `row` (named `name`) called from `site`, resolved and cached.
+    fn resolve_site(
+        &self,
+        row: usize,
+        name: &'static CStr,
+        site: usize,
+    ) -> Option<&'static Resolved> {
+        let (resolved, _) = resolve_callee(Callee::Cpu(row as u8, name), site)?;
+        let (slot, key) = self.site_slot(row, site);
+        slot.set((key, Some(resolved)));
+        Some(resolved)
+    }
+
+    /// Whether a call of a function of `kind` computes the node this thread's share is open
+    /// for: the dispatcher's per-op call for the node its marker began.
+    fn continues_node(&self, kind: Kind, arg1: Ptr, arg2: Ptr) -> bool {
+        self.node
+            .get()
+            .is_some_and(|(open, _)| open.tensor == node_tensor(kind, arg1, arg2))
+    }
 }
 
 thread_local! {
@@ -470,52 +495,63 @@ impl Next {
     }
 }
 
-/// Before the real function: records what begins.
+/// Before the real function: records what begins. `WORKER` is const-initialized and has no
+/// destructor, so reaching it cannot fail; what can (resolving a call site, recording) runs in
+/// [`contained`], which a call nested in an op, or the dispatcher's per-op call for the node its
+/// marker began, does not need.
 extern "C" fn enter(row: usize, arg0: Ptr, arg1: Ptr, arg2: Ptr, site: usize) -> Next {
     let Some(f) = FUNCTIONS.get(row) else {
         return Next::untraced(0);
     };
-    let entered = contained(|| {
-        WORKER.with(|w| {
-            let site = if site == 0 { w.outer_site.get() } else { site };
-            let Some(resolved) = resolve_cached(w, row, f.name, site) else {
-                say_no_function(f.name);
-                return Next::untraced(0);
-            };
-            if resolved.untraced {
-                return Next::untraced(resolved.real);
-            }
-            if record::thread_ops().is_none() {
-                // Not recording per thread (op timing off or by the eval callback, or not
-                // tracing): nothing to keep, but a share left open when that began is ended.
-                if w.depth.get() == 0 && w.node.get().is_some() {
-                    end_node(w);
+    WORKER.with(|w| {
+        let site = if site == 0 { w.outer_site.get() } else { site };
+        let resolved = match w.cached_site(row, site) {
+            Some(resolved) => resolved,
+            None => match contained(|| w.resolve_site(row, f.name, site)) {
+                Some(Some(resolved)) => resolved,
+                Some(None) => {
+                    say_no_function(f.name);
+                    return Next::untraced(0);
                 }
-                return Next::untraced(resolved.real);
+                // Our code failed: the call still goes to ggml, untraced.
+                None => {
+                    return Next::untraced(
+                        fallback_callee(Callee::Cpu(row as u8, f.name)).map_or(0, |r| r.real),
+                    );
+                }
+            },
+        };
+        if resolved.untraced {
+            return Next::untraced(resolved.real);
+        }
+        if record::thread_ops().is_none() {
+            // Not recording per thread (op timing off or by the eval callback, or not
+            // tracing): nothing to keep, but a share left open when that began is ended.
+            if w.depth.get() == 0 && w.node.get().is_some() {
+                contained(|| end_node(w));
             }
-            let worker = Next {
-                real: resolved.real,
-                worker: w as *const Worker,
+            return Next::untraced(resolved.real);
+        }
+        let worker = Next {
+            real: resolved.real,
+            worker: w as *const Worker,
+        };
+        if f.kind == Kind::Barrier {
+            return if contained(|| barrier_begins(w)) == Some(true) {
+                worker
+            } else {
+                Next::untraced(resolved.real)
             };
-            if f.kind == Kind::Barrier {
-                return if barrier_begins(w) {
-                    worker
-                } else {
-                    Next::untraced(resolved.real)
-                };
+        }
+        let depth = w.depth.get();
+        w.depth.set(depth + 1);
+        if depth == 0 {
+            w.outer_site.set(site);
+            if !w.continues_node(f.kind, arg1, arg2) {
+                contained(|| node_begins(w, f.kind, resolved.helpers, arg0, arg1, arg2));
             }
-            let depth = w.depth.get();
-            w.depth.set(depth + 1);
-            if depth == 0 {
-                w.outer_site.set(site);
-                node_begins(w, f.kind, resolved.helpers, arg0, arg1, arg2);
-            }
-            worker
-        })
-    });
-    // Our code failed: the call still goes to ggml, untraced.
-    entered.unwrap_or_else(|| {
-        Next::untraced(fallback_callee(Callee::Cpu(row as u8, f.name)).map_or(0, |r| r.real))
+        }
+        worker
     })
 }
 
@@ -525,27 +561,17 @@ extern "C" fn exit(row: usize, worker: *const Worker) {
     // SAFETY: `enter` returned this thread's own `WORKER` (thread-local storage lives as long as
     // the thread, which is still in the call), and only this thread uses it.
     let w = unsafe { &*worker };
-    contained(|| {
-        if f.kind == Kind::Barrier {
-            barrier_ends(w);
-        } else {
-            w.depth.set(w.depth.get().saturating_sub(1));
-        }
-    });
+    if f.kind == Kind::Barrier {
+        contained(|| barrier_ends(w));
+    } else {
+        w.depth.set(w.depth.get().saturating_sub(1));
+    }
 }
 
-/// An outermost per-op call (or the dispatcher's marker) on this thread.
+/// An outermost per-op call (or the dispatcher's marker) on this thread for another node than
+/// the one its share is open for.
 fn node_begins(w: &Worker, kind: Kind, h: &'static Helpers, params: Ptr, arg1: Ptr, arg2: Ptr) {
-    let tensor = match kind {
-        Kind::Third | Kind::Fused => arg2,
-        _ => arg1,
-    };
-    if let Some((open, _)) = w.node.get()
-        && open.tensor == tensor
-    {
-        // The dispatcher's per-op call for the node its marker began.
-        return;
-    }
+    let tensor = node_tensor(kind, arg1, arg2);
     end_node(w);
     let Some(r) = record::thread_ops() else {
         return;
@@ -581,6 +607,14 @@ fn node_begins(w: &Worker, kind: Kind, h: &'static Helpers, params: Ptr, arg1: P
     };
     record::thread_op(r, true, &op);
     w.node.set(Some((op, r)));
+}
+
+/// The node a call of a function of `kind` computes (its last, for a fused call).
+fn node_tensor(kind: Kind, arg1: Ptr, arg2: Ptr) -> Ptr {
+    match kind {
+        Kind::Third | Kind::Fused => arg2,
+        _ => arg1,
+    }
 }
 
 /// Ends this thread's open share of a node, if any.
