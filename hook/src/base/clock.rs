@@ -67,9 +67,14 @@ pub struct TickConverter {
     /// The last two calibration points, (ticks, monotonic ns).
     previous: (u64, u64),
     latest: (u64, u64),
-    /// Nanoseconds per tick between them (1 for nanosecond ticks, and until two points exist).
-    slope: f64,
+    /// Nanoseconds per tick between them, in units of 2^-32 ns (1 ns for nanosecond ticks, and
+    /// until two points exist): integer arithmetic per event instead of two conversions to and
+    /// from `f64`; truncating the slope costs under 1 ns per 2^32 ticks (a second or more of TSC).
+    slope: u64,
 }
+
+/// [`TickConverter::slope`]'s unit: 2^-`SLOPE_BITS` ns.
+const SLOPE_BITS: u32 = 32;
 
 impl TickConverter {
     pub fn new() -> TickConverter {
@@ -81,7 +86,7 @@ impl TickConverter {
             tsc,
             previous: point,
             latest: point,
-            slope: 1.0,
+            slope: 1 << SLOPE_BITS,
         }
     }
 
@@ -96,7 +101,8 @@ impl TickConverter {
             self.latest = point;
             let ((t0, m0), (t1, m1)) = (self.previous, self.latest);
             if self.tsc {
-                self.slope = (m1 - m0) as f64 / (t1 - t0) as f64;
+                let slope = (u128::from(m1 - m0) << SLOPE_BITS) / u128::from(t1 - t0);
+                self.slope = u64::try_from(slope).unwrap_or(u64::MAX);
             }
         }
     }
@@ -114,9 +120,9 @@ impl TickConverter {
         }
         let (t1, m1) = self.latest;
         let line = if ticks >= t1 {
-            m1 + ((ticks - t1) as f64 * self.slope) as u64
+            m1.saturating_add(self.to_ns(ticks - t1))
         } else {
-            m1.saturating_sub(((t1 - ticks) as f64 * self.slope) as u64)
+            m1.saturating_sub(self.to_ns(t1 - ticks))
         };
         let mono = line.max(*floor);
         *floor = mono;
@@ -125,7 +131,8 @@ impl TickConverter {
 
     /// A tick interval as nanoseconds.
     pub fn to_ns(&self, ticks: u64) -> u64 {
-        (ticks as f64 * self.slope) as u64
+        let ns = (u128::from(ticks) * u128::from(self.slope)) >> SLOPE_BITS;
+        u64::try_from(ns).unwrap_or(u64::MAX)
     }
 }
 
@@ -200,6 +207,33 @@ mod tests {
         // Without a TSC, ticks are nanoseconds already.
         let plain = TickConverter::starting_at((5, 5), false);
         assert_eq!(plain.convert_monotonic_ns(1_234, &mut 0), 1_234);
+    }
+
+    /// The slope's fixed point keeps conversions exact to the nanosecond far from the last
+    /// calibration point: a 3 GHz TSC, seconds past it, against the exact rational line.
+    #[test]
+    fn conversions_far_from_the_calibration_point_stay_within_a_nanosecond() {
+        let mut conv = TickConverter::starting_at((1_000, 5_000), true);
+        let (t1, m1) = (1_000 + 3_000_000_007, 5_000 + 1_000_000_003);
+        conv.calibrate_at((t1, m1));
+        for ticks in [
+            t1 + 1,
+            t1 + 2_999_999_999,
+            t1 + 9_000_000_123,
+            t1 - 2_000_000_001,
+        ] {
+            let exact = |dt: u64| u128::from(dt) * 1_000_000_003 / 3_000_000_007;
+            let want = if ticks >= t1 {
+                u128::from(m1) + exact(ticks - t1)
+            } else {
+                u128::from(m1) - exact(t1 - ticks)
+            };
+            let got = conv.convert_monotonic_ns(ticks, &mut 0);
+            assert!(
+                u128::from(got).abs_diff(want) <= 1,
+                "{ticks} ticks: {got} ns, exactly {want}"
+            );
+        }
     }
 
     /// Events are drained a ring at a time: a worker's events stamped after the main thread's
