@@ -4,6 +4,8 @@
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 
+use ggml_viz_reader::format::ext;
+
 use super::ggml::Helpers;
 use super::say;
 
@@ -143,22 +145,14 @@ impl Mix {
     }
 }
 
-/// A node's name, op, type, shape and FLOP count: what a tensor-info record says.
+/// A node's name, op, type, shape and FLOP count: the tensor-info record that says it (written
+/// as it is), and the group it belongs to.
 #[derive(Clone, Debug, PartialEq)]
 pub struct TensorInfo {
-    pub name: String,
+    pub record: ext::TensorInfo,
     /// Index of the distinct name and op type, in order of first sight (one can have several
     /// infos: shapes differ between graphs).
     pub group: u32,
-    /// `ggml_op_desc`: the op's name, or the unary / GLU sub-op's.
-    pub op: String,
-    /// `t->op`, when the struct layout was confirmed, and `ggml_op_name` of it.
-    pub op_type: Option<u32>,
-    pub op_name: String,
-    pub type_name: String,
-    pub ne: [i64; 4],
-    /// Floating-point operations, where well defined (MUL_MAT: 2·K·M·N).
-    pub flops: Option<u64>,
 }
 
 /// # Safety
@@ -169,14 +163,12 @@ pub unsafe fn read_tensor(h: &Helpers, tensor: Ptr) -> TensorInfo {
     // SAFETY: `tensor` is a live tensor of the copy `h` belongs to (the contract).
     if !unsafe { layout_ok(h, tensor, &op) } {
         return TensorInfo {
-            name,
+            record: ext::TensorInfo {
+                name,
+                op,
+                ..ext::TensorInfo::default()
+            },
             group: 0,
-            op,
-            op_type: None,
-            op_name: String::new(),
-            type_name: String::new(),
-            ne: [0; 4],
-            flops: None,
         };
     }
     // SAFETY: the layout was checked; these fields lie inside the tensor.
@@ -206,14 +198,16 @@ pub unsafe fn read_tensor(h: &Helpers, tensor: Ptr) -> TensorInfo {
         None
     };
     TensorInfo {
-        name,
+        record: ext::TensorInfo {
+            name,
+            op,
+            op_type: Some(op_type),
+            op_name: Some(op_name),
+            type_name,
+            ne,
+            flops,
+        },
         group: 0,
-        op,
-        op_type: Some(op_type),
-        op_name,
-        type_name,
-        ne,
-        flops,
     }
 }
 

@@ -644,8 +644,8 @@ unsafe fn fused_info(h: &Helpers, r: &Recorder, first: Ptr, last: Ptr) -> OpInfo
     op.tensor_id = r.tensor_id(last_key ^ first_key.rotate_left(17) | 1, || {
         // SAFETY: per the contract.
         let (mut info, first_op) = unsafe { (read_tensor(h, last), h.op_desc(first)) };
-        info.op = format!("{first_op}+{}", info.op);
-        info.flops = None;
+        info.record.op = format!("{first_op}+{}", info.record.op);
+        info.record.flops = None;
         info
     });
     op

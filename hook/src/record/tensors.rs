@@ -98,7 +98,7 @@ impl Tensors {
         let mut info = info();
         let next = groups.len() as u32;
         info.group = *groups
-            .entry((info.name.clone(), info.op_type))
+            .entry((info.record.name.clone(), info.record.op_type))
             .or_insert(next);
         infos[n].store(Box::into_raw(Box::new(info)), Ordering::Release);
         let id = n as u16 + 1;

@@ -298,7 +298,7 @@ impl TraceWriter {
         };
         let label = info
             .filter(|_| self.tensor_names)
-            .map(|i| i.name.as_bytes());
+            .map(|i| i.record.name.as_bytes());
         format::encode_record(
             &mut self.buf,
             self.layout,
@@ -317,13 +317,15 @@ impl TraceWriter {
         timestamp_ns: u64,
         thread_id: u32,
     ) {
+        let info = &info.record;
         if let Some(op_type) = info.op_type
             && self.op_names_written.insert(op_type)
         {
             let mut names = ext::OpNames::default();
-            names
-                .names
-                .insert(op_type.to_string(), info.op_name.clone());
+            names.names.insert(
+                op_type.to_string(),
+                info.op_name.clone().unwrap_or_default(),
+            );
             ext::encode_extension(
                 &mut self.buf,
                 self.layout,
@@ -338,16 +340,7 @@ impl TraceWriter {
             self.info_json.resize(id + 1, Vec::new());
         }
         if self.info_json[id].is_empty() {
-            let payload = ext::TensorInfo {
-                name: info.name.clone(),
-                op: info.op.clone(),
-                op_type: info.op_type,
-                op_name: info.op_type.map(|_| info.op_name.clone()),
-                type_name: info.type_name.clone(),
-                ne: info.ne,
-                flops: info.flops,
-            };
-            self.info_json[id] = serde_json::to_vec(&payload).expect("a tensor info serializes");
+            self.info_json[id] = serde_json::to_vec(info).expect("a tensor info serializes");
         }
         ext::encode_extension_json(
             &mut self.buf,
