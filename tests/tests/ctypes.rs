@@ -319,6 +319,66 @@ fn two_copies_of_ggml_each_get_their_own_calls() {
     }
 }
 
+/// A copy of ggml loaded `RTLD_GLOBAL` and a second one `RTLD_LOCAL`: the dynamic loader looks in
+/// the global scope first for every object, so without the hook the second copy's own call of
+/// `ggml_graph_compute` binds to the first copy's (what `LD_DEBUG=bindings` says of the plain
+/// run). With the hook in between, the call must still go there, and the program print the same.
+#[test]
+fn a_call_goes_where_the_loader_binds_it_without_the_hook() {
+    let dir = scratch("global-and-local");
+    let (a, b) = (dir.join("a"), dir.join("b"));
+    private_copy(&a, "a");
+    private_copy(&b, "b");
+    let trace = dir.join("t.ggmlviz");
+    let args = ["--nodes", "3", "--repeat", "2", "--global-first"];
+    let mut plain = fixture_cmd(&[&a, &b], &args);
+    plain.env("LD_DEBUG", "bindings");
+    let plain = run(plain);
+    assert!(plain.status.success(), "{}", text(&plain.stderr));
+    let (cpu_a, cpu_b) = (a.join("libggml-cpu-a.so"), b.join("libggml-cpu-b.so"));
+    let bound = |from: &Path, to: &Path| {
+        text(&plain.stderr).lines().any(|l| {
+            l.contains(&format!("binding file {} ", from.display()))
+                && l.contains(&format!(" to {} ", to.display()))
+                && l.ends_with("symbol `ggml_graph_compute'")
+        })
+    };
+    assert!(
+        bound(&cpu_b, &cpu_a) && !bound(&cpu_b, &cpu_b),
+        "the loader bound copy b's ggml_graph_compute elsewhere than to copy a's:\n{}",
+        text(&plain.stderr)
+            .lines()
+            .filter(|l| l.contains("ggml_graph_compute"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    let traced = run(with_hook(
+        fixture_cmd(&[&a, &b], &args),
+        &[
+            ("GGML_VIZ_OUTPUT", trace.to_str().unwrap()),
+            ("GGML_VIZ_VERBOSE", "1"),
+        ],
+    ));
+    assert!(traced.status.success(), "{}", text(&traced.stderr));
+    assert_eq!(text(&traced.stdout), text(&plain.stdout));
+    let line = format!(
+        "ggml_graph_compute called from {} goes to {}",
+        cpu_b.display(),
+        cpu_a.display()
+    );
+    assert!(
+        text(&traced.stderr).contains(&line),
+        "expected `{line}` in:\n{}",
+        text(&traced.stderr)
+    );
+    // Both copies' graphs are in the trace, computed where the loader sent them.
+    let (events, _, _) = read_trace(&trace);
+    assert_eq!(
+        graphs_of(&events, "ggml_graph_compute"),
+        fixture_graphs(&text(&plain.stdout))
+    );
+}
+
 #[test]
 fn without_pid_in_the_path_a_forked_child_leaves_the_parents_file_alone() {
     let dir = scratch("fork-no-pid");

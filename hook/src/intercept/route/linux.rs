@@ -3,18 +3,22 @@
 //! Nothing of ggml is referenced at link time (rustc links cdylibs with `BIND_NOW`, so one
 //! undefined ggml symbol would kill every process that preloads us, `/bin/true` included).
 //!
-//! Each call is forwarded to the ggml copy its caller belongs to: the caller's object (from the
-//! return address, `dladdr`) is opened with `RTLD_NOLOAD` and the symbol looked up in its own
-//! dependency scope. That is right for ggml calling itself through the PLT, for libllama calling
-//! ggml, and for two copies of ggml loaded `RTLD_LOCAL` side by side. When the caller's scope
-//! does not define the symbol (the main program, which binds globally) `dlsym(RTLD_NEXT)` is
-//! used, and when that fails too (ggml loaded `RTLD_LOCAL`) every loaded object is searched.
+//! Each call goes where the dynamic loader would have bound it without us. The loader looks in
+//! the global scope first, for every object, so that is the first definition after ours there
+//! (`dlsym(RTLD_NEXT)`): right for ggml calling itself through the PLT and for libllama calling
+//! ggml, with one `dlsym` per calling object and function. Where the global scope has none (ggml
+//! loaded `RTLD_LOCAL`, two such copies side by side, CPU backend variants loaded with
+//! `dlopen`), the caller's object (from the return address) is opened with `RTLD_NOLOAD` and
+//! the symbol looked up in its own dependency scope, and when that fails too every loaded object
+//! is searched. (Opening an object costs ~50,000 instructions the first time: the loader builds
+//! its dependency list; a process that loads ggml at start-up opens none.)
 //! Results are cached per call site in atomics; the slow path takes a lock, once per call site.
 //! The main program calling a ggml linked into itself goes to the inline hook's trampoline
 //! ([`crate::intercept::inline`]).
 //!
 //! The helpers we call ourselves ([`Helpers`]: `ggml_graph_n_nodes`, `ggml_backend_name`, …) come
-//! from the scope of the object that defines the real function, so they belong to the same copy.
+//! from where the real function came from (the global scope, or the scope of the object that
+//! defines it), so they belong to the same copy.
 
 use std::cell::UnsafeCell;
 use std::collections::BTreeMap;
@@ -96,7 +100,17 @@ struct Slow {
     objects: Vec<Loaded>,
     /// Where each function goes from each calling object (by its base; `usize::MAX`: an address
     /// in no object): call sites of one object share it, so each is one lookup, not a `dlsym`.
-    routes: BTreeMap<(usize, usize), (usize, bool)>,
+    routes: BTreeMap<(usize, usize), Route>,
+}
+
+/// Where a call goes.
+#[derive(Clone, Copy)]
+struct Route {
+    real: usize,
+    /// Several copies define the function and the caller belongs to none: a guess, untraced.
+    ambiguous: bool,
+    /// Found in the global scope (else in an object's own scope, or hooked inline).
+    global: bool,
 }
 
 /// The slow path's state behind a pthread mutex that `fork` takes first (an atfork handler) and
@@ -216,8 +230,9 @@ pub fn resolve_callee(callee: Callee, return_address: usize) -> Option<(&'static
     if let Some(found) = cached(key) {
         return Some((found, false));
     }
-    let (real, ambiguous) = slow.find_real(callee, return_address)?;
-    let helpers = inline::helpers_for(real).unwrap_or_else(|| slow.helpers_for(real));
+    let route = slow.find_real(callee, return_address)?;
+    let (real, ambiguous) = (route.real, route.ambiguous);
+    let helpers = inline::helpers_for(real).unwrap_or_else(|| slow.helpers_for(route));
     note_helpers(helpers);
     let resolved: &'static Resolved = Box::leak(Box::new(Resolved {
         real,
@@ -276,9 +291,7 @@ pub fn cpu_functions_reachable() -> Result<(), String> {
         }
         // The next definition after ours in the global scope, else (a ggml loaded
         // `RTLD_LOCAL`) a search of every loaded object.
-        // SAFETY: dlsym with RTLD_NEXT and a valid C string.
-        let next = unsafe { libc::dlsym(libc::RTLD_NEXT, name.as_ptr()) } as usize;
-        if next != 0 && !slow.is_ours(next) {
+        if slow.next_global(name).is_some() {
             continue;
         }
         if slow.all_definitions(name).is_empty() {
@@ -314,7 +327,7 @@ pub fn describe_route(entry: Entry, return_address: usize, resolved: &Resolved) 
 
 impl Slow {
     /// [`Slow::find_route`], once per calling object and function.
-    fn find_real(&mut self, callee: Callee, return_address: usize) -> Option<(usize, bool)> {
+    fn find_real(&mut self, callee: Callee, return_address: usize) -> Option<Route> {
         let caller = self.object_of(return_address);
         let key = (
             caller.as_ref().map_or(usize::MAX, |o| o.base),
@@ -328,27 +341,37 @@ impl Slow {
         Some(found)
     }
 
-    fn find_route(&mut self, callee: Callee, caller: Option<Object>) -> Option<(usize, bool)> {
+    fn find_route(&mut self, callee: Callee, caller: Option<Object>) -> Option<Route> {
         let name = callee.c_name();
+        let route = |real, ambiguous, global| Route {
+            real,
+            ambiguous,
+            global,
+        };
         // The main program (no path) calling its own statically linked ggml: the inline hook.
         if let Some(caller) = &caller
             && caller.path.is_empty()
             && let Some(original) = inline_original(callee)
         {
-            return Some((original, false));
+            return Some(route(original, false, false));
+        }
+        if let Some(next) = self.next_global(name) {
+            return Some(route(next, false, true));
         }
         if let Some(caller) = caller
             && let Some(real) = self.lookup_in_scope(&caller.path, name)
         {
-            return Some((real, false));
-        }
-        // SAFETY: dlsym with RTLD_NEXT and a valid C string.
-        let next = unsafe { libc::dlsym(libc::RTLD_NEXT, name.as_ptr()) } as usize;
-        if next != 0 && !self.is_ours(next) {
-            return Some((next, false));
+            return Some(route(real, false, false));
         }
         let all = self.all_definitions(name);
-        all.first().map(|&real| (real, all.len() > 1))
+        all.first().map(|&real| route(real, all.len() > 1, false))
+    }
+
+    /// The first definition of `name` after ours in the global scope, if any.
+    fn next_global(&mut self, name: &CStr) -> Option<usize> {
+        // SAFETY: dlsym with RTLD_NEXT and a valid C string.
+        let next = unsafe { libc::dlsym(libc::RTLD_NEXT, name.as_ptr()) } as usize;
+        (next != 0 && !self.is_ours(next)).then_some(next)
     }
 
     /// `name` looked up in the scope of the already-loaded object at `path` (the object, then
@@ -411,15 +434,20 @@ impl Slow {
         found
     }
 
-    /// The helpers of the copy of ggml that defines `real`.
-    fn helpers_for(&mut self, real: usize) -> &'static Helpers {
-        let Some(object) = self.object_of(real) else {
+    /// The helpers of the copy of ggml that defines the real function of `route`: looked up
+    /// where it was found.
+    fn helpers_for(&mut self, route: Route) -> &'static Helpers {
+        let Some(object) = self.object_of(route.real) else {
             return Box::leak(Box::default());
         };
         if let Some((_, helpers)) = self.helpers.iter().find(|(base, _)| *base == object.base) {
             return helpers;
         }
-        let helpers = Helpers::load(|name| self.lookup_in_scope(&object.path, name));
+        let helpers = if route.global {
+            Helpers::load(|name| self.next_global(name))
+        } else {
+            Helpers::load(|name| self.lookup_in_scope(&object.path, name))
+        };
         let helpers: &'static Helpers = Box::leak(Box::new(helpers));
         self.helpers.push((object.base, helpers));
         helpers
