@@ -22,6 +22,7 @@
 //! ```
 
 use std::collections::BTreeMap;
+use std::ffi::OsString;
 use std::fmt;
 use std::path::PathBuf;
 
@@ -262,12 +263,35 @@ pub struct Sources {
     pub config_file: Option<PathBuf>,
     /// The CLI's flags, as a JSON object of setting names.
     pub overrides: Map<String, Value>,
+    /// `GGML_VIZ_*` variables whose values are not UTF-8: [`Config::load`] says so.
+    pub not_text: Vec<String>,
 }
 
 impl Sources {
     /// The `GGML_VIZ_*` variables of this process, its overrides and config file.
     pub fn from_process_env() -> Sources {
-        Sources::from_pairs(std::env::vars().filter(|(k, _)| k.starts_with("GGML_VIZ_")))
+        Sources::from_os_pairs(std::env::vars_os())
+    }
+
+    /// The `GGML_VIZ_*` variables among `vars`, which need not be UTF-8: the host's own
+    /// variables are none of ours (`std::env::vars` would panic on one that is not), and one of
+    /// ours that is not is kept out and said by [`Config::load`].
+    pub fn from_os_pairs(vars: impl IntoIterator<Item = (OsString, OsString)>) -> Sources {
+        let mut not_text = Vec::new();
+        let mut ours = Vec::new();
+        for (key, value) in vars {
+            let Some(key) = key.to_str().filter(|k| k.starts_with("GGML_VIZ_")) else {
+                continue;
+            };
+            match value.into_string() {
+                Ok(value) => ours.push((key.to_string(), value)),
+                Err(_) => not_text.push(key.to_string()),
+            }
+        }
+        Sources {
+            not_text,
+            ..Sources::from_pairs(ours)
+        }
     }
 
     /// Sources from environment-like pairs (`GGML_VIZ_OVERRIDES` and `GGML_VIZ_CONFIG` included).
@@ -282,6 +306,7 @@ impl Sources {
             config_file: env.get(CONFIG_FILE_ENV).map(PathBuf::from),
             env,
             overrides: Map::new(),
+            not_text: Vec::new(),
         }
     }
 }
@@ -289,6 +314,21 @@ impl Sources {
 impl Config {
     /// Resolves every setting from `sources` by precedence.
     pub fn load(sources: &Sources) -> Result<Config, ConfigError> {
+        // A variable of ours that is not text, where one is read (an unknown one never is).
+        let read = |var: &str| {
+            SETTINGS
+                .iter()
+                .map(|s| (s.key, s.env))
+                .chain([CONFIG_FILE_ENV, OVERRIDES_ENV].map(|e| (e, e)))
+                .find(|&(_, env)| env == var)
+        };
+        if let Some((setting, env)) = sources.not_text.iter().find_map(|var| read(var)) {
+            return Err(ConfigError {
+                setting: setting.into(),
+                origin: Origin::Env(env),
+                problem: "not UTF-8 text".into(),
+            });
+        }
         let mut values: BTreeMap<&'static str, (Value, Origin)> = BTreeMap::new();
         for s in SETTINGS {
             if let Some(raw) = sources.env.get(s.env) {
@@ -500,6 +540,27 @@ mod tests {
         assert_eq!(c.flush_interval_ms, 7);
         assert_eq!(c.buffer_size, Config::default().buffer_size);
         std::fs::remove_file(file).unwrap();
+    }
+
+    #[test]
+    fn variables_that_are_not_text_stop_nothing_but_our_own_setting() {
+        use std::os::unix::ffi::OsStringExt;
+        let var = |k: &str, v: &[u8]| (OsString::from(k), OsString::from_vec(v.to_vec()));
+        // The host's own variable, not UTF-8: ignored; ours still read.
+        let sources = Sources::from_os_pairs([
+            var("SOME_PATH", b"/srv/caf\xe9"),
+            var("GGML_VIZ_FLUSH_INTERVAL", b"7"),
+        ]);
+        assert_eq!(Config::load(&sources).unwrap().flush_interval_ms, 7);
+        // One of ours, not UTF-8: said, naming it.
+        let sources = Sources::from_os_pairs([var("GGML_VIZ_OUTPUT", b"/srv/caf\xe9.ggmlviz")]);
+        let err = Config::load(&sources).unwrap_err();
+        assert_eq!(err.setting, "output");
+        assert_eq!(err.origin, Origin::Env("GGML_VIZ_OUTPUT"));
+        assert!(err.to_string().contains("not UTF-8 text"), "{err}");
+        // An unknown one of ours is never read, text or not.
+        let sources = Sources::from_os_pairs([var("GGML_VIZ_NO_SUCH", b"\xff")]);
+        assert!(Config::load(&sources).is_ok());
     }
 
     #[test]

@@ -319,6 +319,36 @@ fn two_copies_of_ggml_each_get_their_own_calls() {
     }
 }
 
+/// An environment variable of the host's that is not UTF-8 (a file name in Latin-1, say) is none
+/// of the hook's business: the run is traced as any other, and the hook says nothing.
+#[test]
+fn a_host_environment_that_is_not_utf8_is_traced_all_the_same() {
+    use std::os::unix::ffi::OsStrExt;
+    let dir = scratch("env-not-utf8");
+    let trace = dir.join("t.ggmlviz");
+    let args = ["--nodes", "3", "--repeat", "2"];
+    let plain = run(fixture_cmd(&[&llama_bin()], &args));
+    assert!(plain.status.success(), "{}", text(&plain.stderr));
+    let mut cmd = with_hook(
+        fixture_cmd(&[&llama_bin()], &args),
+        &[("GGML_VIZ_OUTPUT", trace.to_str().unwrap())],
+    );
+    cmd.env(
+        std::ffi::OsStr::from_bytes(b"SOME_PATH"),
+        std::ffi::OsStr::from_bytes(b"/srv/caf\xe9"),
+    );
+    let traced = run(cmd);
+    assert!(traced.status.success(), "{}", text(&traced.stderr));
+    assert_eq!(text(&traced.stdout), text(&plain.stdout));
+    assert_eq!(hook_lines(&traced.stderr), Vec::<String>::new());
+    let (events, damage, _) = read_trace(&trace);
+    assert_eq!(damage, None);
+    assert_eq!(
+        graphs_of(&events, "ggml_graph_compute"),
+        fixture_graphs(&text(&plain.stdout))
+    );
+}
+
 /// A copy of ggml loaded `RTLD_GLOBAL` and a second one `RTLD_LOCAL`: the dynamic loader looks in
 /// the global scope first for every object, so without the hook the second copy's own call of
 /// `ggml_graph_compute` binds to the first copy's (what `LD_DEBUG=bindings` says of the plain

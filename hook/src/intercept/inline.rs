@@ -130,10 +130,13 @@ pub fn original(entry: Entry) -> Option<usize> {
 /// The helpers of the hooked ggml, for a real function that is one of our trampolines.
 #[cfg(target_os = "linux")]
 pub fn helpers_for(real: usize) -> Option<&'static Helpers> {
+    // Set once the executable's functions are hooked (by the constructor, before any call):
+    // without it, nothing was, and there are no tables to search.
+    let helpers = HELPERS.get()?;
     let hooked = |o: &AtomicUsize| o.load(Ordering::Acquire) == real;
     #[cfg(target_arch = "x86_64")]
     let found = ORIGINALS.iter().any(hooked) || CPU_ORIGINALS.iter().any(hooked);
     #[cfg(not(target_arch = "x86_64"))]
     let found = ORIGINALS.iter().any(hooked);
-    found.then(|| HELPERS.get()).flatten()
+    found.then_some(helpers)
 }
