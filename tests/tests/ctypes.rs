@@ -1,38 +1,62 @@
 //! ggml loaded `RTLD_LOCAL` through Python ctypes (as Python bindings load it): traced all the
-//! same, with fork, kill -9, many threads on tiny rings, and two copies of ggml in one process.
+//! same, with fork, kill -9, many threads on tiny rings, two copies of ggml in one process (one of
+//! them global, or neither), and a host environment that is not UTF-8.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use ggml_viz_e2e::*;
+use ggml_viz_reader::Event;
 use ggml_viz_reader::format::EventType;
 
 #[test]
 fn an_rtld_local_ggml_is_traced_with_exact_nodes_and_threads() {
-    let dir = scratch("rtld-local");
-    let trace = dir.join("t.ggmlviz");
-    let bin = llama_bin();
+    let trace = scratch("rtld-local").join("t.ggmlviz");
     let args = ["--nodes", "5", "--repeat", "3", "--threads", "2"];
-    let plain = run(fixture_cmd(&[&bin], &args));
-    let traced = run(with_hook(
-        fixture_cmd(&[&bin], &args),
+    let (_, _, events) = traced_like_plain(&[&llama_bin()], &args, &trace, |_| {}, |_| {});
+    check_nesting(&events);
+}
+
+/// The fixture on the ggml copies in `libdirs`, run plain and then traced into `trace` (each
+/// command adjusted first): both succeed and print the same, and the trace is whole, its graph
+/// computes those the program printed (Python's own call binds inside the library; the inner
+/// `ggml_graph_compute` goes through the PLT). The plain run, the traced run, the trace's events.
+fn traced_like_plain(
+    libdirs: &[&Path],
+    args: &[&str],
+    trace: &Path,
+    adjust_plain: impl FnOnce(&mut Command),
+    adjust_traced: impl FnOnce(&mut Command),
+) -> (Output, Output, Vec<Event<'static>>) {
+    let mut plain = fixture_cmd(libdirs, args);
+    adjust_plain(&mut plain);
+    let plain = run(plain);
+    assert!(plain.status.success(), "{}", text(&plain.stderr));
+    let mut traced = with_hook(
+        fixture_cmd(libdirs, args),
         &[("GGML_VIZ_OUTPUT", trace.to_str().unwrap())],
-    ));
+    );
+    adjust_traced(&mut traced);
+    let traced = run(traced);
     assert!(traced.status.success(), "{}", text(&traced.stderr));
     assert_eq!(
         text(&traced.stdout),
         text(&plain.stdout),
         "results changed under the hook"
     );
-    let (events, damage, _) = read_trace(&trace);
+    let (events, damage, _) = read_trace(trace);
     assert_eq!(damage, None);
-    check_nesting(&events);
-    // Python's own call binds inside the library; the inner ggml_graph_compute goes through the PLT.
     assert_eq!(
         graphs_of(&events, "ggml_graph_compute"),
         fixture_graphs(&text(&plain.stdout))
     );
+    (plain, traced, events)
+}
+
+/// Says where calls go (`GGML_VIZ_VERBOSE`).
+fn verbose(cmd: &mut Command) {
+    cmd.env("GGML_VIZ_VERBOSE", "1");
 }
 
 #[test]
@@ -283,23 +307,8 @@ fn two_copies_of_ggml_each_get_their_own_calls() {
     private_copy(&b, "b");
     let trace = dir.join("t.ggmlviz");
     let args = ["--nodes", "3", "--repeat", "2"];
-    let plain = run(fixture_cmd(&[&a, &b], &args));
-    assert!(plain.status.success(), "{}", text(&plain.stderr));
-    let traced = run(with_hook(
-        fixture_cmd(&[&a, &b], &args),
-        &[
-            ("GGML_VIZ_OUTPUT", trace.to_str().unwrap()),
-            ("GGML_VIZ_VERBOSE", "1"),
-        ],
-    ));
-    assert!(traced.status.success(), "{}", text(&traced.stderr));
-    assert_eq!(text(&traced.stdout), text(&plain.stdout));
     // Copy a computes 3-node graphs, copy b 5-node graphs.
-    let (events, _, _) = read_trace(&trace);
-    assert_eq!(
-        graphs_of(&events, "ggml_graph_compute"),
-        fixture_graphs(&text(&plain.stdout))
-    );
+    let (plain, traced, _) = traced_like_plain(&[&a, &b], &args, &trace, |_| {}, verbose);
     assert_eq!(
         fixture_graphs(&text(&plain.stdout))
             .iter()
@@ -324,29 +333,21 @@ fn two_copies_of_ggml_each_get_their_own_calls() {
 #[test]
 fn a_host_environment_that_is_not_utf8_is_traced_all_the_same() {
     use std::os::unix::ffi::OsStrExt;
-    let dir = scratch("env-not-utf8");
-    let trace = dir.join("t.ggmlviz");
+    let trace = scratch("env-not-utf8").join("t.ggmlviz");
     let args = ["--nodes", "3", "--repeat", "2"];
-    let plain = run(fixture_cmd(&[&llama_bin()], &args));
-    assert!(plain.status.success(), "{}", text(&plain.stderr));
-    let mut cmd = with_hook(
-        fixture_cmd(&[&llama_bin()], &args),
-        &[("GGML_VIZ_OUTPUT", trace.to_str().unwrap())],
+    let (_, traced, _) = traced_like_plain(
+        &[&llama_bin()],
+        &args,
+        &trace,
+        |_| {},
+        |cmd| {
+            cmd.env(
+                std::ffi::OsStr::from_bytes(b"SOME_PATH"),
+                std::ffi::OsStr::from_bytes(b"/srv/caf\xe9"),
+            );
+        },
     );
-    cmd.env(
-        std::ffi::OsStr::from_bytes(b"SOME_PATH"),
-        std::ffi::OsStr::from_bytes(b"/srv/caf\xe9"),
-    );
-    let traced = run(cmd);
-    assert!(traced.status.success(), "{}", text(&traced.stderr));
-    assert_eq!(text(&traced.stdout), text(&plain.stdout));
     assert_eq!(hook_lines(&traced.stderr), Vec::<String>::new());
-    let (events, damage, _) = read_trace(&trace);
-    assert_eq!(damage, None);
-    assert_eq!(
-        graphs_of(&events, "ggml_graph_compute"),
-        fixture_graphs(&text(&plain.stdout))
-    );
 }
 
 /// A copy of ggml loaded `RTLD_GLOBAL` and a second one `RTLD_LOCAL`: the dynamic loader looks in
@@ -361,10 +362,15 @@ fn a_call_goes_where_the_loader_binds_it_without_the_hook() {
     private_copy(&b, "b");
     let trace = dir.join("t.ggmlviz");
     let args = ["--nodes", "3", "--repeat", "2", "--global-first"];
-    let mut plain = fixture_cmd(&[&a, &b], &args);
-    plain.env("LD_DEBUG", "bindings");
-    let plain = run(plain);
-    assert!(plain.status.success(), "{}", text(&plain.stderr));
+    let (plain, traced, _) = traced_like_plain(
+        &[&a, &b],
+        &args,
+        &trace,
+        |cmd| {
+            cmd.env("LD_DEBUG", "bindings");
+        },
+        verbose,
+    );
     let (cpu_a, cpu_b) = (a.join("libggml-cpu-a.so"), b.join("libggml-cpu-b.so"));
     let bound = |from: &Path, to: &Path| {
         text(&plain.stderr).lines().any(|l| {
@@ -382,15 +388,6 @@ fn a_call_goes_where_the_loader_binds_it_without_the_hook() {
             .collect::<Vec<_>>()
             .join("\n")
     );
-    let traced = run(with_hook(
-        fixture_cmd(&[&a, &b], &args),
-        &[
-            ("GGML_VIZ_OUTPUT", trace.to_str().unwrap()),
-            ("GGML_VIZ_VERBOSE", "1"),
-        ],
-    ));
-    assert!(traced.status.success(), "{}", text(&traced.stderr));
-    assert_eq!(text(&traced.stdout), text(&plain.stdout));
     let line = format!(
         "ggml_graph_compute called from {} goes to {}",
         cpu_b.display(),
@@ -400,12 +397,6 @@ fn a_call_goes_where_the_loader_binds_it_without_the_hook() {
         text(&traced.stderr).contains(&line),
         "expected `{line}` in:\n{}",
         text(&traced.stderr)
-    );
-    // Both copies' graphs are in the trace, computed where the loader sent them.
-    let (events, _, _) = read_trace(&trace);
-    assert_eq!(
-        graphs_of(&events, "ggml_graph_compute"),
-        fixture_graphs(&text(&plain.stdout))
     );
 }
 
