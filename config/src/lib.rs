@@ -311,6 +311,64 @@ impl Sources {
     }
 }
 
+impl Sources {
+    /// The `GGML_VIZ_*` variables here that are no setting's but look like one's mistyped
+    /// (`GGML_VIZ_FLUSH_INTERVAL_MS`), each with that setting's variable, in name order: they
+    /// are ignored, which a user should hear. Variables far from every setting (this project's
+    /// own scripts set several) are not named.
+    pub fn misspelt(&self) -> Vec<(&str, &'static str)> {
+        let read: Vec<&'static str> = SETTINGS
+            .iter()
+            .map(|s| s.env)
+            .chain([CONFIG_FILE_ENV, OVERRIDES_ENV])
+            .collect();
+        self.env
+            .keys()
+            .filter(|var| !read.contains(&var.as_str()))
+            .filter_map(|var| {
+                read.iter()
+                    .filter_map(|&known| Some((looks_like(var, known)?, known)))
+                    .min()
+                    .map(|(_, known)| (var.as_str(), known))
+            })
+            .collect()
+    }
+}
+
+/// How far `var` is from the variable `known` (edits), where it looks like a mistyped `known`:
+/// within two edits of it, or it with a short suffix added or taken off (`_MS`, `S`).
+fn looks_like(var: &str, known: &str) -> Option<usize> {
+    let (var, known) = (
+        var.strip_prefix("GGML_VIZ_")?.as_bytes(),
+        known.strip_prefix("GGML_VIZ_")?.as_bytes(),
+    );
+    let (short, long) = if var.len() < known.len() {
+        (var, known)
+    } else {
+        (known, var)
+    };
+    let edits = edit_distance(var, known);
+    let suffixed = short.len() >= 4 && long.starts_with(short) && long.len() - short.len() <= 3;
+    (short.len() >= 4 && (edits <= 2 || suffixed)).then_some(edits)
+}
+
+/// Levenshtein distance.
+fn edit_distance(a: &[u8], b: &[u8]) -> usize {
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, &x) in a.iter().enumerate() {
+        let mut diagonal = row[0];
+        row[0] = i + 1;
+        for (j, &y) in b.iter().enumerate() {
+            let above = row[j + 1];
+            row[j + 1] = (above + 1)
+                .min(row[j] + 1)
+                .min(diagonal + usize::from(x != y));
+            diagonal = above;
+        }
+    }
+    row[b.len()]
+}
+
 impl Config {
     /// Resolves every setting from `sources` by precedence.
     pub fn load(sources: &Sources) -> Result<Config, ConfigError> {
@@ -561,6 +619,38 @@ mod tests {
         // An unknown one of ours is never read, text or not.
         let sources = Sources::from_os_pairs([var("GGML_VIZ_NO_SUCH", b"\xff")]);
         assert!(Config::load(&sources).is_ok());
+    }
+
+    #[test]
+    fn a_variable_like_a_setting_is_named_with_the_setting() {
+        let sources = Sources::from_pairs([
+            ("GGML_VIZ_FLUSH_INTERVAL_MS", "5"),
+            ("GGML_VIZ_OP_TIMNG", "threads"),
+            ("GGML_VIZ_OUTPUTS", "t.ggmlviz"),
+            ("GGML_VIZ_OUTPUT", "t.ggmlviz"),
+            ("GGML_VIZ_CONFG", "c.json"),
+            // What this project's own scripts set: no setting's name.
+            ("GGML_VIZ_LLAMA_BUILD", "/b"),
+            ("GGML_VIZ_LLAMA_THREADPOOL_BUILD", "/b"),
+            ("GGML_VIZ_FAULT", "resolve"),
+            ("GGML_VIZ_BENCH_EVENTS", "10"),
+            ("GGML_VIZ_BENCH_SECONDS", "1"),
+            ("GGML_VIZ_CACHE", "/c"),
+            ("GGML_VIZ_HOOK", "/h.so"),
+            ("GGML_VIZ_MACOS_OBJECTS", "/o"),
+            ("GGML_VIZ_WINE_PREFIX", "/w"),
+            ("GGML_VIZ_WINDOWS_TARGET", "/t"),
+            ("GGML_VIZ_", ""),
+        ]);
+        assert_eq!(
+            sources.misspelt(),
+            [
+                ("GGML_VIZ_CONFG", "GGML_VIZ_CONFIG"),
+                ("GGML_VIZ_FLUSH_INTERVAL_MS", "GGML_VIZ_FLUSH_INTERVAL"),
+                ("GGML_VIZ_OP_TIMNG", "GGML_VIZ_OP_TIMING"),
+                ("GGML_VIZ_OUTPUTS", "GGML_VIZ_OUTPUT"),
+            ]
+        );
     }
 
     #[test]

@@ -350,6 +350,29 @@ fn a_host_environment_that_is_not_utf8_is_traced_all_the_same() {
     assert_eq!(hook_lines(&traced.stderr), Vec::<String>::new());
 }
 
+/// A setting's variable mistyped is ignored, and the hook says so once, naming the setting.
+#[test]
+fn a_mistyped_setting_is_named_once() {
+    let trace = scratch("mistyped").join("t.ggmlviz");
+    let args = ["--nodes", "3", "--repeat", "2"];
+    let (_, traced, _) = traced_like_plain(
+        &[&llama_bin()],
+        &args,
+        &trace,
+        |_| {},
+        |cmd| {
+            cmd.env("GGML_VIZ_FLUSH_INTERVAL_MS", "5");
+        },
+    );
+    assert_eq!(
+        hook_lines(&traced.stderr),
+        [
+            "ggml-viz: GGML_VIZ_FLUSH_INTERVAL_MS is not a setting and is ignored (did you mean \
+          GGML_VIZ_FLUSH_INTERVAL?)"
+        ]
+    );
+}
+
 /// A copy of ggml loaded `RTLD_GLOBAL` and a second one `RTLD_LOCAL`: the dynamic loader looks in
 /// the global scope first for every object, so without the hook the second copy's own call of
 /// `ggml_graph_compute` binds to the first copy's (what `LD_DEBUG=bindings` says of the plain

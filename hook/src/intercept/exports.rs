@@ -173,8 +173,14 @@ pub fn start_tracing() {
         record::start_once(|| {
             #[cfg(all(target_os = "linux", target_arch = "x86_64"))]
             super::rpc::check_names();
+            let sources = Sources::from_process_env();
+            for (var, setting) in sources.misspelt() {
+                say(format_args!(
+                    "{var} is not a setting and is ignored (did you mean {setting}?)"
+                ));
+            }
             Setup {
-                config: Config::load(&Sources::from_process_env()),
+                config: Config::load(&sources),
                 ggml_version: first_helpers().and_then(|h| h.version()),
                 cpu_functions: cpu_functions_reachable(),
             }
