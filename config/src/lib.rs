@@ -629,6 +629,9 @@ mod tests {
             ("GGML_VIZ_OUTPUTS", "t.ggmlviz"),
             ("GGML_VIZ_OUTPUT", "t.ggmlviz"),
             ("GGML_VIZ_CONFG", "c.json"),
+            ("GGML_VIZ_BUFER_SIZ", "4096"),
+            // Three edits from GGML_VIZ_LAYOUT: too far to guess.
+            ("GGML_VIZ_LAYER", "packed"),
             // What this project's own scripts set: no setting's name.
             ("GGML_VIZ_LLAMA_BUILD", "/b"),
             ("GGML_VIZ_LLAMA_THREADPOOL_BUILD", "/b"),
@@ -645,6 +648,7 @@ mod tests {
         assert_eq!(
             sources.misspelt(),
             [
+                ("GGML_VIZ_BUFER_SIZ", "GGML_VIZ_BUFFER_SIZE"),
                 ("GGML_VIZ_CONFG", "GGML_VIZ_CONFIG"),
                 ("GGML_VIZ_FLUSH_INTERVAL_MS", "GGML_VIZ_FLUSH_INTERVAL"),
                 ("GGML_VIZ_OP_TIMNG", "GGML_VIZ_OP_TIMING"),
