@@ -233,25 +233,38 @@ def backend_ops(tmp, build, hook):
 
 def instructions(tmp, build, hook, big):
     """callgrind instruction counts, llama-bench -t 1 -p 0 -n 16, hooked / unhooked: repeatable
-    where wall-clock time is not (at one thread: at two, spin waits depend on timing)."""
+    where wall-clock time is not (at one thread: at two, spin waits depend on timing). Beside
+    them, what preloading an empty library costs (the floor for any preloaded hook), and the
+    instructions threads op timing adds per node over op timing off."""
     if shutil.which("valgrind") is None:
         progress("valgrind is missing: no instruction counts")
         return
     tiny = os.path.join(tmp, "tiny.gguf")
     run([sys.executable, "tests/fixtures/make_tiny_llama.py", tiny])
+    empty_c, empty = os.path.join(tmp, "empty.c"), os.path.join(tmp, "libempty.so")
+    with open(empty_c, "w") as f:
+        f.write("int ggml_viz_bench_empty(void) { return 0; }\n")
+    run(["cc", "-O2", "-shared", "-fPIC", "-o", empty, empty_c])
     for name, model in (("tiny", tiny), ("512x8", big)):
-        counts = {}
-        for mode in ("none", "off", "threads", "sched"):
-            progress(f"callgrind: llama-bench -t 1 -p 0 -n 16, {name} model, op timing {mode}")
-            env = {} if mode == "none" else {"LD_PRELOAD": hook, "GGML_VIZ_OP_TIMING": mode,
-                                             "GGML_VIZ_OUTPUT": os.path.join(tmp, "cg-%p.ggmlviz")}
+        counts, traces = {}, {}
+        for mode in ("none", "empty", "off", "threads", "sched"):
+            what = {"none": "no hook", "empty": "an empty library preloaded"}.get(mode, f"op timing {mode}")
+            progress(f"callgrind: llama-bench -t 1 -p 0 -n 16, {name} model, {what}")
+            traces[mode] = os.path.join(tmp, f"cg-{name}-{mode}.ggmlviz")
+            env = ({} if mode == "none" else {"LD_PRELOAD": empty} if mode == "empty" else
+                   {"LD_PRELOAD": hook, "GGML_VIZ_OP_TIMING": mode, "GGML_VIZ_OUTPUT": traces[mode]})
             out = os.path.join(tmp, "callgrind.out")
             run(["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", f"{build}/bin/llama-bench",
                  "-m", model, "-t", "1", "-p", "0", "-n", "16", "-r", "1"], env=env)
             counts[mode] = int(re.search(r"^summary: (\d+)", open(out).read(), re.M).group(1))
-        for mode in ("off", "threads", "sched"):
-            metric(f"instructions, {name} model tg16 -t 1, op timing {mode}", counts[mode] / counts["none"],
+        for mode in ("empty", "off", "threads", "sched"):
+            what = "an empty library preloaded" if mode == "empty" else f"op timing {mode}"
+            metric(f"instructions, {name} model tg16 -t 1, {what}", counts[mode] / counts["none"],
                    "ratio", f"no hook: {counts['none'] / 1e6:.1f} M instructions", 1.0)
+        info = run(["target/release/ggml-viz", "info", traces["threads"]]).stdout
+        nodes = int(re.search(r"^\s*op_compute_begin\s+(\d+)", info, re.M).group(1))
+        metric(f"  threads over off, {name} model: instructions per node share", (counts["threads"] - counts["off"]) / nodes,
+               "instructions", "node shares recorded", nodes, "shares")
 
 
 def graph_computes(trace):
