@@ -294,6 +294,23 @@ impl Sources {
         }
     }
 
+    /// The `GGML_VIZ_*` variables here that are no setting's but look like one's mistyped
+    /// (`GGML_VIZ_FLUSH_INTERVAL_MS`), each with that setting's variable, in name order: they
+    /// are ignored, which a user should hear. Variables far from every setting (this project's
+    /// own scripts set several) are not named.
+    pub fn misspelt(&self) -> Vec<(&str, &'static str)> {
+        self.env
+            .keys()
+            .filter(|var| read_variables().all(|(_, env)| env != var.as_str()))
+            .filter_map(|var| {
+                read_variables()
+                    .filter_map(|(_, known)| Some((looks_like(var, known)?, known)))
+                    .min()
+                    .map(|(_, known)| (var.as_str(), known))
+            })
+            .collect()
+    }
+
     /// Sources from environment-like pairs (`GGML_VIZ_OVERRIDES` and `GGML_VIZ_CONFIG` included).
     pub fn from_pairs<K: Into<String>, V: Into<String>>(
         pairs: impl IntoIterator<Item = (K, V)>,
@@ -311,28 +328,13 @@ impl Sources {
     }
 }
 
-impl Sources {
-    /// The `GGML_VIZ_*` variables here that are no setting's but look like one's mistyped
-    /// (`GGML_VIZ_FLUSH_INTERVAL_MS`), each with that setting's variable, in name order: they
-    /// are ignored, which a user should hear. Variables far from every setting (this project's
-    /// own scripts set several) are not named.
-    pub fn misspelt(&self) -> Vec<(&str, &'static str)> {
-        let read: Vec<&'static str> = SETTINGS
-            .iter()
-            .map(|s| s.env)
-            .chain([CONFIG_FILE_ENV, OVERRIDES_ENV])
-            .collect();
-        self.env
-            .keys()
-            .filter(|var| !read.contains(&var.as_str()))
-            .filter_map(|var| {
-                read.iter()
-                    .filter_map(|&known| Some((looks_like(var, known)?, known)))
-                    .min()
-                    .map(|(_, known)| (var.as_str(), known))
-            })
-            .collect()
-    }
+/// The variables [`Config::load`] reads, each with the setting it holds (the two that hold no
+/// single setting stand for themselves).
+fn read_variables() -> impl Iterator<Item = (&'static str, &'static str)> {
+    SETTINGS
+        .iter()
+        .map(|s| (s.key, s.env))
+        .chain([CONFIG_FILE_ENV, OVERRIDES_ENV].map(|e| (e, e)))
 }
 
 /// How far `var` is from the variable `known` (edits), where it looks like a mistyped `known`:
@@ -348,7 +350,7 @@ fn looks_like(var: &str, known: &str) -> Option<usize> {
         (known, var)
     };
     let edits = edit_distance(var, known);
-    let suffixed = short.len() >= 4 && long.starts_with(short) && long.len() - short.len() <= 3;
+    let suffixed = long.starts_with(short) && long.len() - short.len() <= 3;
     (short.len() >= 4 && (edits <= 2 || suffixed)).then_some(edits)
 }
 
@@ -373,14 +375,8 @@ impl Config {
     /// Resolves every setting from `sources` by precedence.
     pub fn load(sources: &Sources) -> Result<Config, ConfigError> {
         // A variable of ours that is not text, where one is read (an unknown one never is).
-        let read = |var: &str| {
-            SETTINGS
-                .iter()
-                .map(|s| (s.key, s.env))
-                .chain([CONFIG_FILE_ENV, OVERRIDES_ENV].map(|e| (e, e)))
-                .find(|&(_, env)| env == var)
-        };
-        if let Some((setting, env)) = sources.not_text.iter().find_map(|var| read(var)) {
+        let read = |var: &String| read_variables().find(|&(_, env)| env == var.as_str());
+        if let Some((setting, env)) = sources.not_text.iter().find_map(read) {
             return Err(ConfigError {
                 setting: setting.into(),
                 origin: Origin::Env(env),
