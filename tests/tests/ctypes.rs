@@ -328,12 +328,11 @@ fn two_copies_of_ggml_each_get_their_own_calls() {
     }
 }
 
-/// An environment variable of the host's that is not UTF-8 (a file name in Latin-1, say) is none
-/// of the hook's business: the run is traced as any other, and the hook says nothing.
-#[test]
-fn a_host_environment_that_is_not_utf8_is_traced_all_the_same() {
+/// What the hook says of a run of the fixture on the registry's ggml with one more environment
+/// variable, `key=value` (the run traced as the plain one: [`traced_like_plain`]).
+fn hook_says_with(name: &str, key: &[u8], value: &[u8]) -> Vec<String> {
     use std::os::unix::ffi::OsStrExt;
-    let trace = scratch("env-not-utf8").join("t.ggmlviz");
+    let trace = scratch(name).join("t.ggmlviz");
     let args = ["--nodes", "3", "--repeat", "2"];
     let (_, traced, _) = traced_like_plain(
         &[&llama_bin()],
@@ -342,33 +341,32 @@ fn a_host_environment_that_is_not_utf8_is_traced_all_the_same() {
         |_| {},
         |cmd| {
             cmd.env(
-                std::ffi::OsStr::from_bytes(b"SOME_PATH"),
-                std::ffi::OsStr::from_bytes(b"/srv/caf\xe9"),
+                std::ffi::OsStr::from_bytes(key),
+                std::ffi::OsStr::from_bytes(value),
             );
         },
     );
-    assert_eq!(hook_lines(&traced.stderr), Vec::<String>::new());
+    hook_lines(&traced.stderr)
+}
+
+/// An environment variable of the host's that is not UTF-8 (a file name in Latin-1, say) is none
+/// of the hook's business: the run is traced as any other, and the hook says nothing.
+#[test]
+fn a_host_environment_that_is_not_utf8_is_traced_all_the_same() {
+    assert_eq!(
+        hook_says_with("env-not-utf8", b"SOME_PATH", b"/srv/caf\xe9"),
+        Vec::<String>::new()
+    );
 }
 
 /// A setting's variable mistyped is ignored, and the hook says so once, naming the setting.
 #[test]
 fn a_mistyped_setting_is_named_once() {
-    let trace = scratch("mistyped").join("t.ggmlviz");
-    let args = ["--nodes", "3", "--repeat", "2"];
-    let (_, traced, _) = traced_like_plain(
-        &[&llama_bin()],
-        &args,
-        &trace,
-        |_| {},
-        |cmd| {
-            cmd.env("GGML_VIZ_FLUSH_INTERVAL_MS", "5");
-        },
-    );
     assert_eq!(
-        hook_lines(&traced.stderr),
+        hook_says_with("mistyped", b"GGML_VIZ_FLUSH_INTERVAL_MS", b"5"),
         [
             "ggml-viz: GGML_VIZ_FLUSH_INTERVAL_MS is not a setting and is ignored (did you mean \
-          GGML_VIZ_FLUSH_INTERVAL?)"
+             GGML_VIZ_FLUSH_INTERVAL?)"
         ]
     );
 }
