@@ -245,23 +245,23 @@ def instructions(tmp, build, hook, big):
     with open(empty_c, "w") as f:
         f.write("int ggml_viz_bench_empty(void) { return 0; }\n")
     run(["cc", "-O2", "-shared", "-fPIC", "-o", empty, empty_c])
+    what = {"none": "no hook", "empty": "an empty library preloaded", "off": "op timing off",
+            "threads": "op timing threads", "sched": "op timing sched"}
     for name, model in (("tiny", tiny), ("512x8", big)):
-        counts, traces = {}, {}
-        for mode in ("none", "empty", "off", "threads", "sched"):
-            what = {"none": "no hook", "empty": "an empty library preloaded"}.get(mode, f"op timing {mode}")
-            progress(f"callgrind: llama-bench -t 1 -p 0 -n 16, {name} model, {what}")
-            traces[mode] = os.path.join(tmp, f"cg-{name}-{mode}.ggmlviz")
+        counts = {}
+        trace = os.path.join(tmp, f"cg-{name}-%s.ggmlviz")
+        for mode in what:
+            progress(f"callgrind: llama-bench -t 1 -p 0 -n 16, {name} model, {what[mode]}")
             env = ({} if mode == "none" else {"LD_PRELOAD": empty} if mode == "empty" else
-                   {"LD_PRELOAD": hook, "GGML_VIZ_OP_TIMING": mode, "GGML_VIZ_OUTPUT": traces[mode]})
+                   {"LD_PRELOAD": hook, "GGML_VIZ_OP_TIMING": mode, "GGML_VIZ_OUTPUT": trace % mode})
             out = os.path.join(tmp, "callgrind.out")
             run(["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", f"{build}/bin/llama-bench",
                  "-m", model, "-t", "1", "-p", "0", "-n", "16", "-r", "1"], env=env)
             counts[mode] = int(re.search(r"^summary: (\d+)", open(out).read(), re.M).group(1))
         for mode in ("empty", "off", "threads", "sched"):
-            what = "an empty library preloaded" if mode == "empty" else f"op timing {mode}"
-            metric(f"instructions, {name} model tg16 -t 1, {what}", counts[mode] / counts["none"],
+            metric(f"instructions, {name} model tg16 -t 1, {what[mode]}", counts[mode] / counts["none"],
                    "ratio", f"no hook: {counts['none'] / 1e6:.1f} M instructions", 1.0)
-        info = run(["target/release/ggml-viz", "info", traces["threads"]]).stdout
+        info = run(["target/release/ggml-viz", "info", trace % "threads"]).stdout
         nodes = int(re.search(r"^\s*op_compute_begin\s+(\d+)", info, re.M).group(1))
         metric(f"  threads over off, {name} model: instructions per node share", (counts["threads"] - counts["off"]) / nodes,
                "instructions", "node shares recorded", nodes, "shares")
