@@ -340,7 +340,7 @@ impl TraceWriter {
             self.info_json.resize(id + 1, Vec::new());
         }
         if self.info_json[id].is_empty() {
-            self.info_json[id] = serde_json::to_vec(info).expect("a tensor info serializes");
+            self.info_json[id] = info.to_json();
         }
         ext::encode_extension_json(
             &mut self.buf,

@@ -279,6 +279,78 @@ pub struct TensorInfo {
     pub flops: Option<u64>,
 }
 
+impl TensorInfo {
+    /// The record's payload: the bytes `serde_json::to_vec` makes of it, written directly (a
+    /// writer makes one per distinct node, and serde's path costs it five times as much).
+    pub fn to_json(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(128 + self.name.len());
+        out.extend_from_slice(b"{\"name\":");
+        json_str(&mut out, &self.name);
+        out.extend_from_slice(b",\"op\":");
+        json_str(&mut out, &self.op);
+        out.extend_from_slice(b",\"op_type\":");
+        match self.op_type {
+            Some(n) => out.extend_from_slice(itoa::Buffer::new().format(n).as_bytes()),
+            None => out.extend_from_slice(b"null"),
+        }
+        out.extend_from_slice(b",\"op_name\":");
+        match &self.op_name {
+            Some(s) => json_str(&mut out, s),
+            None => out.extend_from_slice(b"null"),
+        }
+        out.extend_from_slice(b",\"type\":");
+        json_str(&mut out, &self.type_name);
+        out.extend_from_slice(b",\"ne\":[");
+        let mut digits = itoa::Buffer::new();
+        for (i, n) in self.ne.iter().enumerate() {
+            if i > 0 {
+                out.push(b',');
+            }
+            out.extend_from_slice(digits.format(*n).as_bytes());
+        }
+        out.extend_from_slice(b"],\"flops\":");
+        match self.flops {
+            Some(n) => out.extend_from_slice(digits.format(n).as_bytes()),
+            None => out.extend_from_slice(b"null"),
+        }
+        out.push(b'}');
+        out
+    }
+}
+
+/// `s` as a JSON string, escaped as serde_json escapes it: `"` and `\\`, the short forms of
+/// backspace, form feed, newline, carriage return and tab, `\u00xx` for the other control
+/// characters; everything else as it is.
+fn json_str(out: &mut Vec<u8>, s: &str) {
+    out.push(b'"');
+    let bytes = s.as_bytes();
+    let mut plain = 0;
+    for (i, &b) in bytes.iter().enumerate() {
+        let short = match b {
+            b'"' => b'"',
+            b'\\' => b'\\',
+            0x08 => b'b',
+            0x0c => b'f',
+            b'\n' => b'n',
+            b'\r' => b'r',
+            b'\t' => b't',
+            0..=0x1f => 0,
+            _ => continue,
+        };
+        out.extend_from_slice(&bytes[plain..i]);
+        plain = i + 1;
+        if short != 0 {
+            out.extend_from_slice(&[b'\\', short]);
+        } else {
+            const HEX: &[u8; 16] = b"0123456789abcdef";
+            out.extend_from_slice(b"\\u00");
+            out.extend_from_slice(&[HEX[usize::from(b >> 4)], HEX[usize::from(b & 15)]]);
+        }
+    }
+    out.extend_from_slice(&bytes[plain..]);
+    out.push(b'"');
+}
+
 /// A tensor info kept: its place in the order infos came, the info, and the record it came in.
 type Kept = (u64, TensorInfo, Box<[u8]>);
 
@@ -418,6 +490,40 @@ pub struct LiveBuffer {
 
 #[cfg(test)]
 mod tests {
+
+    use proptest::prelude::*;
+
+    /// Every ASCII character in one name, so that each escape is made at least once.
+    #[test]
+    fn a_tensor_infos_json_escapes_as_serde_json_does() {
+        let info = TensorInfo {
+            name: (0..=0x7f_u8).map(char::from).collect(),
+            op_name: Some("é\u{1}".into()),
+            ..TensorInfo::default()
+        };
+        assert_eq!(info.to_json(), serde_json::to_vec(&info).unwrap());
+    }
+
+    proptest! {
+        /// `TensorInfo::to_json` makes serde_json's bytes, for any names (quotes, backslashes,
+        /// every control character, non-ASCII), any shape and either state of each option.
+        #[test]
+        fn a_tensor_infos_json_is_serde_jsons(
+            name in "(\\PC|[\\x00-\\x1f\"\\\\\\x7f])*",
+            op in "[A-Z_+]{0,12}",
+            op_type in proptest::option::of(any::<u32>()),
+            op_name in proptest::option::of("(\\PC|[\\x00-\\x1f])*"),
+            type_name in "\\PC{0,6}",
+            ne in any::<[i64; 4]>(),
+            flops in proptest::option::of(any::<u64>()),
+        ) {
+            let info = TensorInfo { name, op, op_type, op_name, type_name, ne, flops };
+            prop_assert_eq!(
+                String::from_utf8(info.to_json()).unwrap(),
+                serde_json::to_string(&info).unwrap()
+            );
+        }
+    }
     use super::*;
 
     /// A node is named by its tensor's info when that info is for the node's op, else by the op
