@@ -503,56 +503,58 @@ extern "C" fn enter(row: usize, arg0: Ptr, arg1: Ptr, arg2: Ptr, site: usize) ->
     let Some(f) = FUNCTIONS.get(row) else {
         return Next::untraced(0);
     };
-    WORKER.with(|w| {
-        let site = if site == 0 { w.outer_site.get() } else { site };
-        let resolved = match w.cached_site(row, site) {
-            Some(resolved) => resolved,
-            None => match contained(|| w.resolve_site(row, f.name, site)) {
-                Some(Some(resolved)) => resolved,
-                Some(None) => {
-                    say_no_function(f.name);
-                    return Next::untraced(0);
-                }
-                // Our code failed: the call still goes to ggml, untraced.
-                None => {
-                    return Next::untraced(
-                        fallback_callee(Callee::Cpu(row as u8, f.name)).map_or(0, |r| r.real),
-                    );
-                }
-            },
-        };
-        if resolved.untraced {
-            return Next::untraced(resolved.real);
-        }
-        if record::thread_ops().is_none() {
-            // Not recording per thread (op timing off or by the eval callback, or not
-            // tracing): nothing to keep, but a share left open when that began is ended.
-            if w.depth.get() == 0 && w.node.get().is_some() {
-                contained(|| end_node(w));
+    // SAFETY: the thread's own `WORKER`, which lives as long as the thread: longer than this
+    // call, the only place the reference is used (as in `exit`). Taking it out of `with`
+    // keeps the arguments in registers instead of a closure's captures.
+    let w = WORKER.with(|w| unsafe { &*(w as *const Worker) });
+    let site = if site == 0 { w.outer_site.get() } else { site };
+    let resolved = match w.cached_site(row, site) {
+        Some(resolved) => resolved,
+        None => match contained(|| w.resolve_site(row, f.name, site)) {
+            Some(Some(resolved)) => resolved,
+            Some(None) => {
+                say_no_function(f.name);
+                return Next::untraced(0);
             }
-            return Next::untraced(resolved.real);
-        }
-        let worker = Next {
-            real: resolved.real,
-            worker: w as *const Worker,
-        };
-        if f.kind == Kind::Barrier {
-            return if contained(|| barrier_begins(w)) == Some(true) {
-                worker
-            } else {
-                Next::untraced(resolved.real)
-            };
-        }
-        let depth = w.depth.get();
-        w.depth.set(depth + 1);
-        if depth == 0 {
-            w.outer_site.set(site);
-            if !w.continues_node(f.kind, arg1, arg2) {
-                contained(|| node_begins(w, f.kind, resolved.helpers, arg0, arg1, arg2));
+            // Our code failed: the call still goes to ggml, untraced.
+            None => {
+                return Next::untraced(
+                    fallback_callee(Callee::Cpu(row as u8, f.name)).map_or(0, |r| r.real),
+                );
             }
+        },
+    };
+    if resolved.untraced {
+        return Next::untraced(resolved.real);
+    }
+    if record::thread_ops().is_none() {
+        // Not recording per thread (op timing off or by the eval callback, or not
+        // tracing): nothing to keep, but a share left open when that began is ended.
+        if w.depth.get() == 0 && w.node.get().is_some() {
+            contained(|| end_node(w));
         }
-        worker
-    })
+        return Next::untraced(resolved.real);
+    }
+    let worker = Next {
+        real: resolved.real,
+        worker: w as *const Worker,
+    };
+    if f.kind == Kind::Barrier {
+        return if contained(|| barrier_begins(w)) == Some(true) {
+            worker
+        } else {
+            Next::untraced(resolved.real)
+        };
+    }
+    let depth = w.depth.get();
+    w.depth.set(depth + 1);
+    if depth == 0 {
+        w.outer_site.set(site);
+        if !w.continues_node(f.kind, arg1, arg2) {
+            contained(|| node_begins(w, f.kind, resolved.helpers, arg0, arg1, arg2));
+        }
+    }
+    worker
 }
 
 /// After the real function, on the thread whose `worker` [`enter`] returned.
