@@ -76,7 +76,11 @@ unsafe fn c_string(p: *const c_char) -> String {
         return String::new();
     }
     // SAFETY: per the contract.
-    unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
+    let bytes = unsafe { CStr::from_ptr(p) }.to_bytes();
+    // Valid UTF-8 (every name ggml makes) is checked a word at a time and copied once; only
+    // other bytes go the lossy way, which walks them in chunks.
+    String::from_utf8(bytes.to_vec())
+        .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
 }
 
 /// # Safety

@@ -324,6 +324,14 @@ impl TensorInfo {
 fn json_str(out: &mut Vec<u8>, s: &str) {
     out.push(b'"');
     let bytes = s.as_bytes();
+    // Names seldom need escaping: a scan without branches per byte finds that out first.
+    if !bytes.iter().fold(false, |any, &b| {
+        any | (b < 0x20) | (b == b'"') | (b == b'\\')
+    }) {
+        out.extend_from_slice(bytes);
+        out.push(b'"');
+        return;
+    }
     let mut plain = 0;
     for (i, &b) in bytes.iter().enumerate() {
         let short = match b {
