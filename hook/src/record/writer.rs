@@ -231,8 +231,20 @@ impl TraceWriter {
         Ok(())
     }
 
-    /// One event of the thread whose latest conversion is `floor`.
+    /// One event of the thread whose latest conversion is `floor`. Op events, most of a trace
+    /// with op timing, take a path of their own, without the others' frame.
+    #[inline(always)]
     fn encode(&mut self, e: &RawEvent, d: &Drain<'_>, floor: &mut u64) {
+        if e.type_code == OP_BEGIN || e.type_code == OP_END {
+            self.encode_op(e, d, floor)
+        } else {
+            self.encode_other(e, d, floor)
+        }
+    }
+
+    /// [`TraceWriter::encode`] of any event but an op event.
+    #[inline(never)]
+    fn encode_other(&mut self, e: &RawEvent, d: &Drain<'_>, floor: &mut u64) {
         let timestamp_ns = self.clock.convert_epoch_ns(e.ticks, floor);
         let payload = match e.type_code {
             GRAPH_BEGIN | GRAPH_END => Payload::Graph {
@@ -241,7 +253,6 @@ impl TraceWriter {
                 n_threads: e.c,
                 backend_ptr: e.d,
             },
-            OP_BEGIN | OP_END => return self.encode_op(e, timestamp_ns, d),
             TENSOR_ALLOC | TENSOR_FREE => return self.encode_buffer(e, timestamp_ns, d),
             format::EXTENSION_TYPE_CODE => {
                 return match rpc_part(e.entry) {
@@ -277,8 +288,11 @@ impl TraceWriter {
         );
     }
 
-    /// An op event, preceded by the tensor-info (and op-name) records it needs.
-    fn encode_op(&mut self, e: &RawEvent, timestamp_ns: u64, d: &Drain<'_>) {
+    /// An op event of the thread whose latest conversion is `floor`, preceded by the
+    /// tensor-info (and op-name) records it needs.
+    #[inline(always)]
+    fn encode_op(&mut self, e: &RawEvent, d: &Drain<'_>, floor: &mut u64) {
+        let timestamp_ns = self.clock.convert_epoch_ns(e.ticks, floor);
         let info = d.tensors.get(e.name_id);
         if let Some(info) = info.filter(|_| e.type_code == OP_BEGIN) {
             let group = info.group as usize;
