@@ -4,6 +4,9 @@
 # target, the whole workspace's tests, and the loom model check of the ring.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# Where the time goes (the CI budget is 90 minutes on 2 cores, the goal under 60): a line after
+# each phase, with the seconds since the start.
+phase() { echo "test.sh: $1 done at ${SECONDS} s" >&2; }
 
 missing=()
 command -v patchelf >/dev/null || missing+=(patchelf)
@@ -52,6 +55,7 @@ if ! python3 -c "import selenium" 2>/dev/null; then
   echo "test.sh: installing selenium" >&2
   python3 -m pip install -q "selenium==4.51.0"
 fi
+phase "packages"
 GGML_VIZ_LLAMA_BUILD="$(bash scripts/setup-llama.sh | tail -n 1)"
 export GGML_VIZ_LLAMA_BUILD
 GGML_VIZ_LLAMA_STATIC_BUILD="$(bash scripts/setup-llama.sh static | tail -n 1)"
@@ -60,15 +64,18 @@ GGML_VIZ_LLAMA_THREADPOOL_BUILD="$(bash scripts/setup-llama.sh threadpool | tail
 export GGML_VIZ_LLAMA_THREADPOOL_BUILD
 GGML_VIZ_LLAMA_DL_BUILD="$(bash scripts/setup-llama.sh dl | tail -n 1)"
 export GGML_VIZ_LLAMA_DL_BUILD
+phase "llama.cpp builds"
 # A second GGML program, not llama.cpp: whisper-cli from the pywhispercpp sdist (~2.5 min cold).
 GGML_VIZ_WHISPER_BUILD="$(bash scripts/setup-whisper.sh | tail -n 1)"
 export GGML_VIZ_WHISPER_BUILD
+phase "whisper.cpp build"
 # Windows under Wine: MinGW, Wine, llama-simple.exe and a prefix (cached).
 windows="$(bash scripts/setup-windows.sh | tail -n 2)"
 GGML_VIZ_WINDOWS_BUILD="$(echo "$windows" | sed -n 1p)"
 GGML_VIZ_WINE_PREFIX="$(echo "$windows" | sed -n 2p)"
 export GGML_VIZ_WINDOWS_BUILD GGML_VIZ_WINE_PREFIX
 export GGML_VIZ_WINDOWS_TARGET="$PWD/target/cross/x86_64-pc-windows-gnu/release"
+phase "Windows setup"
 
 cargo clippy --workspace --all-targets --locked -- -D warnings
 # What cannot run here is type-checked on every commit (macOS, both architectures), and Windows
@@ -104,11 +111,16 @@ grep -q "timed ops" "$examples_dir/op_totals.txt"
 target/release/examples/import_timeline ../shared/samples/ada-pa/pytorch_acl.log | tee "$examples_dir/import.txt" | head -n 12
 [ -s "$examples_dir/import.txt" ]
 rm -rf "$examples_dir"
+phase "clippy, cross builds, release build and examples"
 # The benchmark suite in its quick form: catches a benchmark that no longer builds or runs (its
 # figures are not checked here; the machines are too noisy for that).
 python3 bench/run.py --quick --out "${TMPDIR:-/tmp}/ggml-viz-bench-quick.json"
+phase "quick benchmarks"
 # Coverage-guided fuzzing, 60 s a target (needs the nightly toolchain; says so and skips without).
 FUZZ_SECONDS="${FUZZ_SECONDS:-60}" bash scripts/fuzz.sh
+phase "fuzzing"
 cargo test --workspace --release --locked
+phase "workspace tests"
 # The ring under loom's interleavings (its own target dir: --cfg loom rebuilds the crate).
 RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom cargo test --release --locked -p ggml-viz-hook --lib loom
+phase "loom"
