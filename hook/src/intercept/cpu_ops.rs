@@ -419,8 +419,8 @@ impl Worker {
 }
 
 /// Sets of a thread's call-site cache (a power of two), and the entries of each: 512 in all,
-/// for the ~150 sites a llama.cpp run calls through (64 direct-mapped entries missed one call
-/// in ten, every token, on two sites sharing an entry).
+/// for the ~150 sites a llama.cpp run calls through (64 direct-mapped entries, which sites
+/// shared, missed one call in ten).
 const SITE_SETS: usize = 128;
 const SITE_WAYS: usize = 4;
 

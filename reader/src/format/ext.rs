@@ -498,41 +498,8 @@ pub struct LiveBuffer {
 
 #[cfg(test)]
 mod tests {
-
-    use proptest::prelude::*;
-
-    /// Every ASCII character in one name, so that each escape is made at least once.
-    #[test]
-    fn a_tensor_infos_json_escapes_as_serde_json_does() {
-        let info = TensorInfo {
-            name: (0..=0x7f_u8).map(char::from).collect(),
-            op_name: Some("é\u{1}".into()),
-            ..TensorInfo::default()
-        };
-        assert_eq!(info.to_json(), serde_json::to_vec(&info).unwrap());
-    }
-
-    proptest! {
-        /// `TensorInfo::to_json` makes serde_json's bytes, for any names (quotes, backslashes,
-        /// every control character, non-ASCII), any shape and either state of each option.
-        #[test]
-        fn a_tensor_infos_json_is_serde_jsons(
-            name in "(\\PC|[\\x00-\\x1f\"\\\\\\x7f])*",
-            op in "[A-Z_+]{0,12}",
-            op_type in proptest::option::of(any::<u32>()),
-            op_name in proptest::option::of("(\\PC|[\\x00-\\x1f])*"),
-            type_name in "\\PC{0,6}",
-            ne in any::<[i64; 4]>(),
-            flops in proptest::option::of(any::<u64>()),
-        ) {
-            let info = TensorInfo { name, op, op_type, op_name, type_name, ne, flops };
-            prop_assert_eq!(
-                String::from_utf8(info.to_json()).unwrap(),
-                serde_json::to_string(&info).unwrap()
-            );
-        }
-    }
     use super::*;
+    use proptest::prelude::*;
 
     /// A node is named by its tensor's info when that info is for the node's op, else by the op
     /// table, else by number; a later record for a tensor replaces its info.
@@ -657,5 +624,37 @@ mod tests {
         assert_eq!(batch(Some(4), &[]).is_prefill(), Some(true));
         assert_eq!(batch(Some(1), &[]).is_prefill(), Some(false));
         assert_eq!(batch(None, &[]).is_prefill(), None);
+    }
+
+    /// Every ASCII character in one name, so that each escape is made at least once.
+    #[test]
+    fn a_tensor_infos_json_escapes_as_serde_json_does() {
+        let info = TensorInfo {
+            name: (0..=0x7f_u8).map(char::from).collect(),
+            op_name: Some("é\u{1}".into()),
+            ..TensorInfo::default()
+        };
+        assert_eq!(info.to_json(), serde_json::to_vec(&info).unwrap());
+    }
+
+    proptest! {
+        /// `TensorInfo::to_json` makes serde_json's bytes, for any names (quotes, backslashes,
+        /// every control character, non-ASCII), any shape and either state of each option.
+        #[test]
+        fn a_tensor_infos_json_is_serde_jsons(
+            name in "(\\PC|[\\x00-\\x1f\"\\\\\\x7f])*",
+            op in "[A-Z_+]{0,12}",
+            op_type in proptest::option::of(any::<u32>()),
+            op_name in proptest::option::of("(\\PC|[\\x00-\\x1f])*"),
+            type_name in "\\PC{0,6}",
+            ne in any::<[i64; 4]>(),
+            flops in proptest::option::of(any::<u64>()),
+        ) {
+            let info = TensorInfo { name, op, op_type, op_name, type_name, ne, flops };
+            prop_assert_eq!(
+                String::from_utf8(info.to_json()).unwrap(),
+                serde_json::to_string(&info).unwrap()
+            );
+        }
     }
 }
