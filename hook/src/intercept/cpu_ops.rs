@@ -44,8 +44,10 @@ use crate::record::{self, OpInfo, Recorder};
 
 type Ptr = *mut c_void;
 
-/// What a wrapped function's arguments hold.
+/// What a wrapped function's arguments hold. The numbers are `common`'s: below `Marker`, a call
+/// may take its fast path.
 #[derive(Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
 enum Kind {
     /// `(params, dst, …)`.
     Second,
@@ -90,6 +92,9 @@ macro_rules! cpu_functions {
             kind: Kind::$kind,
             wrapper: $name,
         },)*];
+
+        /// Each row's [`Kind`], for `common`'s fast path.
+        static KINDS: [Kind; [$(stringify!($name)),*].len()] = [$(Kind::$kind,)*];
 
         $(
             #[doc = concat!("`", stringify!($name), "`, timed per thread.\n\n# Safety\nggml's own contract.")]
@@ -244,13 +249,127 @@ pub fn wrapped() -> impl Iterator<Item = (u8, &'static CStr, *const ())> {
         .map(|(row, f)| (row as u8, f.name, f.wrapper as *const ()))
 }
 
+// This thread's `Worker`, where `common` can reach it in two instructions: an 8-byte slot of
+// initial-exec TLS (a preloaded library's static TLS; 8 bytes also fit the surplus glibc keeps
+// for a library loaded later), set by `enter` on every call it records.
+core::arch::global_asm!(
+    ".pushsection .tbss,\"awT\",@nobits",
+    ".p2align 3",
+    ".globl ggml_viz_worker_slot",
+    ".hidden ggml_viz_worker_slot",
+    ".type ggml_viz_worker_slot, @object",
+    ".size ggml_viz_worker_slot, 8",
+    "ggml_viz_worker_slot:",
+    ".zero 8",
+    ".popsection",
+);
+
+/// Points this thread's slot at its `Worker`.
+fn set_worker_slot(w: &Worker) {
+    // SAFETY: writes this thread's own TLS slot (defined above), nothing else.
+    unsafe {
+        core::arch::asm!(
+            "mov {t}, qword ptr [rip + ggml_viz_worker_slot@GOTTPOFF]",
+            "mov qword ptr fs:[{t}], {w}",
+            t = out(reg) _,
+            w = in(reg) w as *const Worker,
+            options(nostack, preserves_flags),
+        )
+    }
+}
+
 /// The trampoline every wrapper jumps to, with its row in `r11`.
+///
+/// Its fast path runs no Rust and saves no argument register (it touches only `rax`, `r10`
+/// and the callee-saved registers it pushes): a call of a per-op function (not the marker,
+/// not a barrier) whose site this thread has resolved before, and which is either nested in
+/// an op (this thread's depth is above 0) or the dispatcher's call for the node this thread's
+/// share is open for. It does what [`enter`] and [`exit`] would: the depth up around the call,
+/// the outermost call site kept. Anything else takes the slow path, through [`enter`].
 ///
 /// # Safety
 /// Entered only by a wrapper's `jmp`, with the caller's argument registers and stack intact.
 #[unsafe(naked)]
 unsafe extern "C" fn common() {
     core::arch::naked_asm!(
+        // Three pushes: the stack is 16-byte aligned for the call below.
+        "push rbx",
+        "push r12",
+        "push r13",
+        "mov rbx, qword ptr [rip + ggml_viz_worker_slot@GOTTPOFF]",
+        "mov rbx, qword ptr fs:[rbx]",
+        "test rbx, rbx",
+        "jz 20f",
+        "lea r10, [rip + {kinds}]",
+        "movzx r12d, byte ptr [r10 + r11]",
+        "cmp r12d, {marker}",
+        "jae 20f",
+        // The site; a tail call from one of our own calls goes the slow way (its site is the
+        // outermost call's).
+        "mov r13, [rsp + 24]",
+        "lea r10, [rip + 2f]",
+        "cmp r13, r10",
+        "je 20f",
+        "lea r10, [rip + 6f]",
+        "cmp r13, r10",
+        "je 20f",
+        // key = site ^ (row << 48); its set: the top bits of key * SITE_MIX.
+        "mov rax, r11",
+        "shl rax, 48",
+        "xor rax, r13",
+        "movabs r10, {mix}",
+        "imul r10, rax",
+        "shr r10, {shift}",
+        "imul r10, r10, {set_size}",
+        "lea r10, [rbx + r10 + {sites}]",
+        "cmp [r10 + {key}], rax",
+        "je 31f",
+        "add r10, {slot_size}",
+        "cmp [r10 + {key}], rax",
+        "je 31f",
+        "add r10, {slot_size}",
+        "cmp [r10 + {key}], rax",
+        "je 31f",
+        "add r10, {slot_size}",
+        "cmp [r10 + {key}], rax",
+        "jne 20f",
+        "31:",
+        "mov r10, [r10 + {resolved}]",
+        "test r10, r10",
+        "jz 20f",
+        "cmp byte ptr [r10 + {untraced}], 0",
+        "jne 20f",
+        "mov r10, [r10 + {real}]",
+        "test r10, r10",
+        "jz 20f",
+        "cmp dword ptr [rbx + {depth}], 0",
+        "jne 40f",
+        // Depth 0: only the call for the node this thread's share is open for (its tensor is
+        // the second argument, or the third for flash_attn_back and fused calls).
+        "mov rax, rsi",
+        "test r12d, r12d",
+        "jz 41f",
+        "mov rax, rdx",
+        "41:",
+        "test rax, rax",
+        "jz 20f",
+        "cmp rax, [rbx + {open}]",
+        "jne 20f",
+        "mov [rbx + {outer}], r13",
+        "40:",
+        "inc dword ptr [rbx + {depth}]",
+        "call r10",
+        "6:",
+        "dec dword ptr [rbx + {depth}]",
+        "pop r13",
+        "pop r12",
+        "pop rbx",
+        "ret",
+        // The slow path, through enter.
+        "20:",
+        "pop r13",
+        "pop r12",
+        "pop rbx",
         // A frame of 208 bytes keeps the stack 16-byte aligned for the calls below.
         "push rbp",
         "mov rbp, rsp",
@@ -278,7 +397,11 @@ unsafe extern "C" fn common() {
         "mov r8, [rbp + 8]",
         "lea rax, [rip + 2f]",
         "cmp r8, rax",
+        "je 7f",
+        "lea rax, [rip + 6b]",
+        "cmp r8, rax",
         "jne 3f",
+        "7:",
         "xor r8d, r8d",
         "3:",
         "call {enter}",
@@ -329,6 +452,20 @@ unsafe extern "C" fn common() {
         "jmp r11",
         enter = sym enter,
         exit = sym exit,
+        kinds = sym KINDS,
+        marker = const Kind::Marker as u8,
+        mix = const SITE_MIX,
+        shift = const SITE_SET_SHIFT,
+        set_size = const std::mem::size_of::<[SiteSlot; SITE_WAYS]>(),
+        slot_size = const std::mem::size_of::<SiteSlot>(),
+        sites = const std::mem::offset_of!(Worker, sites),
+        key = const std::mem::offset_of!(SiteEntry, key),
+        resolved = const std::mem::offset_of!(SiteEntry, resolved),
+        untraced = const std::mem::offset_of!(Resolved, untraced),
+        real = const std::mem::offset_of!(Resolved, real),
+        depth = const std::mem::offset_of!(Worker, depth),
+        open = const std::mem::offset_of!(Worker, open_tensor),
+        outer = const std::mem::offset_of!(Worker, outer_site),
     )
 }
 
@@ -340,6 +477,8 @@ struct Worker {
     outer_site: Cell<usize>,
     /// This thread's open share of a node, and the recorder it is recorded in.
     node: Cell<Option<(OpInfo, &'static Recorder)>>,
+    /// The tensor of `node` (0: none), where `common`'s fast path can read it.
+    open_tensor: Cell<usize>,
     /// Thread index and count from the compute params of the last node.
     ith: Cell<u32>,
     nth: Cell<u32>,
@@ -355,8 +494,16 @@ struct Worker {
     infos: [Cell<CachedInfo>; INFOS],
 }
 
-/// A call-site cache entry: key (return address and row) and where the call goes.
-type SiteSlot = Cell<(usize, Option<&'static Resolved>)>;
+/// A call-site cache entry: key (return address and row) and where the call goes; `repr(C)`
+/// for `common`'s fast path, which reads it.
+#[derive(Clone, Copy)]
+#[repr(C)]
+struct SiteEntry {
+    key: usize,
+    resolved: Option<&'static Resolved>,
+}
+
+type SiteSlot = Cell<SiteEntry>;
 
 /// Tensor address, fingerprint, recorder address, and the op info.
 type CachedInfo = (usize, u64, usize, Option<OpInfo>);
@@ -423,20 +570,26 @@ impl Worker {
 /// shared, missed one call in ten).
 const SITE_SETS: usize = 128;
 const SITE_WAYS: usize = 4;
+/// A key's set: the top bits of its product with this odd constant.
+const SITE_MIX: u64 = 0x9E37_79B9_7F4A_7C15;
+const SITE_SET_SHIFT: u32 = 64 - SITE_SETS.trailing_zeros();
 
 impl Worker {
     /// The set of this thread's call-site cache for `row` called from `site`, and its key.
     fn site_set(&self, row: usize, site: usize) -> (&[SiteSlot; SITE_WAYS], usize) {
         let key = site ^ (row << 48);
-        let set = (key.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 57) % SITE_SETS;
-        (&self.sites[set], key)
+        let set = (key as u64).wrapping_mul(SITE_MIX) >> SITE_SET_SHIFT;
+        (&self.sites[set as usize], key)
     }
 
     /// The real function of `row` called from `site`, if this thread has resolved it before.
     fn cached_site(&self, row: usize, site: usize) -> Option<&'static Resolved> {
         let (set, key) = self.site_set(row, site);
         set.iter().find_map(|slot| match slot.get() {
-            (k, Some(resolved)) if k == key => Some(resolved),
+            SiteEntry {
+                key: k,
+                resolved: Some(resolved),
+            } if k == key => Some(resolved),
             _ => None,
         })
     }
@@ -454,8 +607,21 @@ impl Worker {
         for way in (1..SITE_WAYS).rev() {
             set[way].set(set[way - 1].get());
         }
-        set[0].set((key, Some(resolved)));
+        set[0].set(SiteEntry {
+            key,
+            resolved: Some(resolved),
+        });
         Some(resolved)
+    }
+
+    fn open_node(&self, op: OpInfo, r: &'static Recorder) {
+        self.open_tensor.set(op.tensor as usize);
+        self.node.set(Some((op, r)));
+    }
+
+    fn take_node(&self) -> Option<(OpInfo, &'static Recorder)> {
+        self.open_tensor.set(0);
+        self.node.take()
     }
 
     /// Whether a call of a function of `kind` computes the node this thread's share is open
@@ -473,10 +639,18 @@ thread_local! {
             depth: Cell::new(0),
             outer_site: Cell::new(0),
             node: Cell::new(None),
+            open_tensor: Cell::new(0),
             ith: Cell::new(0),
             nth: Cell::new(0),
             barrier_start: Cell::new(0),
-            sites: [const { [const { Cell::new((0, None)) }; SITE_WAYS] }; SITE_SETS],
+            sites: [const {
+                [const {
+                    Cell::new(SiteEntry {
+                        key: 0,
+                        resolved: None,
+                    })
+                }; SITE_WAYS]
+            }; SITE_SETS],
             infos: [const { Cell::new((0, 0, 0, None)) }; INFOS],
         }
     };
@@ -539,6 +713,9 @@ extern "C" fn enter(row: usize, arg0: Ptr, arg1: Ptr, arg2: Ptr, site: usize) ->
         }
         return Next::untraced(resolved.real);
     }
+    // From now on `common` may take its fast path on this thread (op timing off leaves the
+    // slot empty, and every call the slow path after three instructions).
+    set_worker_slot(w);
     let worker = Next {
         real: resolved.real,
         worker: w as *const Worker,
@@ -612,7 +789,7 @@ fn node_begins(w: &Worker, kind: Kind, h: &'static Helpers, params: Ptr, arg1: P
         }
     };
     record::thread_op(r, true, &op);
-    w.node.set(Some((op, r)));
+    w.open_node(op, r);
 }
 
 /// The node a call of a function of `kind` computes (its last, for a fused call).
@@ -625,7 +802,7 @@ fn node_tensor(kind: Kind, arg1: Ptr, arg2: Ptr) -> Ptr {
 
 /// Ends this thread's open share of a node, if any.
 fn end_node(w: &Worker) {
-    if let Some((op, r)) = w.node.take()
+    if let Some((op, r)) = w.take_node()
         && record::active().is_some_and(|a| std::ptr::eq(a, r))
     {
         record::thread_op(r, false, &op);
