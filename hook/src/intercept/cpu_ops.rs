@@ -10,6 +10,8 @@
 //! they came, keeps its return value, tells [`exit`], and returns that value: whatever the
 //! function's signature (the fused functions take three arguments, `mul_mat_id_tiled` six and
 //! returns `bool`), nothing is changed. None of these functions takes arguments on the stack.
+//! The calls that only continue what is open (the dispatcher's per-op call after its marker, a
+//! call nested in an op) take a fast path in the trampoline itself, without `enter`.
 //!
 //! What a thread records (only while a recorded, sampled graph compute is running, see
 //! [`record::thread_ops`]):
