@@ -7,9 +7,10 @@
 //! dynamic loader binds those calls to the wrappers exported here. Every wrapper enters one
 //! common trampoline that saves every argument register, asks [`enter`] for the real function
 //! (resolved by the caller's scope, as for the entry points), calls it with the registers as
-//! they came, keeps its return value, tells [`exit`], and returns that value: whatever the
-//! function's signature (the fused functions take three arguments, `mul_mat_id_tiled` six and
-//! returns `bool`), nothing is changed. None of these functions takes arguments on the stack.
+//! they came, takes the thread's depth down (after a recorded barrier wait, keeps its return
+//! value and tells [`exit`]), and returns that value: whatever the function's signature (the
+//! fused functions take three arguments, `mul_mat_id_tiled` six and returns `bool`), nothing is
+//! changed. None of these functions takes arguments on the stack.
 //! The calls that only continue what is open (the dispatcher's per-op call after its marker, a
 //! call nested in an op) take a fast path in the trampoline itself, without `enter`.
 //!
@@ -286,8 +287,8 @@ fn set_worker_slot(w: &Worker) {
 /// and the callee-saved registers it pushes): a call of a per-op function (not the marker,
 /// not a barrier) whose site this thread has resolved before, and which is either nested in
 /// an op (this thread's depth is above 0) or the dispatcher's call for the node this thread's
-/// share is open for. It does what [`enter`] and [`exit`] would: the depth up around the call,
-/// the outermost call site kept. Anything else takes the slow path, through [`enter`].
+/// share is open for. It does what [`enter`] and the slow path would: the depth up around the
+/// call, the outermost call site kept. Anything else takes the slow path, through [`enter`].
 ///
 /// # Safety
 /// Entered only by a wrapper's `jmp`, with the caller's argument registers and stack intact.
@@ -430,13 +431,23 @@ unsafe extern "C" fn common() {
         "je 5f",
         "call r11",
         "2:",
-        // Keep the return value (rax:rdx, xmm0:xmm1) across exit(row).
+        // After any call but a barrier's, only the depth goes down.
+        "mov r10, [rsp + 48]",
+        "lea r11, [rip + {kinds}]",
+        "cmp byte ptr [r11 + r10], {barrier}",
+        "je 8f",
+        "mov r10, [rsp + 56]",
+        "dec dword ptr [r10 + {depth}]",
+        "leave",
+        "ret",
+        // A recorded barrier wait ends: keep the return value (rax:rdx, xmm0:xmm1) across
+        // exit(worker).
+        "8:",
         "mov [rsp], rax",
         "mov [rsp + 8], rdx",
         "movaps [rsp + 64], xmm0",
         "movaps [rsp + 80], xmm1",
-        "mov rdi, [rsp + 48]",
-        "mov rsi, [rsp + 56]",
+        "mov rdi, [rsp + 56]",
         "call {exit}",
         "mov rax, [rsp]",
         "mov rdx, [rsp + 8]",
@@ -456,6 +467,7 @@ unsafe extern "C" fn common() {
         exit = sym exit,
         kinds = sym KINDS,
         marker = const Kind::Marker as u8,
+        barrier = const Kind::Barrier as u8,
         mix = const SITE_MIX,
         shift = const SITE_SET_SHIFT,
         set_size = const std::mem::size_of::<[SiteSlot; SITE_WAYS]>(),
@@ -740,17 +752,13 @@ extern "C" fn enter(row: usize, arg0: Ptr, arg1: Ptr, arg2: Ptr, site: usize) ->
     worker
 }
 
-/// After the real function, on the thread whose `worker` [`enter`] returned.
-extern "C" fn exit(row: usize, worker: *const Worker) {
-    let Some(f) = FUNCTIONS.get(row) else { return };
+/// After a recorded barrier wait, on the thread whose `worker` [`enter`] returned (after any
+/// other call, `common` itself takes the depth down).
+extern "C" fn exit(worker: *const Worker) {
     // SAFETY: `enter` returned this thread's own `WORKER` (thread-local storage lives as long as
     // the thread, which is still in the call), and only this thread uses it.
     let w = unsafe { &*worker };
-    if f.kind == Kind::Barrier {
-        contained(|| barrier_ends(w));
-    } else {
-        w.depth.set(w.depth.get().saturating_sub(1));
-    }
+    contained(|| barrier_ends(w));
 }
 
 /// An outermost per-op call (or the dispatcher's marker) on this thread for another node than
