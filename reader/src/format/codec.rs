@@ -123,6 +123,7 @@ pub fn encode_event(out: &mut Vec<u8>, layout: Layout, event: &Event<'_>) {
 }
 
 /// Appends one record from its parts; the writer's entry point, which needs no [`Event`].
+#[inline]
 pub fn encode_record(
     out: &mut Vec<u8>,
     layout: Layout,
