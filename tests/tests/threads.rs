@@ -25,29 +25,49 @@ pub(crate) fn settings(events: &[Event<'_>]) -> serde_json::Map<String, serde_js
 }
 
 /// Per thread: its op spans (begin, end) in order, checked not to overlap; and the barrier waits'
-/// (thread index, thread count) per thread.
+/// (thread index, thread count) per thread. Per MUL_MAT share, the barrier waits inside it.
 struct Shares {
     spans: BTreeMap<u32, Vec<(u64, u64)>>,
     barriers: BTreeMap<u32, BTreeSet<(u32, u32)>>,
+    mul_mat_waits: Vec<usize>,
 }
 
 fn shares(events: &[Event<'_>]) -> Shares {
-    let mut open: HashMap<u32, u64> = HashMap::new();
+    // Per thread, its open share: when it began, its op type, the waits inside it so far (a
+    // thread's events come in the order it recorded them).
+    let mut open: HashMap<u32, (u64, u32, usize)> = HashMap::new();
+    let mut mul_mat = None;
     let mut s = Shares {
         spans: BTreeMap::new(),
         barriers: BTreeMap::new(),
+        mul_mat_waits: Vec::new(),
     };
     for e in events {
         match (e.event_type(), e.payload) {
-            (Some(EventType::OpComputeBegin), _) => {
+            (_, Payload::Extension(x)) if x.kind == ExtensionKind::OpNames => {
+                let names: ext::OpNames = ext::parse_payload(e.label.as_deref().unwrap()).unwrap();
+                mul_mat = mul_mat.or_else(|| {
+                    names
+                        .names
+                        .iter()
+                        .find(|(_, name)| *name == "MUL_MAT")
+                        .map(|(n, _)| n.parse::<u32>().unwrap())
+                });
+            }
+            (Some(EventType::OpComputeBegin), Payload::Op { op_type, .. }) => {
                 assert!(
-                    open.insert(e.thread_id, e.timestamp_ns).is_none(),
+                    open.insert(e.thread_id, (e.timestamp_ns, op_type, 0))
+                        .is_none(),
                     "two shares open at once on thread {}",
                     e.thread_id
                 );
             }
             (Some(EventType::OpComputeEnd), _) => {
-                let begin = open.remove(&e.thread_id).expect("an end without a begin");
+                let (begin, op_type, waits) =
+                    open.remove(&e.thread_id).expect("an end without a begin");
+                if Some(op_type) == mul_mat {
+                    s.mul_mat_waits.push(waits);
+                }
                 assert!(e.timestamp_ns >= begin);
                 s.spans
                     .entry(e.thread_id)
@@ -62,6 +82,9 @@ fn shares(events: &[Event<'_>]) -> Shares {
                     ..
                 },
             ) if e.label.as_deref() == Some(b"ggml_barrier") => {
+                if let Some((_, _, waits)) = open.get_mut(&e.thread_id) {
+                    *waits += 1;
+                }
                 s.barriers
                     .entry(e.thread_id)
                     .or_default()
@@ -164,6 +187,15 @@ fn every_worker_records_its_share_of_every_node(how: &Run<'_>) {
         indices.insert(ith);
     }
     assert_eq!(indices, (0..4).collect());
+    // The waits inside an op are there too: ggml's mul_mat waits once it has shared out its
+    // chunks (ggml-cpu.c), in each thread's share of every MUL_MAT.
+    assert!(!s.mul_mat_waits.is_empty());
+    assert!(
+        s.mul_mat_waits.iter().all(|&n| n >= 1),
+        "MUL_MAT shares without a wait inside: {} of {}",
+        s.mul_mat_waits.iter().filter(|&&n| n == 0).count(),
+        s.mul_mat_waits.len()
+    );
 
     // The main thread's shares lie inside its graph computes.
     let main = threads
