@@ -12,7 +12,8 @@
 //! fused functions take three arguments, `mul_mat_id_tiled` six and returns `bool`), nothing is
 //! changed. None of these functions takes arguments on the stack.
 //! The calls that only continue what is open (the dispatcher's per-op call after its marker, a
-//! call nested in an op) take a fast path in the trampoline itself, without `enter`.
+//! call nested in an op) and the barriers of one thread that end nothing take a fast path in
+//! the trampoline itself, without `enter`.
 //!
 //! What a thread records (only while a recorded, sampled graph compute is running, see
 //! [`record::thread_ops`]):
@@ -284,11 +285,12 @@ fn set_worker_slot(w: &Worker) {
 /// The trampoline every wrapper jumps to, with its row in `r11`.
 ///
 /// Its fast path runs no Rust and saves no argument register (it touches only `rax`, `r10`
-/// and the callee-saved registers it pushes): a call of a per-op function (not the marker,
-/// not a barrier) whose site this thread has resolved before, and which is either nested in
-/// an op (this thread's depth is above 0) or the dispatcher's call for the node this thread's
-/// share is open for. It does what [`enter`] and the slow path would: the depth up around the
-/// call, the outermost call site kept. Anything else takes the slow path, through [`enter`].
+/// and the callee-saved registers it pushes), for a call from a site this thread has resolved
+/// before: of a per-op function (not the marker) nested in an op (this thread's depth is above
+/// 0) or the dispatcher's call for the node this thread's share is open for, where it does
+/// what [`enter`] and the slow path would (the depth up around the call, the outermost call
+/// site kept); or of a barrier of one thread that ends no share, which records nothing.
+/// Anything else takes the slow path, through [`enter`].
 ///
 /// # Safety
 /// Entered only by a wrapper's `jmp`, with the caller's argument registers and stack intact.
@@ -306,7 +308,7 @@ unsafe extern "C" fn common() {
         "lea r10, [rip + {kinds}]",
         "movzx r12d, byte ptr [r10 + r11]",
         "cmp r12d, {marker}",
-        "jae 20f",
+        "je 20f",
         // The site; a tail call from one of our own calls goes the slow way (its site is the
         // outermost call's).
         "mov r13, [rsp + 24]",
@@ -345,6 +347,8 @@ unsafe extern "C" fn common() {
         "mov r10, [r10 + {real}]",
         "test r10, r10",
         "jz 20f",
+        "cmp r12d, {barrier}",
+        "je 50f",
         "cmp dword ptr [rbx + {depth}], 0",
         "jne 40f",
         // Depth 0: only the call for the node this thread's share is open for (its tensor is
@@ -368,6 +372,20 @@ unsafe extern "C" fn common() {
         "pop r12",
         "pop rbx",
         "ret",
+        // A barrier of one thread, which ends no share (nested in an op, or none is open):
+        // nothing is recorded, nothing follows.
+        "50:",
+        "cmp dword ptr [rbx + {nth}], 1",
+        "ja 20f",
+        "cmp dword ptr [rbx + {depth}], 0",
+        "jne 51f",
+        "cmp qword ptr [rbx + {open}], 0",
+        "jne 20f",
+        "51:",
+        "pop r13",
+        "pop r12",
+        "pop rbx",
+        "jmp r10",
         // The slow path, through enter.
         "20:",
         "pop r13",
@@ -480,6 +498,7 @@ unsafe extern "C" fn common() {
         depth = const std::mem::offset_of!(Worker, depth),
         open = const std::mem::offset_of!(Worker, open_tensor),
         outer = const std::mem::offset_of!(Worker, outer_site),
+        nth = const std::mem::offset_of!(Worker, nth),
     )
 }
 
