@@ -340,18 +340,18 @@ impl Helpers {
     /// `op` must be a value of this ggml's `enum ggml_op`.
     pub unsafe fn op_name(&self, op: u32) -> String {
         // SAFETY: per the contract.
-        self.op_name_fn()
-            .map_or_else(String::new, |f| unsafe { c_string(f(op as c_int)) })
+        unsafe { self.op_name_cstr(op) }
+            .to_string_lossy()
+            .into_owned()
     }
 
-    /// `ggml_op_desc(tensor)`: the op's name, or the unary / GLU sub-op's.
+    /// [`Helpers::op_name`], a static string (empty if the function is missing).
     ///
     /// # Safety
-    /// `tensor` must be a tensor of this copy of ggml.
-    pub unsafe fn op_desc(&self, tensor: Ptr) -> String {
-        // SAFETY: per the contract.
-        self.op_desc_fn()
-            .map_or_else(String::new, |f| unsafe { c_string(f(tensor)) })
+    /// As for [`Helpers::op_name`].
+    pub unsafe fn op_name_cstr(&self, op: u32) -> &'static CStr {
+        // SAFETY: per the contract; ggml returns a static string.
+        unsafe { borrowed(self.op_name_fn().map(|f| f(op as c_int))) }
     }
 
     /// `ggml_get_name(tensor)`, borrowed from the tensor (empty if the function is missing).
@@ -384,24 +384,13 @@ impl Helpers {
         unsafe { borrowed(self.op_desc_fn().map(|f| f(tensor))) }
     }
 
-    /// `ggml_get_name(tensor)`.
-    ///
-    /// # Safety
-    /// `tensor` must be a tensor of this copy of ggml.
-    pub unsafe fn tensor_name(&self, tensor: Ptr) -> String {
-        // SAFETY: per the contract.
-        self.get_name_fn()
-            .map_or_else(String::new, |f| unsafe { c_string(f(tensor)) })
-    }
-
-    /// `ggml_type_name(type)`.
+    /// `ggml_type_name(type)`, a static string (empty if the function is missing).
     ///
     /// # Safety
     /// `ty` must be a value of this ggml's `enum ggml_type` (read from a live tensor).
-    pub unsafe fn type_name(&self, ty: u32) -> String {
-        // SAFETY: per the contract.
-        self.type_name_fn()
-            .map_or_else(String::new, |f| unsafe { c_string(f(ty as c_int)) })
+    pub unsafe fn type_name_cstr(&self, ty: u32) -> &'static CStr {
+        // SAFETY: per the contract; ggml returns a static string.
+        unsafe { borrowed(self.type_name_fn().map(|f| f(ty as c_int))) }
     }
 
     /// `ggml_backend_buft_name(buft)`.

@@ -1,7 +1,8 @@
 //! What we read of a `struct ggml_tensor`: its name, op, type, shape and FLOP count, at offsets
 //! that are checked against ggml's own `ggml_op_desc` before any of them is trusted.
 
-use std::ffi::c_void;
+use std::borrow::Cow;
+use std::ffi::{CStr, c_void};
 use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 
 use ggml_viz_reader::format::ext;
@@ -145,29 +146,64 @@ impl Mix {
     }
 }
 
-/// A node's name, op, type, shape and FLOP count: the tensor-info record that says it (written
-/// as it is), and the group it belongs to.
+/// A node's tensor info: the record that says its name, op, type, shape and FLOP count (its
+/// JSON payload, written as it is), what the writer needs of it besides, and the group it
+/// belongs to.
 #[derive(Clone, Debug, PartialEq)]
 pub struct TensorInfo {
-    pub record: ext::TensorInfo,
+    pub json: Vec<u8>,
+    /// The node's name: its op events' label.
+    pub name: Box<str>,
+    /// `t->op` and `ggml_op_name` of it, when the struct could be read.
+    pub op_type: Option<u32>,
+    pub op_name: Box<str>,
     /// Index of the distinct name and op type, in order of first sight (one can have several
     /// infos: shapes differ between graphs).
     pub group: u32,
 }
 
+/// `s` as text: borrowed when it is UTF-8 (checked a word at a time), else with U+FFFD for
+/// each bad sequence.
+fn text(s: &CStr) -> Cow<'_, str> {
+    s.to_str()
+        .map_or_else(|_| s.to_string_lossy(), Cow::Borrowed)
+}
+
+/// The tensor info of `tensor`; of a fused call's last node when `fused_first` is the node it
+/// computed first (op `FIRST+LAST`, no FLOP count). Reads ggml's strings in place: only the
+/// name and op name are copied.
+///
 /// # Safety
-/// `tensor` is a live tensor of the copy `h` belongs to.
-pub unsafe fn read_tensor(h: &Helpers, tensor: Ptr) -> TensorInfo {
+/// `tensor` and `fused_first` are live tensors of the copy `h` belongs to.
+pub unsafe fn read_tensor(h: &Helpers, tensor: Ptr, fused_first: Option<Ptr>) -> TensorInfo {
+    // SAFETY: per the contract; the name lives in the tensor, the description is static.
+    let (name, desc) = unsafe {
+        (
+            text(h.tensor_name_cstr(tensor)),
+            text(h.op_desc_cstr(tensor)),
+        )
+    };
     // SAFETY: per the contract.
-    let (name, op) = unsafe { (h.tensor_name(tensor), h.op_desc(tensor)) };
+    let op: Cow<'_, str> = match fused_first.map(|f| unsafe { h.op_desc_cstr(f) }) {
+        Some(first) => format!("{}+{desc}", text(first)).into(),
+        None => Cow::Borrowed(&desc),
+    };
+    let mut info = ext::TensorInfoRef {
+        name: &name,
+        op: &op,
+        op_type: None,
+        op_name: None,
+        type_name: "",
+        ne: [0; 4],
+        flops: None,
+    };
     // SAFETY: `tensor` is a live tensor of the copy `h` belongs to (the contract).
-    if !unsafe { layout_ok(h, tensor, &op) } {
+    if !unsafe { layout_ok(h, tensor, &desc) } {
         return TensorInfo {
-            record: ext::TensorInfo {
-                name,
-                op,
-                ..ext::TensorInfo::default()
-            },
+            json: info.to_json(),
+            name: name.into(),
+            op_type: None,
+            op_name: "".into(),
             group: 0,
         };
     }
@@ -183,30 +219,27 @@ pub unsafe fn read_tensor(h: &Helpers, tensor: Ptr) -> TensorInfo {
     // `op_type` is below the op count where it is known.
     let (type_name, op_name) = unsafe {
         (
-            h.type_name(ty),
+            text(h.type_name_cstr(ty)),
             if h.op_count().is_some_and(|n| op_type >= n) {
-                String::new()
+                Cow::Borrowed("")
             } else {
-                h.op_name(op_type)
+                text(h.op_name_cstr(op_type))
             },
         )
     };
+    info.op_type = Some(op_type);
+    info.op_name = Some(&op_name);
+    info.type_name = &type_name;
+    info.ne = ne;
     // SAFETY: a live MUL_MAT tensor (its op description says so) whose layout was checked.
-    let flops = if op == "MUL_MAT" {
-        unsafe { mul_mat_flops(tensor, ne) }
-    } else {
-        None
-    };
+    if fused_first.is_none() && desc == "MUL_MAT" {
+        info.flops = unsafe { mul_mat_flops(tensor, ne) };
+    }
     TensorInfo {
-        record: ext::TensorInfo {
-            name,
-            op,
-            op_type: Some(op_type),
-            op_name: Some(op_name),
-            type_name,
-            ne,
-            flops,
-        },
+        json: info.to_json(),
+        name: name.into(),
+        op_type: Some(op_type),
+        op_name: op_name.into(),
         group: 0,
     }
 }

@@ -855,10 +855,7 @@ unsafe fn fused_info(h: &Helpers, r: &Recorder, first: Ptr, last: Ptr) -> OpInfo
     let (last_key, _) = unsafe { tensor::identity(h, last) };
     op.tensor_id = r.tensor_id(last_key ^ first_key.rotate_left(17) | 1, || {
         // SAFETY: per the contract.
-        let (mut info, first_op) = unsafe { (read_tensor(h, last), h.op_desc(first)) };
-        info.record.op = format!("{first_op}+{}", info.record.op);
-        info.record.flops = None;
-        info
+        unsafe { read_tensor(h, last, Some(first)) }
     });
     op
 }

@@ -186,7 +186,7 @@ pub unsafe fn node_info(h: &Helpers, r: &Recorder, tensor: Ptr, backend: Ptr) ->
     let (key, op_type) = unsafe { tensor::identity(h, tensor) };
     // SAFETY: `tensor` is a live node of the copy `h` belongs to (this function's contract),
     // which is all `read_tensor` asks.
-    let tensor_id = r.tensor_id(key, || unsafe { read_tensor(h, tensor) });
+    let tensor_id = r.tensor_id(key, || unsafe { read_tensor(h, tensor, None) });
     // SAFETY: `tensor` is a live node of this copy; ggml_nbytes only reads its shape.
     let op_size = unsafe { h.nbytes(tensor) };
     OpInfo {

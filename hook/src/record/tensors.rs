@@ -16,6 +16,9 @@ pub const MAX_TENSORS: usize = 8191;
 const ID_BITS: u32 = 16;
 const ID_MASK: u64 = (1 << ID_BITS) - 1;
 
+/// Each distinct tensor name and op type, and its group.
+type Groups = FxHashMap<(Box<str>, Option<u32>), u32>;
+
 pub struct Tensors {
     /// Open addressing, one word per slot: the key's [`tag`] and the id (0: a free slot). Both
     /// tables start as zeroed pages: a recorder that times no op never touches them.
@@ -27,7 +30,7 @@ pub struct Tensors {
     refused: AtomicU64,
     /// Held while adding; maps each distinct name and op type to its group (the tensors a
     /// reader tells apart by an op event's label and op type: FORMAT.md).
-    adding: Mutex<FxHashMap<(String, Option<u32>), u32>>,
+    adding: Mutex<Groups>,
 }
 
 impl Tensors {
@@ -98,7 +101,7 @@ impl Tensors {
         let mut info = info();
         let next = groups.len() as u32;
         info.group = *groups
-            .entry((info.record.name.clone(), info.record.op_type))
+            .entry((info.name.clone(), info.op_type))
             .or_insert(next);
         infos[n].store(Box::into_raw(Box::new(info)), Ordering::Release);
         let id = n as u16 + 1;

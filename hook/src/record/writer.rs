@@ -56,10 +56,6 @@ pub struct TraceWriter {
     /// For each group of tensors (a name and op type), the tensor info last written (the reader
     /// keeps the latest of each).
     info_of_group: Vec<u16>,
-    /// Each tensor info's JSON, by tensor id, made the first time it is written: an info is
-    /// written again wherever another tensor of its name and op came between (the prompt's
-    /// graph and a generation step's give a node other shapes).
-    info_json: Vec<Vec<u8>>,
     /// Buffers allocated and not yet freed: handle to size and buffer type.
     live_buffers: std::collections::BTreeMap<u64, (u64, String)>,
     /// Op types whose names were written.
@@ -109,7 +105,6 @@ impl TraceWriter {
             buf: Vec::with_capacity(1 << 16),
             labels: Vec::new(),
             info_of_group: Vec::new(),
-            info_json: Vec::new(),
             live_buffers: Default::default(),
             op_names_written: Default::default(),
             names_written: 0,
@@ -301,7 +296,7 @@ impl TraceWriter {
             }
             if self.info_of_group[group] != e.name_id {
                 self.info_of_group[group] = e.name_id;
-                self.encode_tensor_info(e.name_id, info, timestamp_ns, e.thread_id);
+                self.encode_tensor_info(info, timestamp_ns, e.thread_id);
             }
         }
         let payload = Payload::Op {
@@ -312,7 +307,7 @@ impl TraceWriter {
         };
         let label = info
             .filter(|_| self.tensor_names)
-            .map(|i| i.record.name.as_bytes());
+            .map(|i| i.name.as_bytes());
         format::encode_record(
             &mut self.buf,
             self.layout,
@@ -324,22 +319,17 @@ impl TraceWriter {
         );
     }
 
-    fn encode_tensor_info(
-        &mut self,
-        id: u16,
-        info: &TensorInfo,
-        timestamp_ns: u64,
-        thread_id: u32,
-    ) {
-        let info = &info.record;
+    /// A tensor info (written again wherever another tensor of its name and op came between:
+    /// the prompt's graph and a generation step's give a node other shapes), preceded by the
+    /// name of its op type the first time.
+    fn encode_tensor_info(&mut self, info: &TensorInfo, timestamp_ns: u64, thread_id: u32) {
         if let Some(op_type) = info.op_type
             && self.op_names_written.insert(op_type)
         {
             let mut names = ext::OpNames::default();
-            names.names.insert(
-                op_type.to_string(),
-                info.op_name.clone().unwrap_or_default(),
-            );
+            names
+                .names
+                .insert(op_type.to_string(), info.op_name.to_string());
             ext::encode_extension(
                 &mut self.buf,
                 self.layout,
@@ -349,20 +339,13 @@ impl TraceWriter {
                 &names,
             );
         }
-        let id = id as usize;
-        if self.info_json.len() <= id {
-            self.info_json.resize(id + 1, Vec::new());
-        }
-        if self.info_json[id].is_empty() {
-            self.info_json[id] = info.to_json();
-        }
         ext::encode_extension_json(
             &mut self.buf,
             self.layout,
             ExtensionKind::TensorInfo,
             timestamp_ns,
             thread_id,
-            &self.info_json[id],
+            &info.json,
         );
     }
 

@@ -279,29 +279,57 @@ pub struct TensorInfo {
     pub flops: Option<u64>,
 }
 
-impl TensorInfo {
-    /// The record's payload: the bytes `serde_json::to_vec` makes of it, written directly (a
-    /// writer makes one per distinct node, and serde's path costs it five times as much).
+/// A [`TensorInfo`]'s fields, borrowed: what a writer has in hand when it makes the record
+/// (ggml's own strings), without making a `String` of each.
+#[derive(Clone, Copy, Debug)]
+pub struct TensorInfoRef<'a> {
+    pub name: &'a str,
+    pub op: &'a str,
+    pub op_type: Option<u32>,
+    pub op_name: Option<&'a str>,
+    pub type_name: &'a str,
+    pub ne: [i64; 4],
+    pub flops: Option<u64>,
+}
+
+impl<'a> From<&'a TensorInfo> for TensorInfoRef<'a> {
+    fn from(info: &'a TensorInfo) -> Self {
+        TensorInfoRef {
+            name: &info.name,
+            op: &info.op,
+            op_type: info.op_type,
+            op_name: info.op_name.as_deref(),
+            type_name: &info.type_name,
+            ne: info.ne,
+            flops: info.flops,
+        }
+    }
+}
+
+impl TensorInfoRef<'_> {
+    /// The record's payload: the bytes `serde_json::to_vec` makes of the [`TensorInfo`], written
+    /// directly (a writer makes one per distinct node, and serde's path costs it ~1.7 times as
+    /// much).
     pub fn to_json(&self) -> Vec<u8> {
         let mut out = Vec::with_capacity(128 + self.name.len());
         out.extend_from_slice(b"{\"name\":");
-        json_str(&mut out, &self.name);
+        json_str(&mut out, self.name);
         out.extend_from_slice(b",\"op\":");
-        json_str(&mut out, &self.op);
+        json_str(&mut out, self.op);
         out.extend_from_slice(b",\"op_type\":");
+        let mut digits = itoa::Buffer::new();
         match self.op_type {
-            Some(n) => out.extend_from_slice(itoa::Buffer::new().format(n).as_bytes()),
+            Some(n) => out.extend_from_slice(digits.format(n).as_bytes()),
             None => out.extend_from_slice(b"null"),
         }
         out.extend_from_slice(b",\"op_name\":");
-        match &self.op_name {
+        match self.op_name {
             Some(s) => json_str(&mut out, s),
             None => out.extend_from_slice(b"null"),
         }
         out.extend_from_slice(b",\"type\":");
-        json_str(&mut out, &self.type_name);
+        json_str(&mut out, self.type_name);
         out.extend_from_slice(b",\"ne\":[");
-        let mut digits = itoa::Buffer::new();
         for (i, n) in self.ne.iter().enumerate() {
             if i > 0 {
                 out.push(b',');
@@ -634,11 +662,14 @@ mod tests {
             op_name: Some("é\u{1}".into()),
             ..TensorInfo::default()
         };
-        assert_eq!(info.to_json(), serde_json::to_vec(&info).unwrap());
+        assert_eq!(
+            TensorInfoRef::from(&info).to_json(),
+            serde_json::to_vec(&info).unwrap()
+        );
     }
 
     proptest! {
-        /// `TensorInfo::to_json` makes serde_json's bytes, for any names (quotes, backslashes,
+        /// `TensorInfoRef::to_json` makes serde_json's bytes, for any names (quotes, backslashes,
         /// every control character, non-ASCII), any shape and either state of each option.
         #[test]
         fn a_tensor_infos_json_is_serde_jsons(
@@ -652,7 +683,7 @@ mod tests {
         ) {
             let info = TensorInfo { name, op, op_type, op_name, type_name, ne, flops };
             prop_assert_eq!(
-                String::from_utf8(info.to_json()).unwrap(),
+                String::from_utf8(TensorInfoRef::from(&info).to_json()).unwrap(),
                 serde_json::to_string(&info).unwrap()
             );
         }
