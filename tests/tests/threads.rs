@@ -443,3 +443,50 @@ fn the_hook_wraps_every_per_op_function_this_ggml_exports() {
     let extra: BTreeSet<String> = wrapped.difference(&ggml).cloned().collect();
     assert_eq!(extra, earlier);
 }
+
+/// Op sampling in threads mode (`GGML_VIZ_OP_SAMPLE=3`): the worker threads record their
+/// shares in the first outermost graph compute of every 3 and none in the others, so a thread
+/// that computed an untimed graph still times the next timed one.
+#[test]
+fn op_sampling_in_threads_mode_times_one_graph_in_n() {
+    let dir = scratch("threads-sample");
+    let trace = dir.join("t.ggmlviz");
+    trace_llama_simple(&trace, 9, &[("GGML_VIZ_OP_SAMPLE", "3")]);
+    let (events, _, _) = read_trace(&trace);
+    let main = events
+        .iter()
+        .find(|e| e.event_type() == Some(EventType::GraphComputeBegin))
+        .unwrap()
+        .thread_id;
+    // The main thread's outermost graph computes, (begin, end).
+    let (mut graphs, mut depth, mut begin) = (Vec::new(), 0, 0);
+    for e in events.iter().filter(|e| e.thread_id == main) {
+        match e.event_type() {
+            Some(EventType::GraphComputeBegin) => {
+                if depth == 0 {
+                    begin = e.timestamp_ns;
+                }
+                depth += 1;
+            }
+            Some(EventType::GraphComputeEnd) => {
+                depth -= 1;
+                if depth == 0 {
+                    graphs.push((begin, e.timestamp_ns));
+                }
+            }
+            _ => {}
+        }
+    }
+    assert!(graphs.len() >= 7, "{} graph computes", graphs.len());
+    let shares_in = |(begin, end): (u64, u64)| {
+        events
+            .iter()
+            .filter(|e| e.event_type() == Some(EventType::OpComputeBegin))
+            .filter(|e| (begin..=end).contains(&e.timestamp_ns))
+            .count()
+    };
+    let timed: Vec<usize> = (0..graphs.len())
+        .filter(|&i| shares_in(graphs[i]) > 0)
+        .collect();
+    assert_eq!(timed, (0..graphs.len()).step_by(3).collect::<Vec<_>>());
+}
