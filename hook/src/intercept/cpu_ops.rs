@@ -12,8 +12,8 @@
 //! fused functions take three arguments, `mul_mat_id_tiled` six and returns `bool`), nothing is
 //! changed. None of these functions takes arguments on the stack.
 //! The calls that only continue what is open (the dispatcher's per-op call after its marker, a
-//! call nested in an op) and the barriers of one thread that end nothing take a fast path in
-//! the trampoline itself, without `enter`.
+//! call nested in an op), the barriers of one thread that end nothing, and every call where
+//! nothing is timed per thread take a fast path in the trampoline itself, without `enter`.
 //!
 //! What a thread records (only while a recorded, sampled graph compute is running, see
 //! [`record::thread_ops`]):
@@ -255,7 +255,8 @@ pub fn wrapped() -> impl Iterator<Item = (u8, &'static CStr, *const ())> {
 
 // This thread's `Worker`, where `common` can reach it in two instructions: an 8-byte slot of
 // initial-exec TLS (a preloaded library's static TLS; 8 bytes also fit the surplus glibc keeps
-// for a library loaded later), set by `enter` on every call it records.
+// for a library loaded later), set by `enter` once it records on the thread, or once it knows
+// nothing will be.
 core::arch::global_asm!(
     ".pushsection .tbss,\"awT\",@nobits",
     ".p2align 3",
@@ -286,11 +287,12 @@ fn set_worker_slot(w: &Worker) {
 ///
 /// Its fast path runs no Rust and saves no argument register (it touches only `rax`, `r10`
 /// and the callee-saved registers it pushes), for a call from a site this thread has resolved
-/// before: of a per-op function (not the marker) nested in an op (this thread's depth is above
-/// 0) or the dispatcher's call for the node this thread's share is open for, where it does
-/// what [`enter`] and the slow path would (the depth up around the call, the outermost call
-/// site kept); or of a barrier of one thread that ends no share, which records nothing.
-/// Anything else takes the slow path, through [`enter`].
+/// before: any call where nothing will be timed (op timing off or by the eval callback, or
+/// tracing stopped), which goes straight to ggml; of a per-op function (not the marker) nested
+/// in an op (this thread's depth is above 0) or the dispatcher's call for the node this
+/// thread's share is open for, where it does what [`enter`] and the slow path would (the depth
+/// up around the call, the outermost call site kept); or of a barrier of one thread that ends
+/// no share, which records nothing. Anything else takes the slow path, through [`enter`].
 ///
 /// # Safety
 /// Entered only by a wrapper's `jmp`, with the caller's argument registers and stack intact.
@@ -307,8 +309,6 @@ unsafe extern "C" fn common() {
         "jz 20f",
         "lea r10, [rip + {kinds}]",
         "movzx r12d, byte ptr [r10 + r11]",
-        "cmp r12d, {marker}",
-        "je 20f",
         // The site; a tail call from one of our own calls goes the slow way (its site is the
         // outermost call's).
         "mov r13, [rsp + 24]",
@@ -347,6 +347,10 @@ unsafe extern "C" fn common() {
         "mov r10, [r10 + {real}]",
         "test r10, r10",
         "jz 20f",
+        "cmp byte ptr [rbx + {passthrough}], 0",
+        "jne 51f",
+        "cmp r12d, {marker}",
+        "je 20f",
         "cmp r12d, {barrier}",
         "je 50f",
         "cmp dword ptr [rbx + {depth}], 0",
@@ -499,6 +503,7 @@ unsafe extern "C" fn common() {
         open = const std::mem::offset_of!(Worker, open_tensor),
         outer = const std::mem::offset_of!(Worker, outer_site),
         nth = const std::mem::offset_of!(Worker, nth),
+        passthrough = const std::mem::offset_of!(Worker, passthrough),
     )
 }
 
@@ -512,6 +517,9 @@ struct Worker {
     node: Cell<Option<(OpInfo, &'static Recorder)>>,
     /// The tensor of `node` (0: none), where `common`'s fast path can read it.
     open_tensor: Cell<usize>,
+    /// Nothing will be timed on this thread ([`record::thread_ops_never`]): `common` sends
+    /// every call from a resolved site straight to ggml.
+    passthrough: Cell<bool>,
     /// Thread index and count from the compute params of the last node.
     ith: Cell<u32>,
     nth: Cell<u32>,
@@ -673,6 +681,7 @@ thread_local! {
             outer_site: Cell::new(0),
             node: Cell::new(None),
             open_tensor: Cell::new(0),
+            passthrough: Cell::new(false),
             ith: Cell::new(0),
             nth: Cell::new(0),
             barrier_start: Cell::new(0),
@@ -743,6 +752,9 @@ extern "C" fn enter(row: usize, arg0: Ptr, arg1: Ptr, arg2: Ptr, site: usize) ->
         // tracing): nothing to keep, but a share left open when that began is ended.
         if w.depth.get() == 0 && w.node.get().is_some() {
             contained(|| end_node(w));
+        } else if w.depth.get() == 0 && record::thread_ops_never() {
+            w.passthrough.set(true);
+            set_worker_slot(w);
         }
         return Next::untraced(resolved.real);
     }

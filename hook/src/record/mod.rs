@@ -31,4 +31,4 @@ pub use events::{
 };
 pub use recorder::Recorder;
 pub use rpc::{Transfer, rpc_after, rpc_before, rpc_connected, rpc_listening};
-pub use session::{Setup, active, finish, start_once};
+pub use session::{Setup, active, finish, start_once, thread_ops_never};

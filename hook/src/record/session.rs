@@ -102,6 +102,17 @@ pub fn active() -> Option<&'static Recorder> {
     (!r.is_null()).then(|| unsafe { &*r })
 }
 
+/// Whether no call of this process (or of this child since its fork) will be timed per thread
+/// from now on: tracing stopped for good, or ops are timed another way or not at all (a mode
+/// that never becomes threads).
+pub fn thread_ops_never() -> bool {
+    match STATE.load(Ordering::Acquire) {
+        INERT => true,
+        ACTIVE => active().is_some_and(|r| r.op_mode() != OpMode::Threads),
+        _ => false,
+    }
+}
+
 /// The last flush, as at exit: what a test of the recording core calls to end its trace.
 pub fn finish() {
     at_exit();
