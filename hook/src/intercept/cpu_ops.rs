@@ -12,8 +12,8 @@
 //! fused functions take three arguments, `mul_mat_id_tiled` six and returns `bool`), nothing is
 //! changed. None of these functions takes arguments on the stack.
 //! The calls that only continue what is open (the dispatcher's per-op call after its marker, a
-//! call nested in an op), the barriers of one thread that end nothing, and every call where
-//! nothing is timed per thread take a fast path in the trampoline itself, without `enter`.
+//! call nested in an op), the barriers of one thread, and every call where nothing is timed per
+//! thread take a fast path in the trampoline itself, without `enter`.
 //!
 //! What a thread records (only while a recorded, sampled graph compute is running, see
 //! [`record::thread_ops`]):
@@ -291,8 +291,9 @@ fn set_worker_slot(w: &Worker) {
 /// tracing stopped), which goes straight to ggml; of a per-op function (not the marker) nested
 /// in an op (this thread's depth is above 0) or the dispatcher's call for the node this
 /// thread's share is open for, where it does what [`enter`] and the slow path would (the depth
-/// up around the call, the outermost call site kept); or of a barrier of one thread that ends
-/// no share, which records nothing. Anything else takes the slow path, through [`enter`].
+/// up around the call, the outermost call site kept); or of a barrier of one thread, which
+/// records no wait and ends this thread's share if one is open (through [`end_share`]).
+/// Anything else takes the slow path, through [`enter`].
 ///
 /// # Safety
 /// Entered only by a wrapper's `jmp`, with the caller's argument registers and stack intact.
@@ -309,6 +310,12 @@ unsafe extern "C" fn common() {
         "jz 20f",
         "lea r10, [rip + {kinds}]",
         "movzx r12d, byte ptr [r10 + r11]",
+        // A marker is for enter (a node begins), unless nothing is timed on this thread.
+        "cmp byte ptr [rbx + {passthrough}], 0",
+        "jne 60f",
+        "cmp r12d, {marker}",
+        "je 20f",
+        "60:",
         // The site; a tail call from one of our own calls goes the slow way (its site is the
         // outermost call's).
         "mov r13, [rsp + 24]",
@@ -349,8 +356,6 @@ unsafe extern "C" fn common() {
         "jz 20f",
         "cmp byte ptr [rbx + {passthrough}], 0",
         "jne 51f",
-        "cmp r12d, {marker}",
-        "je 20f",
         "cmp r12d, {barrier}",
         "je 50f",
         "cmp dword ptr [rbx + {depth}], 0",
@@ -384,7 +389,27 @@ unsafe extern "C" fn common() {
         "cmp dword ptr [rbx + {depth}], 0",
         "jne 51f",
         "cmp qword ptr [rbx + {open}], 0",
-        "jne 20f",
+        "je 51f",
+        // The barrier after a node, of one thread: the share ends (end_share), then ggml's
+        // barrier, with the argument registers as they came (it takes no float).
+        "push rdi",
+        "push rsi",
+        "push rdx",
+        "push rcx",
+        "push r8",
+        "push r9",
+        "push r10",
+        "sub rsp, 8",
+        "mov rdi, rbx",
+        "call {end_share}",
+        "add rsp, 8",
+        "pop r10",
+        "pop r9",
+        "pop r8",
+        "pop rcx",
+        "pop rdx",
+        "pop rsi",
+        "pop rdi",
         "51:",
         "pop r13",
         "pop r12",
@@ -504,6 +529,7 @@ unsafe extern "C" fn common() {
         outer = const std::mem::offset_of!(Worker, outer_site),
         nth = const std::mem::offset_of!(Worker, nth),
         passthrough = const std::mem::offset_of!(Worker, passthrough),
+        end_share = sym end_share,
     )
 }
 
@@ -781,6 +807,15 @@ extern "C" fn enter(row: usize, arg0: Ptr, arg1: Ptr, arg2: Ptr, site: usize) ->
         }
     }
     worker
+}
+
+/// `common`'s fast path at the barrier after a node, of one thread: this thread's share of the
+/// node ends (what [`enter`] would do there, whether or not per-thread timing goes on).
+extern "C" fn end_share(worker: *const Worker) {
+    // SAFETY: `common` passes this thread's own `WORKER` (from its TLS slot), which lives as
+    // long as the thread, and only this thread uses it.
+    let w = unsafe { &*worker };
+    contained(|| end_node(w));
 }
 
 /// After a recorded barrier wait, on the thread whose `worker` [`enter`] returned (after any
