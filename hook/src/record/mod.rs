@@ -31,4 +31,6 @@ pub use events::{
 };
 pub use recorder::Recorder;
 pub use rpc::{Transfer, rpc_after, rpc_before, rpc_connected, rpc_listening};
-pub use session::{Setup, active, finish, start_once, thread_ops_never};
+#[cfg(all(target_os = "linux", target_arch = "x86_64"))]
+pub use session::thread_ops_never;
+pub use session::{Setup, active, finish, start_once};

@@ -104,7 +104,8 @@ pub fn active() -> Option<&'static Recorder> {
 
 /// Whether no call of this process (or of this child since its fork) will be timed per thread
 /// from now on: tracing stopped for good, or ops are timed another way or not at all (a mode
-/// that never becomes threads).
+/// that never becomes threads). For per-thread op timing's front end (Linux x86-64).
+#[cfg(all(target_os = "linux", target_arch = "x86_64"))]
 pub fn thread_ops_never() -> bool {
     match STATE.load(Ordering::Acquire) {
         INERT => true,
