@@ -725,7 +725,8 @@ thread_local! {
 }
 
 /// What [`enter`] tells `common`: the real function (0: none), and this thread's [`Worker`] for
-/// [`exit`] (null: nothing to do after the call, which then returns straight to its caller).
+/// after the call (its depth down, or [`exit`] after a barrier wait; null: nothing to do after
+/// the call, which then returns straight to its caller).
 #[repr(C)]
 struct Next {
     real: usize,
