@@ -11,9 +11,10 @@
 //! value and tells [`exit`]), and returns that value: whatever the function's signature (the
 //! fused functions take three arguments, `mul_mat_id_tiled` six and returns `bool`), nothing is
 //! changed. None of these functions takes arguments on the stack.
-//! The calls that only continue what is open (the dispatcher's per-op call after its marker, a
-//! call nested in an op), the barriers of one thread, and every call where nothing is timed per
-//! thread take a fast path in the trampoline itself, without `enter`.
+//! From a call site a thread has resolved before, the dispatcher's marker, the calls that only
+//! continue what is open (its per-op call after the marker, a call nested in an op), the
+//! barriers of one thread, and every call where nothing is timed per thread take a fast path
+//! in the trampoline itself, without `enter`.
 //!
 //! What a thread records (only while a recorded, sampled graph compute is running, see
 //! [`record::thread_ops`]):
@@ -291,9 +292,10 @@ fn set_worker_slot(w: &Worker) {
 /// tracing stopped), which goes straight to ggml; of a per-op function (not the marker) nested
 /// in an op (this thread's depth is above 0) or the dispatcher's call for the node this
 /// thread's share is open for, where it does what [`enter`] and the slow path would (the depth
-/// up around the call, the outermost call site kept); or of a barrier of one thread, which
-/// records no wait and ends this thread's share if one is open (through [`end_share`]).
-/// Anything else takes the slow path, through [`enter`].
+/// up around the call, the outermost call site kept); of the dispatcher's marker at depth 0,
+/// whose share [`begin_share`] begins; or of a barrier of one thread, which records no wait and
+/// ends this thread's share if one is open (through [`end_share`]). Anything else takes the
+/// slow path, through [`enter`].
 ///
 /// # Safety
 /// Entered only by a wrapper's `jmp`, with the caller's argument registers and stack intact.
@@ -310,12 +312,6 @@ unsafe extern "C" fn common() {
         "jz 20f",
         "lea r10, [rip + {kinds}]",
         "movzx r12d, byte ptr [r10 + r11]",
-        // A marker is for enter (a node begins), unless nothing is timed on this thread.
-        "cmp byte ptr [rbx + {passthrough}], 0",
-        "jne 60f",
-        "cmp r12d, {marker}",
-        "je 20f",
-        "60:",
         // The site; a tail call from one of our own calls goes the slow way (its site is the
         // outermost call's).
         "mov r13, [rsp + 24]",
@@ -351,6 +347,7 @@ unsafe extern "C" fn common() {
         "jz 20f",
         "cmp byte ptr [r10 + {untraced}], 0",
         "jne 20f",
+        "mov rax, r10",
         "mov r10, [r10 + {real}]",
         "test r10, r10",
         "jz 20f",
@@ -358,6 +355,8 @@ unsafe extern "C" fn common() {
         "jne 51f",
         "cmp r12d, {barrier}",
         "je 50f",
+        "cmp r12d, {marker}",
+        "je 70f",
         "cmp dword ptr [rbx + {depth}], 0",
         "jne 40f",
         // Depth 0: only the call for the node this thread's share is open for (its tensor is
@@ -415,6 +414,37 @@ unsafe extern "C" fn common() {
         "pop r12",
         "pop rbx",
         "jmp r10",
+        // The dispatcher's marker at depth 0: begin_share(worker, site, resolved, params,
+        // node) begins the share (as enter would) and says whether the call is timed: if so the
+        // depth goes up around it, as for the per-op calls above.
+        "70:",
+        "cmp dword ptr [rbx + {depth}], 0",
+        "jne 20f",
+        "push rdi",
+        "push rsi",
+        "push rdx",
+        "push rcx",
+        "push r8",
+        "push r9",
+        "push r10",
+        "sub rsp, 8",
+        "mov rdx, rax",
+        "mov rcx, rdi",
+        "mov r8, rsi",
+        "mov rdi, rbx",
+        "mov rsi, r13",
+        "call {begin_share}",
+        "add rsp, 8",
+        "pop r10",
+        "pop r9",
+        "pop r8",
+        "pop rcx",
+        "pop rdx",
+        "pop rsi",
+        "pop rdi",
+        "test al, al",
+        "jz 51b",
+        "jmp 40b",
         // The slow path, through enter.
         "20:",
         "pop r13",
@@ -530,6 +560,7 @@ unsafe extern "C" fn common() {
         nth = const std::mem::offset_of!(Worker, nth),
         passthrough = const std::mem::offset_of!(Worker, passthrough),
         end_share = sym end_share,
+        begin_share = sym begin_share,
     )
 }
 
@@ -775,14 +806,7 @@ extern "C" fn enter(row: usize, arg0: Ptr, arg1: Ptr, arg2: Ptr, site: usize) ->
         return Next::untraced(resolved.real);
     }
     if record::thread_ops().is_none() {
-        // Not recording per thread (op timing off or by the eval callback, or not
-        // tracing): nothing to keep, but a share left open when that began is ended.
-        if w.depth.get() == 0 && w.node.get().is_some() {
-            contained(|| end_node(w));
-        } else if w.depth.get() == 0 && record::thread_ops_never() {
-            w.passthrough.set(true);
-            set_worker_slot(w);
-        }
+        not_timed(w);
         return Next::untraced(resolved.real);
     }
     // From now on `common` may take its fast path on this thread (op timing off leaves the
@@ -802,12 +826,60 @@ extern "C" fn enter(row: usize, arg0: Ptr, arg1: Ptr, arg2: Ptr, site: usize) ->
     let depth = w.depth.get();
     w.depth.set(depth + 1);
     if depth == 0 {
-        w.outer_site.set(site);
-        if !w.continues_node(f.kind, arg1, arg2) {
-            contained(|| node_begins(w, f.kind, resolved.helpers, arg0, arg1, arg2));
-        }
+        outermost_call(w, f.kind, resolved, site, [arg0, arg1, arg2]);
     }
     worker
+}
+
+/// A call when nothing is timed per thread (op timing off or by the eval callback, or not
+/// tracing): nothing to keep, but a share left open when that began is ended; where nothing
+/// will be timed for the rest of the process, the thread's calls go straight to ggml from now
+/// on.
+fn not_timed(w: &Worker) {
+    if w.depth.get() == 0 && w.node.get().is_some() {
+        contained(|| end_node(w));
+    } else if w.depth.get() == 0 && record::thread_ops_never() {
+        w.passthrough.set(true);
+        set_worker_slot(w);
+    }
+}
+
+/// A timed call at depth 0 (the depth already counts it): its site stands in for tail calls
+/// from inside it, and unless it continues the node this thread's share is open for, a share
+/// begins.
+fn outermost_call(w: &Worker, kind: Kind, resolved: &Resolved, site: usize, args: [Ptr; 3]) {
+    w.outer_site.set(site);
+    if !w.continues_node(kind, args[1], args[2]) {
+        contained(|| node_begins(w, kind, resolved.helpers, args[0], args[1], args[2]));
+    }
+}
+
+/// `common`'s fast path at the dispatcher's marker (`ggml_cpu_extra_compute_forward(params,
+/// node)`) at depth 0, from a site this thread resolved before: what [`enter`] would do, less
+/// the depth, which `common` takes up around the call when this says the call is timed.
+extern "C" fn begin_share(
+    worker: *const Worker,
+    site: usize,
+    resolved: *const Resolved,
+    params: Ptr,
+    node: Ptr,
+) -> bool {
+    // SAFETY: `common` passes this thread's own `WORKER` (from its TLS slot), which lives as
+    // long as the thread, and only this thread uses it; and a `Resolved` from its call-site
+    // cache, leaked and never freed.
+    let (w, resolved) = unsafe { (&*worker, &*resolved) };
+    if record::thread_ops().is_none() {
+        not_timed(w);
+        return false;
+    }
+    outermost_call(
+        w,
+        Kind::Marker,
+        resolved,
+        site,
+        [params, node, std::ptr::null_mut()],
+    );
+    true
 }
 
 /// `common`'s fast path at the barrier after a node, of one thread: this thread's share of the
