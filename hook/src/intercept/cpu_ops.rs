@@ -284,11 +284,26 @@ fn set_worker_slot(w: &Worker) {
     }
 }
 
+/// Around a call into Rust from `common`'s fast path: the argument registers the real function
+/// will get (and `r10`, its address) pushed, the stack 16-byte aligned for the call.
+macro_rules! push_arguments {
+    () => {
+        "push rdi\npush rsi\npush rdx\npush rcx\npush r8\npush r9\npush r10\nsub rsp, 8"
+    };
+}
+
+/// The registers [`push_arguments`] pushed, back as they were.
+macro_rules! pop_arguments {
+    () => {
+        "add rsp, 8\npop r10\npop r9\npop r8\npop rcx\npop rdx\npop rsi\npop rdi"
+    };
+}
+
 /// The trampoline every wrapper jumps to, with its row in `r11`.
 ///
-/// Its fast path runs no Rust and saves no argument register (it touches only `rax`, `r10`
-/// and the callee-saved registers it pushes), for a call from a site this thread has resolved
-/// before: any call where nothing will be timed (op timing off or by the eval callback, or
+/// Its fast path touches only `rax`, `r10` and the callee-saved registers it pushes, and calls
+/// Rust only where a share begins or ends (with the argument registers pushed around the call),
+/// for a call from a site this thread has resolved before: any call where nothing will be timed (op timing off or by the eval callback, or
 /// tracing stopped), which goes straight to ggml; of a per-op function (not the marker) nested
 /// in an op (this thread's depth is above 0) or the dispatcher's call for the node this
 /// thread's share is open for, where it does what [`enter`] and the slow path would (the depth
@@ -391,24 +406,10 @@ unsafe extern "C" fn common() {
         "je 51f",
         // The barrier after a node, of one thread: the share ends (end_share), then ggml's
         // barrier, with the argument registers as they came (it takes no float).
-        "push rdi",
-        "push rsi",
-        "push rdx",
-        "push rcx",
-        "push r8",
-        "push r9",
-        "push r10",
-        "sub rsp, 8",
+        push_arguments!(),
         "mov rdi, rbx",
         "call {end_share}",
-        "add rsp, 8",
-        "pop r10",
-        "pop r9",
-        "pop r8",
-        "pop rcx",
-        "pop rdx",
-        "pop rsi",
-        "pop rdi",
+        pop_arguments!(),
         "51:",
         "pop r13",
         "pop r12",
@@ -420,28 +421,14 @@ unsafe extern "C" fn common() {
         "70:",
         "cmp dword ptr [rbx + {depth}], 0",
         "jne 20f",
-        "push rdi",
-        "push rsi",
-        "push rdx",
-        "push rcx",
-        "push r8",
-        "push r9",
-        "push r10",
-        "sub rsp, 8",
+        push_arguments!(),
         "mov rdx, rax",
         "mov rcx, rdi",
         "mov r8, rsi",
         "mov rdi, rbx",
         "mov rsi, r13",
         "call {begin_share}",
-        "add rsp, 8",
-        "pop r10",
-        "pop r9",
-        "pop r8",
-        "pop rcx",
-        "pop rdx",
-        "pop rsi",
-        "pop rdi",
+        pop_arguments!(),
         "test al, al",
         "jz 51b",
         "jmp 40b",
