@@ -3,6 +3,7 @@
 //! Every function is looked up at run time (see [`crate::resolve`]); any may be missing in an old
 //! ggml, and then the event carries 0 or no name.
 
+use std::borrow::Cow;
 use std::ffi::{CStr, c_char, c_int, c_void};
 use std::sync::atomic::{AtomicU32, Ordering};
 
@@ -76,11 +77,14 @@ unsafe fn c_string(p: *const c_char) -> String {
         return String::new();
     }
     // SAFETY: per the contract.
-    let bytes = unsafe { CStr::from_ptr(p) }.to_bytes();
-    // Valid UTF-8 (every name ggml makes) is checked a word at a time and copied once; only
-    // other bytes go the lossy way, which walks them in chunks.
-    String::from_utf8(bytes.to_vec())
-        .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
+    text(unsafe { CStr::from_ptr(p) }).into_owned()
+}
+
+/// `s` as text: borrowed when it is UTF-8 (every name ggml makes; checked a word at a time),
+/// else with U+FFFD for each bad sequence (the lossy way, which walks it in chunks).
+pub fn text(s: &CStr) -> Cow<'_, str> {
+    s.to_str()
+        .map_or_else(|_| s.to_string_lossy(), Cow::Borrowed)
 }
 
 /// # Safety
@@ -340,9 +344,7 @@ impl Helpers {
     /// `op` must be a value of this ggml's `enum ggml_op`.
     pub unsafe fn op_name(&self, op: u32) -> String {
         // SAFETY: per the contract.
-        unsafe { self.op_name_cstr(op) }
-            .to_string_lossy()
-            .into_owned()
+        text(unsafe { self.op_name_cstr(op) }).into_owned()
     }
 
     /// [`Helpers::op_name`], a static string (empty if the function is missing).

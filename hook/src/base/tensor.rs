@@ -2,12 +2,12 @@
 //! that are checked against ggml's own `ggml_op_desc` before any of them is trusted.
 
 use std::borrow::Cow;
-use std::ffi::{CStr, c_void};
+use std::ffi::c_void;
 use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 
 use ggml_viz_reader::format::ext;
 
-use super::ggml::Helpers;
+use super::ggml::{Helpers, text};
 use super::say;
 
 type Ptr = *mut c_void;
@@ -160,13 +160,6 @@ pub struct TensorInfo {
     /// Index of the distinct name and op type, in order of first sight (one can have several
     /// infos: shapes differ between graphs).
     pub group: u32,
-}
-
-/// `s` as text: borrowed when it is UTF-8 (checked a word at a time), else with U+FFFD for
-/// each bad sequence.
-fn text(s: &CStr) -> Cow<'_, str> {
-    s.to_str()
-        .map_or_else(|_| s.to_string_lossy(), Cow::Borrowed)
 }
 
 /// The tensor info of `tensor`; of a fused call's last node when `fused_first` is the node it
