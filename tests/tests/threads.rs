@@ -36,7 +36,7 @@ fn shares(events: &[Event<'_>]) -> Shares {
     // Per thread, its open share: when it began, its op type, the waits inside it so far (a
     // thread's events come in the order it recorded them).
     let mut open: HashMap<u32, (u64, u32, usize)> = HashMap::new();
-    let mut mul_mat = None;
+    let mut names = ext::NameTables::default();
     let mut s = Shares {
         spans: BTreeMap::new(),
         barriers: BTreeMap::new(),
@@ -45,14 +45,7 @@ fn shares(events: &[Event<'_>]) -> Shares {
     for e in events {
         match (e.event_type(), e.payload) {
             (_, Payload::Extension(x)) if x.kind == ExtensionKind::OpNames => {
-                let names: ext::OpNames = ext::parse_payload(e.label.as_deref().unwrap()).unwrap();
-                mul_mat = mul_mat.or_else(|| {
-                    names
-                        .names
-                        .iter()
-                        .find(|(_, name)| *name == "MUL_MAT")
-                        .map(|(n, _)| n.parse::<u32>().unwrap())
-                });
+                names.take(x.kind, e.label.as_deref().unwrap());
             }
             (Some(EventType::OpComputeBegin), Payload::Op { op_type, .. }) => {
                 assert!(
@@ -65,7 +58,7 @@ fn shares(events: &[Event<'_>]) -> Shares {
             (Some(EventType::OpComputeEnd), _) => {
                 let (begin, op_type, waits) =
                     open.remove(&e.thread_id).expect("an end without a begin");
-                if Some(op_type) == mul_mat {
+                if names.op(None, op_type) == "MUL_MAT" {
                     s.mul_mat_waits.push(waits);
                 }
                 assert!(e.timestamp_ns >= begin);
