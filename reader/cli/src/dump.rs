@@ -15,8 +15,9 @@ use crate::input::Input;
 ///
 /// The jsonl format prints one JSON object per line with the keys type, type_code,
 /// timestamp_ns, thread_id and label, plus graph_ptr, n_nodes, n_threads, backend_ptr for graph
-/// events; tensor_ptr, op_type, op_size, backend_ptr for op events; ptr, size for memory events.
-/// Integers are exact over the full u64 range. Types outside the spec (ggml-viz extension records
+/// events; tensor_ptr, op_type, op_size, backend_ptr for op events; ptr, size for memory events;
+/// object_ptr, thread_index, n_threads, value for barrier waits and thread events (for a wait,
+/// value is its duration in nanoseconds; reader/FORMAT.md). Integers are exact over the full u64 range. Types outside the spec (ggml-viz extension records
 /// among them) print as type "unknown" with their type_code.
 ///
 /// Exit status: 0 for a clean file or one whose only damage is a truncated tail (warning on
@@ -114,6 +115,20 @@ pub fn jsonl_object(event: &Event<'_>) -> Value {
         (Some(_), Payload::Memory { ptr, size }) => {
             obj.insert("ptr".into(), json!(ptr));
             obj.insert("size".into(), json!(size));
+        }
+        (
+            Some(_),
+            Payload::Thread {
+                object_ptr,
+                thread_index,
+                n_threads,
+                value,
+            },
+        ) => {
+            obj.insert("object_ptr".into(), json!(object_ptr));
+            obj.insert("thread_index".into(), json!(thread_index));
+            obj.insert("n_threads".into(), json!(n_threads));
+            obj.insert("value".into(), json!(value));
         }
         _ => {}
     }

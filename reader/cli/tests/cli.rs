@@ -147,7 +147,10 @@ fn jsonl_has_exactly_the_contract_keys_and_exact_u64_values() {
             with(&["backend_ptr", "op_size", "op_type", "tensor_ptr"])
         );
         assert_eq!(keys(&lines[2]), with(&["ptr", "size"]));
-        assert_eq!(keys(&lines[3]), with(&[]));
+        assert_eq!(
+            keys(&lines[3]),
+            with(&["n_threads", "object_ptr", "thread_index", "value"])
+        );
         assert_eq!(keys(&lines[4]), with(&[]));
 
         assert_eq!(lines[0]["type"], "graph_compute_begin");
@@ -162,6 +165,9 @@ fn jsonl_has_exactly_the_contract_keys_and_exact_u64_values() {
         assert_eq!(lines[2]["type"], "tensor_alloc");
         assert_eq!(lines[2]["size"].as_u64(), Some(1 << 63));
         assert_eq!(lines[3]["type"], "barrier_wait");
+        let wait =
+            ["object_ptr", "thread_index", "n_threads", "value"].map(|k| lines[3][k].as_u64());
+        assert_eq!(wait, [Some(1), Some(0), Some(2), Some(5)]);
         assert_eq!(lines[4]["type"], "unknown");
         assert_eq!(lines[4]["type_code"], 200);
     }
