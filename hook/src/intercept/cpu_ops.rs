@@ -13,8 +13,8 @@
 //! changed. None of these functions takes arguments on the stack.
 //! From a call site a thread has resolved before, the dispatcher's marker, the calls that only
 //! continue what is open (its per-op call after the marker, a call nested in an op), the
-//! barriers of one thread, and every call where nothing is timed per thread take a fast path
-//! in the trampoline itself, without `enter`.
+//! barriers, and every call where nothing is timed per thread take a fast path in the
+//! trampoline itself, without `enter`.
 //!
 //! What a thread records (only while a recorded, sampled graph compute is running, see
 //! [`record::thread_ops`]):
@@ -308,9 +308,10 @@ macro_rules! pop_arguments {
 /// in an op (this thread's depth is above 0) or the dispatcher's call for the node this
 /// thread's share is open for, where it does what [`enter`] and the slow path would (the depth
 /// up around the call, the outermost call site kept); of the dispatcher's marker at depth 0,
-/// whose share [`begin_share`] begins; or of a barrier of one thread, which records no wait and
-/// ends this thread's share if one is open (through [`end_share`]). Anything else takes the
-/// slow path, through [`enter`].
+/// whose share [`begin_share`] begins; of a barrier of one thread, which records no wait and
+/// ends this thread's share if one is open (through [`end_share`]); or of a barrier of several,
+/// whose wait [`wait_begins`] and [`exit`] record around the call. Anything else takes the slow
+/// path, through [`enter`].
 ///
 /// # Safety
 /// Entered only by a wrapper's `jmp`, with the caller's argument registers and stack intact.
@@ -399,7 +400,7 @@ unsafe extern "C" fn common() {
         // nothing is recorded, nothing follows.
         "50:",
         "cmp dword ptr [rbx + {nth}], 1",
-        "ja 20f",
+        "ja 52f",
         "cmp dword ptr [rbx + {depth}], 0",
         "jne 51f",
         "cmp qword ptr [rbx + {open}], 0",
@@ -415,6 +416,25 @@ unsafe extern "C" fn common() {
         "pop r12",
         "pop rbx",
         "jmp r10",
+        // A barrier of several threads: wait_begins ends the share if one is open and says
+        // whether the wait is recorded; if so, ggml's barrier is called from here and exit
+        // records the wait after it (a barrier returns nothing; rax is kept all the same).
+        "52:",
+        push_arguments!(),
+        "mov rdi, rbx",
+        "call {wait_begins}",
+        pop_arguments!(),
+        "test al, al",
+        "jz 51b",
+        "call r10",
+        "mov r12, rax",
+        "mov rdi, rbx",
+        "call {exit}",
+        "mov rax, r12",
+        "pop r13",
+        "pop r12",
+        "pop rbx",
+        "ret",
         // The dispatcher's marker at depth 0: begin_share(worker, site, resolved, params,
         // node) begins the share (as enter would) and says whether the call is timed: if so the
         // depth goes up around it, as for the per-op calls above.
@@ -548,6 +568,7 @@ unsafe extern "C" fn common() {
         passthrough = const std::mem::offset_of!(Worker, passthrough),
         end_share = sym end_share,
         begin_share = sym begin_share,
+        wait_begins = sym wait_begins,
     )
 }
 
@@ -804,7 +825,7 @@ extern "C" fn enter(row: usize, arg0: Ptr, arg1: Ptr, arg2: Ptr, site: usize) ->
         worker: w as *const Worker,
     };
     if f.kind == Kind::Barrier {
-        return if contained(|| barrier_begins(w)) == Some(true) {
+        return if timed_wait(w) {
             worker
         } else {
             Next::untraced(resolved.real)
@@ -876,6 +897,24 @@ extern "C" fn end_share(worker: *const Worker) {
     // long as the thread, and only this thread uses it.
     let w = unsafe { &*worker };
     contained(|| end_node(w));
+}
+
+/// `common`'s fast path at a barrier of several threads: what [`enter`] would do there (the
+/// share ends; the wait begins if it is recorded, and then [`exit`] follows the call).
+extern "C" fn wait_begins(worker: *const Worker) -> bool {
+    // SAFETY: `common` passes this thread's own `WORKER` (from its TLS slot), which lives as
+    // long as the thread, and only this thread uses it.
+    let w = unsafe { &*worker };
+    if record::thread_ops().is_none() {
+        not_timed(w);
+        return false;
+    }
+    timed_wait(w)
+}
+
+/// A barrier call while threads are timed: whether its wait is recorded.
+fn timed_wait(w: &Worker) -> bool {
+    contained(|| barrier_begins(w)) == Some(true)
 }
 
 /// After a recorded barrier wait, on the thread whose `worker` [`enter`] returned (after any
