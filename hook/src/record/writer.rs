@@ -29,6 +29,7 @@ const GRAPH_BEGIN: u8 = EventType::GraphComputeBegin.code();
 const GRAPH_END: u8 = EventType::GraphComputeEnd.code();
 const OP_BEGIN: u8 = EventType::OpComputeBegin.code();
 const OP_END: u8 = EventType::OpComputeEnd.code();
+const BARRIER_WAIT: u8 = EventType::BarrierWait.code();
 const TENSOR_ALLOC: u8 = EventType::TensorAlloc.code();
 const TENSOR_FREE: u8 = EventType::TensorFree.code();
 
@@ -226,18 +227,48 @@ impl TraceWriter {
         Ok(())
     }
 
-    /// One event of the thread whose latest conversion is `floor`. Op events, most of a trace
-    /// with op timing, take a path of their own, without the others' frame.
+    /// One event of the thread whose latest conversion is `floor`. Op events and worker
+    /// threads' barrier waits, most of a trace with op timing, take paths of their own, without
+    /// the others' frame.
     #[inline(always)]
     fn encode(&mut self, e: &RawEvent, d: &Drain<'_>, floor: &mut u64) {
         if e.type_code == OP_BEGIN || e.type_code == OP_END {
             self.encode_op(e, d, floor)
+        } else if e.type_code == BARRIER_WAIT && e.entry == 0 {
+            self.encode_worker_wait(e, floor)
         } else {
             self.encode_other(e, d, floor)
         }
     }
 
-    /// [`TraceWriter::encode`] of any event but an op event.
+    /// A worker thread's wait at `ggml_barrier` (threads-mode op timing), which no entry point
+    /// records: labelled for the function.
+    #[inline(always)]
+    fn encode_worker_wait(&mut self, e: &RawEvent, floor: &mut u64) {
+        let timestamp_ns = self.clock.convert_epoch_ns(e.ticks, floor);
+        let payload = self.thread_payload(e);
+        format::encode_record(
+            &mut self.buf,
+            self.layout,
+            e.type_code,
+            timestamp_ns,
+            e.thread_id,
+            &payload,
+            Some(b"ggml_barrier"),
+        );
+    }
+
+    /// The payload of a wait or thread event: its duration, in ticks, as nanoseconds.
+    fn thread_payload(&self, e: &RawEvent) -> Payload {
+        Payload::Thread {
+            object_ptr: e.a,
+            thread_index: e.b,
+            n_threads: e.c,
+            value: self.clock.to_ns(e.d),
+        }
+    }
+
+    /// [`TraceWriter::encode`] of any event but an op event or a worker's wait.
     #[inline(never)]
     fn encode_other(&mut self, e: &RawEvent, d: &Drain<'_>, floor: &mut u64) {
         let timestamp_ns = self.clock.convert_epoch_ns(e.ticks, floor);
@@ -255,23 +286,14 @@ impl TraceWriter {
                     None => self.encode_span(e, timestamp_ns),
                 };
             }
-            _ => Payload::Thread {
-                object_ptr: e.a,
-                thread_index: e.b,
-                n_threads: e.c,
-                value: self.clock.to_ns(e.d),
-            },
+            _ => self.thread_payload(e),
         };
-        // A worker thread's wait (threads-mode op timing) is recorded by no entry point.
-        let label: &[u8] = if e.entry == 0 && e.type_code == EventType::BarrierWait.code() {
-            b"ggml_barrier"
-        } else {
-            let key = e.entry as usize * NAME_IDS + (e.name_id as usize % NAME_IDS);
-            if self.labels.len() <= key {
-                self.labels.resize(key + 1, None);
-            }
-            self.labels[key].get_or_insert_with(|| label_of(e.entry, e.name_id, d.names).into())
-        };
+        let key = e.entry as usize * NAME_IDS + (e.name_id as usize % NAME_IDS);
+        if self.labels.len() <= key {
+            self.labels.resize(key + 1, None);
+        }
+        let label: &[u8] =
+            self.labels[key].get_or_insert_with(|| label_of(e.entry, e.name_id, d.names).into());
         format::encode_record(
             &mut self.buf,
             self.layout,
