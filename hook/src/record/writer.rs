@@ -247,12 +247,11 @@ impl TraceWriter {
     fn encode_worker_wait(&mut self, e: &RawEvent, floor: &mut u64) {
         let timestamp_ns = self.clock.convert_epoch_ns(e.ticks, floor);
         let payload = self.thread_payload(e);
-        format::encode_record(
+        put_event(
             &mut self.buf,
             self.layout,
-            e.type_code,
+            e,
             timestamp_ns,
-            e.thread_id,
             &payload,
             Some(b"ggml_barrier"),
         );
@@ -294,12 +293,11 @@ impl TraceWriter {
         }
         let label: &[u8] =
             self.labels[key].get_or_insert_with(|| label_of(e.entry, e.name_id, d.names).into());
-        format::encode_record(
+        put_event(
             &mut self.buf,
             self.layout,
-            e.type_code,
+            e,
             timestamp_ns,
-            e.thread_id,
             &payload,
             (!label.is_empty()).then_some(label),
         );
@@ -330,15 +328,7 @@ impl TraceWriter {
         let label = info
             .filter(|_| self.tensor_names)
             .map(|i| i.name.as_bytes());
-        format::encode_record(
-            &mut self.buf,
-            self.layout,
-            e.type_code,
-            timestamp_ns,
-            e.thread_id,
-            &payload,
-            label,
-        );
+        put_event(&mut self.buf, self.layout, e, timestamp_ns, &payload, label);
     }
 
     /// A tensor info (written again wherever another tensor of its name and op came between:
@@ -384,12 +374,11 @@ impl TraceWriter {
             ptr: e.a,
             size: e.size,
         };
-        format::encode_record(
+        put_event(
             &mut self.buf,
             self.layout,
-            e.type_code,
+            e,
             timestamp_ns,
-            e.thread_id,
             &payload,
             Some(label.as_bytes()),
         );
@@ -491,6 +480,27 @@ impl TraceWriter {
         self.encode_own(ExtensionKind::Counters, &counters);
         self.counters_written = counters;
     }
+}
+
+/// Encodes `e` stamped `timestamp_ns`, with `payload` and `label`, onto `buf`.
+#[inline(always)]
+fn put_event(
+    buf: &mut Vec<u8>,
+    layout: Layout,
+    e: &RawEvent,
+    timestamp_ns: u64,
+    payload: &Payload,
+    label: Option<&[u8]>,
+) {
+    format::encode_record(
+        buf,
+        layout,
+        e.type_code,
+        timestamp_ns,
+        e.thread_id,
+        payload,
+        label,
+    );
 }
 
 /// An event's label: the entry point and the backend or scheduler name (`ggml_backend_graph_compute_async CPU`).
