@@ -314,8 +314,8 @@ def fidelity(quick, tmp, build, hook, model):
     programs = {
         "llama-simple -n 32 (4 threads on the 2 cores)":
             [f"{build}/bin/llama-simple", "-m", model, "-n", "32", "hello world"],
-        "llama-bench -t 1 -n 32": [f"{build}/bin/llama-bench", "-m", model, "-t", "1", "-p", "0", "-n", "32", "-r", "1"],
-        "llama-bench -t 2 -n 32": [f"{build}/bin/llama-bench", "-m", model, "-t", "2", "-p", "0", "-n", "32", "-r", "1"],
+        **{f"llama-bench -t {t} -n 32": [f"{build}/bin/llama-bench", "-m", model, "-t", t, "-p", "0", "-n", "32", "-r", "1"]
+           for t in ("1", "2")},
     }
     rng = random.Random(1)
     for label, cmd in programs.items():

@@ -813,8 +813,7 @@ extern "C" fn enter(row: usize, arg0: Ptr, arg1: Ptr, arg2: Ptr, site: usize) ->
     if resolved.untraced {
         return Next::untraced(resolved.real);
     }
-    if record::thread_ops().is_none() {
-        not_timed(w);
+    if !threads_timed(w) {
         return Next::untraced(resolved.real);
     }
     // From now on `common` may take its fast path on this thread (op timing off leaves the
@@ -839,17 +838,21 @@ extern "C" fn enter(row: usize, arg0: Ptr, arg1: Ptr, arg2: Ptr, site: usize) ->
     worker
 }
 
-/// A call when nothing is timed per thread (op timing off or by the eval callback, or not
-/// tracing): nothing to keep, but a share left open when that began is ended; where nothing
-/// will be timed for the rest of the process, the thread's calls go straight to ggml from now
-/// on.
-fn not_timed(w: &Worker) {
+/// Whether calls are timed per thread now. When not (op timing off or by the eval callback, or
+/// not tracing), there is nothing to keep, but a share left open when that began is ended; and
+/// where nothing will be timed for the rest of the process, the thread's calls go straight to
+/// ggml from now on.
+fn threads_timed(w: &Worker) -> bool {
+    if record::thread_ops().is_some() {
+        return true;
+    }
     if w.depth.get() == 0 && w.node.get().is_some() {
         contained(|| end_node(w));
     } else if w.depth.get() == 0 && record::thread_ops_never() {
         w.passthrough.set(true);
         set_worker_slot(w);
     }
+    false
 }
 
 /// A timed call at depth 0 (the depth already counts it): its site stands in for tail calls
@@ -876,8 +879,7 @@ extern "C" fn begin_share(
     // long as the thread, and only this thread uses it; and a `Resolved` from its call-site
     // cache, leaked and never freed.
     let (w, resolved) = unsafe { (&*worker, &*resolved) };
-    if record::thread_ops().is_none() {
-        not_timed(w);
+    if !threads_timed(w) {
         return false;
     }
     outermost_call(
@@ -905,11 +907,7 @@ extern "C" fn wait_begins(worker: *const Worker) -> bool {
     // SAFETY: `common` passes this thread's own `WORKER` (from its TLS slot), which lives as
     // long as the thread, and only this thread uses it.
     let w = unsafe { &*worker };
-    if record::thread_ops().is_none() {
-        not_timed(w);
-        return false;
-    }
-    timed_wait(w)
+    threads_timed(w) && timed_wait(w)
 }
 
 /// A barrier call while threads are timed: whether its wait is recorded.
