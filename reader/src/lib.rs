@@ -47,7 +47,7 @@ pub use analysis::op_timings::{
 };
 pub use analysis::stats::{DurationSummary, MemoryStats, TraceStats};
 pub use format::{
-    Damage, DamageKind, Event, EventType, Layout, LayoutChoice, LayoutSource, Payload,
+    Damage, DamageKind, Event, EventType, Layout, LayoutChoice, LayoutSource, Payload, RecordView,
     choose_layout,
 };
 pub use read::{

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 
 use ggml_viz_reader::telemetry::rpc::{Aligned, Alignment, RpcParts, analyse};
 use ggml_viz_reader::telemetry::{Ids, ImportError, RecordSink, import_path_reporting};
-use ggml_viz_reader::{Damage, Event};
+use ggml_viz_reader::{Damage, RecordView};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use crate::timeline::InputOpts;
@@ -122,7 +122,7 @@ impl Reading {
         opts: &InputOpts,
         ids: &mut Ids,
         sink: &mut S,
-        events: &mut impl FnMut(Result<&Event<'_>, &Damage>),
+        events: &mut impl FnMut(Result<RecordView<'_>, &Damage>),
     ) -> Result<(), ImportError> {
         let alignment = self
             .paths
@@ -141,7 +141,7 @@ impl Reading {
         opts: &InputOpts,
         ids: &mut Ids,
         sink: &mut S,
-        events: &mut impl FnMut(Result<&Event<'_>, &Damage>),
+        events: &mut impl FnMut(Result<RecordView<'_>, &Damage>),
     ) -> Result<(), ImportError> {
         self.bar.set_message(
             path.file_name()

@@ -13,6 +13,7 @@ const fn op_size_offset(layout: Layout) -> usize {
 }
 
 /// Decodes the union of an event with `type_code` from `u`, which holds `layout.union_len()` bytes.
+#[inline]
 pub fn decode_payload(type_code: u8, u: &[u8], layout: Layout) -> Payload {
     debug_assert_eq!(u.len(), layout.union_len());
     // The union's size known to the compiler: no bounds check per field.
@@ -23,6 +24,7 @@ pub fn decode_payload(type_code: u8, u: &[u8], layout: Layout) -> Payload {
 }
 
 /// [`decode_payload`] of `u` if it holds `N` bytes, as a `N`-byte union.
+#[inline(always)]
 fn decode_sized<const N: usize>(type_code: u8, u: &[u8], layout: Layout) -> Payload {
     match <&[u8; N]>::try_from(u) {
         Ok(union) => decode_union(type_code, union, layout),
@@ -301,6 +303,61 @@ fn decode_fixed<const U: usize>(record: &[u8], layout: Layout) -> Event<'_> {
         thread_id: u32_at(head, 9),
         payload: decode_union(type_code, union, layout),
         label: label.get(4..).map(Cow::Borrowed),
+    }
+}
+
+/// One whole record where it lies, its fields read when asked for: reading a whole trace
+/// decodes the events it handles most (spans' begins and ends) only as far as it needs, and the
+/// rest with [`RecordView::event`].
+#[derive(Clone, Copy, Debug)]
+pub struct RecordView<'a> {
+    bytes: &'a [u8],
+    layout: Layout,
+}
+
+impl<'a> RecordView<'a> {
+    /// `record`: one whole record, of the length [`record_len`] gave, in `layout`.
+    #[inline(always)]
+    pub fn new(record: &'a [u8], layout: Layout) -> RecordView<'a> {
+        debug_assert!(record.len() >= layout.fixed_len());
+        RecordView {
+            bytes: record,
+            layout,
+        }
+    }
+
+    #[inline(always)]
+    pub fn type_code(&self) -> u8 {
+        self.bytes[0]
+    }
+
+    #[inline(always)]
+    pub fn timestamp_ns(&self) -> u64 {
+        u64_at(self.bytes, 1)
+    }
+
+    #[inline(always)]
+    pub fn thread_id(&self) -> u32 {
+        u32_at(self.bytes, 9)
+    }
+
+    /// The union, as [`Event::payload`].
+    #[inline(always)]
+    pub fn payload(&self) -> Payload {
+        let union = &self.bytes[UNION_OFFSET..UNION_OFFSET + self.layout.union_len()];
+        decode_payload(self.type_code(), union, self.layout)
+    }
+
+    /// The label, as [`Event::label`].
+    #[inline(always)]
+    pub fn label(&self) -> Option<&'a [u8]> {
+        self.bytes.get(self.layout.fixed_len() + 4..)
+    }
+
+    /// The whole event.
+    #[inline(always)]
+    pub fn event(&self) -> Event<'a> {
+        decode_framed_record(self.bytes, self.layout)
     }
 }
 

@@ -13,7 +13,7 @@ mod detect;
 pub mod ext;
 
 pub use codec::{
-    RecordError, decode_extension, decode_framed_record, decode_payload, decode_record,
+    RecordError, RecordView, decode_extension, decode_framed_record, decode_payload, decode_record,
     encode_event, encode_header, encode_record, padding_is_zero, record_len,
 };
 pub(crate) use damage::check_header;

@@ -1,7 +1,7 @@
 //! A push decoder: bytes go in as they arrive, complete events come out. The streaming reader
 //! (any `io::Read`) and the follow reader (a file still being written) are thin shells around it.
 
-use crate::format::{self, Event, HEADER_LEN, Layout};
+use crate::format::{self, Event, HEADER_LEN, Layout, RecordView};
 use crate::format::{Damage, DamageKind, check_header};
 use crate::format::{LayoutChoice, LayoutSource, choose_layout, marker_layout};
 
@@ -150,6 +150,24 @@ impl Decoder {
     /// Moves past the next complete record (the one [`Decoder::returned_event`] then decodes),
     /// giving the layout it is in; `None` when more bytes are needed (or after damage).
     pub fn advance(&mut self) -> Option<Result<Layout, Damage>> {
+        let (layout, len) = match self.next_len()? {
+            Ok(found) => found,
+            Err(damage) => return Some(Err(damage)),
+        };
+        self.returned = len;
+        Some(Ok(layout))
+    }
+
+    /// Whether a complete record is buffered, the header read and the layout decided first
+    /// where the bytes allow: what [`Decoder::each_record`] needs to hand out records. `None`
+    /// when more bytes are needed (or after damage).
+    pub fn ready(&mut self) -> Option<Result<(), Damage>> {
+        Some(self.next_len()?.map(|_| ()))
+    }
+
+    /// The layout and length of the next complete record, not moved past: see
+    /// [`Decoder::advance`].
+    fn next_len(&mut self) -> Option<Result<(Layout, usize), Damage>> {
         self.skip_returned();
         if self.failed {
             return None;
@@ -179,12 +197,9 @@ impl Decoder {
                 self.layout?.layout
             }
         };
-        // The framing alone here: the record is decoded once, by `returned_event`.
+        // The framing alone here: the record is decoded once, by whoever is handed it.
         match format::record_len(&self.buf[self.start..self.end], layout) {
-            Ok(Some(len)) => {
-                self.returned = len;
-                Some(Ok(layout))
-            }
+            Ok(Some(len)) => Some(Ok((layout, len))),
             Ok(None) => None,
             Err(err) => {
                 let damage = Damage::record(self.offset(), err);
@@ -193,12 +208,13 @@ impl Decoder {
         }
     }
 
-    /// Hands `each` every complete record now buffered, decoded where it lies, with its file
-    /// offset, until `each` returns false (then false). The fast path of reading a whole input:
-    /// the header, the layout and the state are checked once, not per record. Only once the
-    /// layout is known and the header read; it stops before a record that is incomplete or
-    /// damaged, which [`Decoder::advance`] then deals with.
-    pub fn each_buffered(&mut self, mut each: impl FnMut(u64, &Event<'_>) -> bool) -> bool {
+    /// Hands `each` every complete record now buffered, as it lies, with its file offset, until
+    /// `each` returns false (then false). The fast path of reading a whole input: the header,
+    /// the layout and the state are checked once, not per record. Only once the layout is known
+    /// and the header read; it stops before a record that is incomplete or damaged, which
+    /// [`Decoder::ready`] or [`Decoder::advance`] then deals with.
+    #[inline]
+    pub fn each_record(&mut self, mut each: impl FnMut(u64, RecordView<'_>) -> bool) -> bool {
         self.skip_returned();
         let (Some(choice), true, false) = (self.layout, self.header_done, self.failed) else {
             return true;
@@ -207,8 +223,8 @@ impl Decoder {
         let mut at = self.start;
         let mut go_on = true;
         while go_on && let Ok(Some(len)) = format::record_len(&buf[at..], choice.layout) {
-            let event = format::decode_framed_record(&buf[at..at + len], choice.layout);
-            go_on = each(self.base + at as u64, &event);
+            let record = RecordView::new(&buf[at..at + len], choice.layout);
+            go_on = each(self.base + at as u64, record);
             at += len;
         }
         self.start = at;
@@ -217,8 +233,13 @@ impl Decoder {
 
     /// The record [`Decoder::advance`] moved past, decoded where it lies.
     pub fn returned_event(&self, layout: Layout) -> Event<'_> {
+        self.returned_record(layout).event()
+    }
+
+    /// The record [`Decoder::advance`] moved past, as it lies.
+    pub fn returned_record(&self, layout: Layout) -> RecordView<'_> {
         // `advance` read these very bytes' framing.
-        format::decode_framed_record(&self.buf[self.start..self.start + self.returned], layout)
+        RecordView::new(&self.buf[self.start..self.start + self.returned], layout)
     }
 
     /// Says that no more bytes will come: the layout is then decided from what is buffered.

@@ -4,7 +4,7 @@ use std::io::{self, Read};
 
 use crate::format::Damage;
 use crate::format::LayoutChoice;
-use crate::format::{Event, Layout};
+use crate::format::{Event, Layout, RecordView};
 use crate::read::Decoder;
 
 const CHUNK: usize = 64 << 10;
@@ -69,6 +69,14 @@ impl<R: Read> StreamReader<R> {
     /// The next event without copying its label (it borrows the reader until the next call),
     /// with the byte offset where it begins: what [`Iterator::next`] returns, owned.
     pub fn next_borrowed(&mut self) -> Option<Result<(u64, Event<'_>), StreamError>> {
+        Some(
+            self.next_record()?
+                .map(|(offset, record)| (offset, record.event())),
+        )
+    }
+
+    /// [`StreamReader::next_borrowed`], the record as it lies.
+    fn next_record(&mut self) -> Option<Result<(u64, RecordView<'_>), StreamError>> {
         if self.done {
             return None;
         }
@@ -76,8 +84,8 @@ impl<R: Read> StreamReader<R> {
             match self.decoder.advance() {
                 Some(Ok(layout)) => {
                     self.last_offset = self.decoder.returned_offset();
-                    let event = self.decoder.returned_event(layout);
-                    return Some(Ok((self.last_offset, event)));
+                    let record = self.decoder.returned_record(layout);
+                    return Some(Ok((self.last_offset, record)));
                 }
                 Some(Err(damage)) => {
                     self.done = true;
@@ -89,19 +97,27 @@ impl<R: Read> StreamReader<R> {
                 self.done = true;
                 return self.decoder.finish().map(|d| Err(StreamError::Damage(d)));
             }
-            match self.decoder.fill(&mut self.input, CHUNK) {
-                Ok(0) => {
-                    self.ended = true;
-                    self.decoder.end_input();
-                }
-                Ok(_) => {}
-                Err(err) if err.kind() == io::ErrorKind::Interrupted => {}
-                Err(err) => {
-                    self.done = true;
-                    return Some(Err(StreamError::Io(err)));
-                }
+            if let Err(err) = self.read_more() {
+                return Some(Err(err));
             }
         }
+    }
+
+    /// Reads the next chunk of the input into the decoder; at its end, tells the decoder so.
+    fn read_more(&mut self) -> Result<(), StreamError> {
+        match self.decoder.fill(&mut self.input, CHUNK) {
+            Ok(0) => {
+                self.ended = true;
+                self.decoder.end_input();
+            }
+            Ok(_) => {}
+            Err(err) if err.kind() == io::ErrorKind::Interrupted => {}
+            Err(err) => {
+                self.done = true;
+                return Err(StreamError::Io(err));
+            }
+        }
+        Ok(())
     }
 }
 
@@ -114,27 +130,51 @@ impl<R: Read> StreamReader<R> {
         &mut self,
         mut each: impl FnMut(u64, Result<&Event<'_>, StreamError>) -> bool,
     ) {
-        loop {
+        let ended = self.for_each_record(|offset, record| each(offset, Ok(&record.event())));
+        if let Err(err) = ended {
+            each(self.decoder.offset(), Err(err));
+        }
+    }
+
+    /// Hands `each` every record as it lies with the byte offset where it begins, until `each`
+    /// returns false; then the error that ended the input, if any. The fastest way through a
+    /// whole input: `each` is called from one place, where the records lie in the buffer, and
+    /// decodes them as far as it needs.
+    #[inline]
+    pub fn for_each_record(
+        &mut self,
+        mut each: impl FnMut(u64, RecordView<'_>) -> bool,
+    ) -> Result<(), StreamError> {
+        while !self.done {
             let mut last = None;
-            let go_on = self.decoder.each_buffered(|offset, event| {
+            let go_on = self.decoder.each_record(|offset, record| {
                 last = Some(offset);
-                each(offset, Ok(event))
+                each(offset, record)
             });
             if let Some(offset) = last {
                 self.last_offset = offset;
             }
             if !go_on {
-                return;
+                return Ok(());
             }
-            let go_on = match self.next_borrowed() {
-                None => return,
-                Some(Ok((offset, event))) => each(offset, Ok(&event)),
-                Some(Err(err)) => each(self.decoder.offset(), Err(err)),
-            };
-            if !go_on {
-                return;
+            // No whole record is buffered (or the header and layout are still to be read).
+            match self.decoder.ready() {
+                Some(Ok(())) => {}
+                Some(Err(damage)) => {
+                    self.done = true;
+                    return Err(StreamError::Damage(damage));
+                }
+                None if self.ended => {
+                    self.done = true;
+                    return self
+                        .decoder
+                        .finish()
+                        .map_or(Ok(()), |d| Err(StreamError::Damage(d)));
+                }
+                None => self.read_more()?,
             }
         }
+        Ok(())
     }
 }
 

@@ -81,7 +81,7 @@ pub fn run(args: ReportArgs) -> Result<(), Failure> {
         let imported =
             reading.import_watching(path, &args.input, &mut ids, &mut builder, &mut |e| {
                 match e {
-                    Ok(event) => stats.add(event),
+                    Ok(record) => stats.add(&record.event()),
                     // Described as the importer describes it (the page lists it once).
                     Err(d) => damage = Some(format!("{name}: {d}")),
                 }

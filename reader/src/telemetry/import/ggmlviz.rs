@@ -11,7 +11,7 @@ use rustc_hash::FxHashMap as HashMap;
 
 use crate::format::Damage;
 use crate::format::ext::{self, NameTables, NamesChanged};
-use crate::format::{Event, EventType, ExtensionKind, Payload};
+use crate::format::{Event, EventType, ExtensionKind, Payload, RecordView};
 use crate::read::Events;
 use crate::telemetry::{
     Arg, Args, Clock, Closed, Ids, Lane, Process, Record, RecordSink, SpanStack, Text, Texts,
@@ -334,6 +334,22 @@ impl<'s, S: RecordSink> Import<'s, S> {
         }
     }
 
+    /// [`Import::item`] of a record as it lies: graph and op begins and ends, most of a trace,
+    /// are read straight from its bytes, the rest decoded whole.
+    #[inline(always)]
+    pub fn record(&mut self, offset: u64, record: RecordView<'_>) -> bool {
+        let code = record.type_code();
+        if self.named && self.imp.clock_said && code <= EventType::OpComputeEnd as u8 {
+            let label = record.label().unwrap_or_default();
+            let (tid, ts) = (record.thread_id(), record.timestamp_ns());
+            self.imp.last_ns = self.imp.last_ns.max(ts);
+            self.imp
+                .span_event(code, tid, ts, label, record.payload(), offset, self.name);
+            return true;
+        }
+        self.item(offset, Ok(&record.event()))
+    }
+
     /// Closes what is still open; the damage that ended the read, if any.
     pub fn finish(mut self) -> Option<Damage> {
         self.imp.finish(self.name);
@@ -382,51 +398,20 @@ impl<S: RecordSink> Importer<'_, S> {
         i
     }
 
+    /// One event: spans' begins and ends here, on the path every op takes; the rest (records
+    /// met once, memory and thread events) out of line, so that this stays small.
     #[inline(always)]
     fn event(&mut self, e: &Event<'_>, offset: u64, name: &str) {
-        if let Payload::Extension(x) = e.payload {
-            let label = e.label.as_deref().unwrap_or_default();
-            self.extension(x.kind, e, label);
-            return;
-        }
-        if !self.clock_said {
-            self.clock_said = true;
-            let clock = clock_of(e.timestamp_ns);
-            self.sink.record(Record::Clock(clock));
-            if clock == Clock::Relative {
-                self.sink.record(Record::Warning(format!(
-                    "{name}: timestamps are not nanoseconds since the epoch (first: {} ns); kept relative to this trace",
-                    e.timestamp_ns
-                )));
-            }
+        if !self.clock_said || matches!(e.payload, Payload::Extension(_)) {
+            return self.rare_event(e.clone(), offset, name);
         }
         self.last_ns = self.last_ns.max(e.timestamp_ns);
         let ts = e.timestamp_ns;
         let label: &[u8] = e.label.as_deref().unwrap_or_default();
         match (e.event_type(), &e.payload) {
-            (Some(EventType::GraphComputeBegin), Payload::Graph { .. })
-            | (Some(EventType::OpComputeBegin), Payload::Op { .. }) => {
-                let template = self.template(e.thread_id, label, &e.payload);
-                let (kind, tensor) = match e.payload {
-                    Payload::Op { tensor_ptr, .. } => (Kind::Op, tensor_ptr),
-                    _ => (Kind::Graph, 0),
-                };
-                let named = Named::Template(template);
-                self.open(
-                    e.thread_id,
-                    Opened {
-                        kind,
-                        tensor,
-                        named,
-                    },
-                    ts,
-                );
-            }
-            (Some(EventType::GraphComputeEnd), _) => {
-                self.close(End::of(e, Kind::Graph, 0, offset, name))
-            }
-            (Some(EventType::OpComputeEnd), &Payload::Op { tensor_ptr, .. }) => {
-                self.close(End::of(e, Kind::Op, tensor_ptr, offset, name))
+            (Some(ty), &payload) if ty <= EventType::OpComputeEnd => {
+                let tid = e.thread_id;
+                self.span_event(ty as u8, tid, ts, label, payload, offset, name)
             }
             (Some(EventType::BarrierWait), &Payload::Thread { value, .. }) => {
                 let named = Named::Template(self.template(e.thread_id, label, &e.payload));
@@ -439,6 +424,80 @@ impl<S: RecordSink> Importer<'_, S> {
                 self.open(e.thread_id, opened, ts.saturating_sub(value));
                 self.close(End::of(e, Kind::Call, 0, offset, name));
             }
+            _ => self.other_event(e.clone()),
+        }
+    }
+
+    /// A graph or op begin or end (type codes 0 to 3) from its parts; `offset` and `input`
+    /// (the input's name) for warnings.
+    #[allow(clippy::too_many_arguments)]
+    #[inline(always)]
+    fn span_event(
+        &mut self,
+        code: u8,
+        tid: u32,
+        ts: u64,
+        label: &[u8],
+        payload: Payload,
+        offset: u64,
+        input: &str,
+    ) {
+        let end = |kind, tensor| End {
+            tid,
+            kind,
+            tensor,
+            ts,
+            offset,
+            input,
+        };
+        match (code, payload) {
+            (0, Payload::Graph { .. }) | (2, Payload::Op { .. }) => {
+                let template = self.template(tid, label, &payload);
+                let (kind, tensor) = match payload {
+                    Payload::Op { tensor_ptr, .. } => (Kind::Op, tensor_ptr),
+                    _ => (Kind::Graph, 0),
+                };
+                let named = Named::Template(template);
+                let opened = Opened {
+                    kind,
+                    tensor,
+                    named,
+                };
+                self.open(tid, opened, ts);
+            }
+            (1, _) => self.close(end(Kind::Graph, 0)),
+            (3, Payload::Op { tensor_ptr, .. }) => self.close(end(Kind::Op, tensor_ptr)),
+            _ => {}
+        }
+    }
+
+    /// [`Importer::event`] of an extension record, or of the first event (which says what clock
+    /// the trace's timestamps are on).
+    #[cold]
+    #[inline(never)]
+    fn rare_event(&mut self, e: Event<'_>, offset: u64, name: &str) {
+        if let Payload::Extension(x) = e.payload {
+            let label = e.label.as_deref().unwrap_or_default();
+            return self.extension(x.kind, &e, label);
+        }
+        self.clock_said = true;
+        let clock = clock_of(e.timestamp_ns);
+        self.sink.record(Record::Clock(clock));
+        if clock == Clock::Relative {
+            self.sink.record(Record::Warning(format!(
+                "{name}: timestamps are not nanoseconds since the epoch (first: {} ns); kept relative to this trace",
+                e.timestamp_ns
+            )));
+        }
+        self.event(&e, offset, name);
+    }
+
+    /// [`Importer::event`] of memory and thread events (and of types it does not know).
+    #[inline(never)]
+    fn other_event(&mut self, e: Event<'_>) {
+        let ts = e.timestamp_ns;
+        let label: &[u8] = e.label.as_deref().unwrap_or_default();
+        match (e.event_type(), &e.payload) {
             (Some(EventType::TensorAlloc), &Payload::Memory { ptr, size }) => {
                 let label = String::from_utf8_lossy(label);
                 let buft = label.split('@').next().unwrap_or_default().to_string();
@@ -489,7 +548,7 @@ impl<S: RecordSink> Importer<'_, S> {
         let found = match last.and_then(|t| self.templates.after(t, label, &key)) {
             Some(next) => next,
             None => {
-                let found = self.find_template(label, key, payload);
+                let found = self.find_template(label, key, *payload);
                 if let Some(t) = last {
                     self.templates.get_mut(t).next = Some(found);
                 }
@@ -501,13 +560,13 @@ impl<S: RecordSink> Importer<'_, S> {
     }
 
     /// [`Importer::template`] by label and key, made if it is new.
-    fn find_template(&mut self, label: &[u8], key: BeginKey, payload: &Payload) -> TemplateId {
+    fn find_template(&mut self, label: &[u8], key: BeginKey, payload: Payload) -> TemplateId {
         if let Some(known) = self.described.get(label)
             && let Some(&(_, made)) = known.iter().find(|(k, _)| *k == key)
         {
             return made;
         }
-        let made = self.describe(&String::from_utf8_lossy(label), *payload);
+        let made = self.describe(&String::from_utf8_lossy(label), payload);
         let made = self.templates.add(made, label, key);
         self.described
             .entry(label.into())

@@ -131,7 +131,7 @@ impl<R: std::io::Read> std::io::Read for Counting<'_, R> {
 
 /// [`import_path`], telling `progress` how many bytes of the file were read so far (for a
 /// progress bar): every few megabytes, and at the end; and, for a GGMLVIZ trace, handing
-/// `events` each event as it is decoded and the damage that ended the read (so that a caller
+/// `events` each event as it lies (decoded as far as `events` asks) and the damage that ended the read (so that a caller
 /// who also counts the raw events reads the trace once).
 pub fn import_path_reporting<S: RecordSink>(
     path: &std::path::Path,
@@ -140,7 +140,7 @@ pub fn import_path_reporting<S: RecordSink>(
     ids: &mut Ids,
     sink: &mut S,
     progress: &mut dyn FnMut(u64),
-    events: &mut impl FnMut(Result<&crate::Event<'_>, &crate::Damage>),
+    events: &mut impl FnMut(Result<crate::RecordView<'_>, &crate::Damage>),
 ) -> Result<(), ImportError> {
     let name = path.display().to_string();
     let fail = |e: std::io::Error| ImportError(format!("cannot read {name}: {e}"));
@@ -156,20 +156,18 @@ pub fn import_path_reporting<S: RecordSink>(
             let mut reader = crate::StreamReader::new(Counting::new(file, progress), layout);
             let mut io_error = None;
             let mut import = ggmlviz::Import::new(&name, ids, sink);
-            reader.for_each_borrowed(|offset, item| match item {
-                Ok(event) => {
-                    events(Ok(event));
-                    import.item(offset, Ok(event))
-                }
+            let ended = reader.for_each_record(|offset, record| {
+                events(Ok(record));
+                import.record(offset, record)
+            });
+            match ended {
+                Ok(()) => {}
                 Err(crate::StreamError::Damage(d)) => {
                     events(Err(&d));
-                    import.item(d.offset, Err(d))
+                    import.item(d.offset, Err(d));
                 }
-                Err(crate::StreamError::Io(e)) => {
-                    io_error = Some(e);
-                    false
-                }
-            });
+                Err(crate::StreamError::Io(e)) => io_error = Some(e),
+            }
             let damage = import.finish();
             if let Some(e) = io_error {
                 return Err(fail(e));
