@@ -326,6 +326,94 @@ fn streamed_and_mapped_imports_agree_on_every_record() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// Barrier waits, graph and op spans of two threads, with a memory event and a thread event
+/// between them, in both layouts: the streamed import (which reads spans' records where they lie)
+/// and the mapped one (which decodes every event) agree, and each wait is a span from `value` ns
+/// before its record to the record, inside the op it waited in.
+#[test]
+fn streamed_and_mapped_imports_agree_on_barrier_waits() {
+    use ggml_viz_reader::format::{self, Event, Payload};
+    const T0: u64 = 1_700_000_000_000_000_000;
+    let dir = std::env::temp_dir().join(format!("ggml-viz-waits-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for layout in [Layout::Packed, Layout::Padded] {
+        let mut bytes = Vec::new();
+        format::encode_header(&mut bytes);
+        let mut put = |type_code, tid, ts, payload, label: &str| {
+            let label = (!label.is_empty()).then(|| label.as_bytes().into());
+            let e = Event {
+                type_code,
+                timestamp_ns: T0 + ts,
+                thread_id: tid,
+                payload,
+                label,
+            };
+            format::encode_event(&mut bytes, layout, &e);
+        };
+        let graph = Payload::Graph {
+            graph_ptr: 0x1000,
+            n_nodes: 2,
+            n_threads: 2,
+            backend_ptr: 0,
+        };
+        let op = |tensor_ptr| Payload::Op {
+            tensor_ptr,
+            op_type: 29,
+            op_size: 64,
+            backend_ptr: 0,
+        };
+        let wait = |thread_index, value| Payload::Thread {
+            object_ptr: 0x2000,
+            thread_index,
+            n_threads: 2,
+            value,
+        };
+        let alloc = Payload::Memory {
+            ptr: 0x3000,
+            size: 4096,
+        };
+        put(0, 1, 0, graph, "");
+        put(2, 1, 10, op(0xa0), "x");
+        put(2, 2, 12, op(0xa0), "x");
+        put(3, 2, 30, op(0xa0), "x");
+        put(6, 2, 45, wait(1, 15), "ggml_barrier");
+        put(4, 1, 46, alloc, "CPU@x");
+        put(6, 1, 50, wait(0, 8), "ggml_barrier");
+        put(3, 1, 60, op(0xa0), "x");
+        put(7, 2, 61, wait(1, 0), "worker");
+        put(2, 2, 62, op(0xb0), "y");
+        put(6, 2, 70, wait(1, 5), "ggml_barrier");
+        put(3, 2, 80, op(0xb0), "y");
+        put(1, 1, 90, graph, "");
+        let path = dir.join(format!("waits-{layout:?}.ggmlviz"));
+        std::fs::write(&path, &bytes).unwrap();
+        let mut streamed = Collected::default();
+        import_path(
+            &path,
+            None,
+            Some(layout),
+            &mut Ids::default(),
+            &mut streamed,
+        )
+        .unwrap();
+        let mut mapped = Collected::default();
+        let name = path.display().to_string();
+        ggmlviz::import(&bytes, layout, &name, &mut Ids::default(), &mut mapped);
+        assert_eq!(streamed.spans, mapped.spans, "{layout:?}");
+        assert_eq!(streamed.warnings, mapped.warnings, "{layout:?}");
+        assert!(mapped.warnings.is_empty(), "{:?}", mapped.warnings);
+        // (start, end, depth) of each wait, by the times written above.
+        let mut waits: Vec<(u64, u64, u32)> = (streamed.spans.iter())
+            .filter(|s| s.name.as_str() == "ggml_barrier")
+            .map(|s| (s.start_ns - T0, s.end_ns - T0, s.depth))
+            .collect();
+        waits.sort();
+        assert_eq!(waits, [(30, 45, 0), (42, 50, 2), (65, 70, 1)], "{layout:?}");
+        assert_eq!(streamed.spans.len(), 7, "{layout:?}: {:?}", streamed.spans);
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 /// A node's span is named by what the trace said of it at its begin: a tensor info that comes
 /// while the span is open renames the node's later spans, not that one, whatever begins on other
 /// threads meanwhile (the importer reuses the naming of spans no begin can find any more).

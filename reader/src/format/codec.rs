@@ -13,7 +13,7 @@ const fn op_size_offset(layout: Layout) -> usize {
 }
 
 /// Decodes the union of an event with `type_code` from `u`, which holds `layout.union_len()` bytes.
-#[inline]
+#[inline(always)]
 pub fn decode_payload(type_code: u8, u: &[u8], layout: Layout) -> Payload {
     debug_assert_eq!(u.len(), layout.union_len());
     // The union's size known to the compiler: no bounds check per field.

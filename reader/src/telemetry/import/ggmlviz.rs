@@ -221,6 +221,13 @@ fn same_bytes(a: &[u8], b: &[u8]) -> bool {
     }
 }
 
+/// Whether records of type `code` open or close a span: graph and op begins and ends, and
+/// barrier waits (a span each).
+#[inline(always)]
+fn is_span_event(code: u8) -> bool {
+    code <= EventType::OpComputeEnd as u8 || code == EventType::BarrierWait as u8
+}
+
 /// A span named `name` in `category` with `args`, its place and times still to be written.
 fn unplaced(name: Text, category: Text, args: Args) -> Span {
     Span {
@@ -334,20 +341,43 @@ impl<'s, S: RecordSink> Import<'s, S> {
         }
     }
 
-    /// [`Import::item`] of a record as it lies: graph and op begins and ends, most of a trace,
-    /// are read straight from its bytes, the rest decoded whole.
+    /// [`Import::item`] of a record as it lies: graph and op begins and ends and barrier waits,
+    /// most of a trace, are read straight from its bytes, the rest decoded whole.
     #[inline(always)]
     pub fn record(&mut self, offset: u64, record: RecordView<'_>) -> bool {
         let code = record.type_code();
-        if self.named && self.imp.clock_said && code <= EventType::OpComputeEnd as u8 {
-            let label = record.label().unwrap_or_default();
-            let (tid, ts) = (record.thread_id(), record.timestamp_ns());
-            self.imp.last_ns = self.imp.last_ns.max(ts);
-            self.imp
-                .span_event(code, tid, ts, label, record.payload(), offset, self.name);
+        let started = self.named && self.imp.clock_said;
+        if started && code <= EventType::OpComputeEnd as u8 {
+            self.span_record(offset, record);
+            return true;
+        }
+        if started && code == EventType::BarrierWait as u8 {
+            self.wait_record(offset, record);
             return true;
         }
         self.item(offset, Ok(&record.event()))
+    }
+
+    /// [`Import::record`] of a span's record, once the first event has been seen.
+    #[inline(always)]
+    fn span_record(&mut self, offset: u64, record: RecordView<'_>) {
+        let label = record.label().unwrap_or_default();
+        let (code, tid, ts) = (
+            record.type_code(),
+            record.thread_id(),
+            record.timestamp_ns(),
+        );
+        self.imp.last_ns = self.imp.last_ns.max(ts);
+        let payload = record.payload();
+        self.imp
+            .span_event(code, tid, ts, label, payload, offset, self.name);
+    }
+
+    /// [`Import::span_record`] of a barrier wait, out of line: the begins' and ends' path stays
+    /// small.
+    #[inline(never)]
+    fn wait_record(&mut self, offset: u64, record: RecordView<'_>) {
+        self.span_record(offset, record)
     }
 
     /// Closes what is still open; the damage that ended the read, if any.
@@ -406,30 +436,17 @@ impl<S: RecordSink> Importer<'_, S> {
             return self.rare_event(e.clone(), offset, name);
         }
         self.last_ns = self.last_ns.max(e.timestamp_ns);
-        let ts = e.timestamp_ns;
-        let label: &[u8] = e.label.as_deref().unwrap_or_default();
-        match (e.event_type(), &e.payload) {
-            (Some(ty), &payload) if ty <= EventType::OpComputeEnd => {
-                let tid = e.thread_id;
-                self.span_event(ty as u8, tid, ts, label, payload, offset, name)
-            }
-            (Some(EventType::BarrierWait), &Payload::Thread { value, .. }) => {
-                let named = Named::Template(self.template(e.thread_id, label, &e.payload));
-                let (kind, tensor) = (Kind::Call, 0);
-                let opened = Opened {
-                    kind,
-                    tensor,
-                    named,
-                };
-                self.open(e.thread_id, opened, ts.saturating_sub(value));
-                self.close(End::of(e, Kind::Call, 0, offset, name));
-            }
-            _ => self.other_event(e.clone()),
+        if is_span_event(e.type_code) {
+            let label: &[u8] = e.label.as_deref().unwrap_or_default();
+            let (code, tid, ts) = (e.type_code, e.thread_id, e.timestamp_ns);
+            self.span_event(code, tid, ts, label, e.payload, offset, name)
+        } else {
+            self.other_event(e.clone())
         }
     }
 
-    /// A graph or op begin or end (type codes 0 to 3) from its parts; `offset` and `input`
-    /// (the input's name) for warnings.
+    /// A graph or op begin or end or a barrier wait (see [`is_span_event`]) from its parts;
+    /// `offset` and `input` (the input's name) for warnings.
     #[allow(clippy::too_many_arguments)]
     #[inline(always)]
     fn span_event(
@@ -467,8 +484,25 @@ impl<S: RecordSink> Importer<'_, S> {
             }
             (1, _) => self.close(end(Kind::Graph, 0)),
             (3, Payload::Op { tensor_ptr, .. }) => self.close(end(Kind::Op, tensor_ptr)),
+            (6, Payload::Thread { value, .. }) => {
+                self.wait(label, &payload, value, end(Kind::Call, 0))
+            }
             _ => {}
         }
+    }
+
+    /// A barrier wait, one record at its end (`end`): a span from `waited` ns before it.
+    #[inline(always)]
+    fn wait(&mut self, label: &[u8], payload: &Payload, waited: u64, end: End<'_>) {
+        let named = Named::Template(self.template(end.tid, label, payload));
+        let (kind, tensor) = (Kind::Call, 0);
+        let opened = Opened {
+            kind,
+            tensor,
+            named,
+        };
+        self.open(end.tid, opened, end.ts.saturating_sub(waited));
+        self.close(end);
     }
 
     /// [`Importer::event`] of an extension record, or of the first event (which says what clock
