@@ -289,25 +289,33 @@ impl Summary {
         self.first_ns = Some(self.first_ns.map_or(s.start_ns, |f| f.min(s.start_ns)));
         self.last_ns = self.last_ns.max(s.end_ns);
         let index = self.row_index(&s.name);
-        let row = &mut self.rows[index as usize].1;
-        row.self_ns = row.self_ns.saturating_add(s.self_ns);
         let (lane, depth) = (s.lane as usize, s.depth as usize);
         if lane >= self.lanes.len() || depth + 1 >= self.lanes[lane].by_depth.len() {
             self.make_room(lane, depth);
         }
-        let state = &mut self.lanes[lane];
+        // The row and the lane, borrowed once for the whole of a leaf's path.
+        let Summary {
+            rows,
+            lanes,
+            pending,
+            ..
+        } = self;
+        let row = &mut rows[index as usize].1;
+        row.self_ns = row.self_ns.saturating_add(s.self_ns);
+        let state = &mut lanes[lane];
         // Deeper slots are empty as a span closes (its descendants closed before it) but where
         // it closed below the top of its stack.
         if state.occupied >> depth >> 1 != 0 || depth >= 63 {
-            self.set_aside_deeper(lane, depth);
+            set_aside_deeper(state, pending, depth);
         }
         // A leaf (most spans): no closed descendant handed it coverage.
-        let state = &self.lanes[lane];
         if state.by_depth[depth].0 != Some(s.id) && state.pending == 0 {
-            let row = &mut self.rows[index as usize].1;
             row.durations.add(dur);
             row.counted_ns = row.counted_ns.saturating_add(dur);
-            return self.merge(s, index, 1, dur);
+            if let Some(parent) = merge_warm(rows, state, s, index, 1, dur) {
+                self.merge_cold(s, parent, index, 1, dur);
+            }
+            return;
         }
         self.add_subtree(s, index, dur);
     }
@@ -359,20 +367,6 @@ impl Summary {
         }
     }
 
-    /// A span at `depth` closed below the top of `lane`'s stack: the spans above it, still open,
-    /// are one depth up from now on, and their slots' coverage waits aside.
-    #[cold]
-    fn set_aside_deeper(&mut self, lane: usize, depth: usize) {
-        let state = &mut self.lanes[lane];
-        for (d, slot) in state.by_depth.iter_mut().enumerate().skip(depth + 1) {
-            if let Some(other) = slot.0.take() {
-                self.pending.insert(other, std::mem::take(&mut slot.1));
-                state.pending += 1;
-                state.occupied &= !depth_bit(d);
-            }
-        }
-    }
-
     /// The coverage of span `id` of `lane` set aside, if any.
     #[inline]
     fn pending_of(&mut self, lane: usize, id: u64) -> Option<Coverage> {
@@ -389,17 +383,8 @@ impl Summary {
     /// at the top.
     #[inline(always)]
     fn merge(&mut self, s: &Span, row: RowIndex, count: u64, covered: u64) {
-        let Some(parent) = s.parent else {
-            let row = &mut self.rows[row as usize].1;
-            row.count += count;
-            row.total_ns = row.total_ns.saturating_add(covered);
-            return;
-        };
         let state = &mut self.lanes[s.lane as usize];
-        let slot = &mut state.by_depth[(s.depth as usize).saturating_sub(1)];
-        if slot.0 == Some(parent) {
-            cover(&mut slot.1, row, count, covered)
-        } else {
+        if let Some(parent) = merge_warm(&mut self.rows, state, s, row, count, covered) {
             self.merge_cold(s, parent, row, count, covered)
         }
     }
@@ -424,6 +409,44 @@ impl Summary {
         state.occupied |= depth_bit(depth);
         cover(&mut slot.1, row, count, covered)
     }
+}
+
+/// A span at `depth` closed below the top of its lane's stack (`state`): the spans above it,
+/// still open, are one depth up from now on, and their slots' coverage waits in `pending`.
+#[cold]
+fn set_aside_deeper(state: &mut LaneState, pending: &mut FxHashMap<u64, Coverage>, depth: usize) {
+    for (d, slot) in state.by_depth.iter_mut().enumerate().skip(depth + 1) {
+        if let Some(other) = slot.0.take() {
+            pending.insert(other, std::mem::take(&mut slot.1));
+            state.pending += 1;
+            state.occupied &= !depth_bit(d);
+        }
+    }
+}
+
+/// [`Summary::merge`] where it needs no map: into the parent's slot of `s`'s lane (`state`), or
+/// into `rows` at the top. Else the parent, whose slot holds another span's coverage or none.
+#[inline(always)]
+fn merge_warm(
+    rows: &mut [(Text, Row)],
+    state: &mut LaneState,
+    s: &Span,
+    row: RowIndex,
+    count: u64,
+    covered: u64,
+) -> Option<u64> {
+    let Some(parent) = s.parent else {
+        let row = &mut rows[row as usize].1;
+        row.count += count;
+        row.total_ns = row.total_ns.saturating_add(covered);
+        return None;
+    };
+    let slot = &mut state.by_depth[(s.depth as usize).saturating_sub(1)];
+    if slot.0 != Some(parent) {
+        return Some(parent);
+    }
+    cover(&mut slot.1, row, count, covered);
+    None
 }
 
 impl RecordSink for Summary {
