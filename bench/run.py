@@ -96,7 +96,7 @@ def decode(quick):
     for layout in ("packed", "padded"):
         floor = rows[(layout, "memchr scan (bandwidth floor)")][1] / 1000
         for op in ("count per type (mmap)", "full decode (mmap)", "stream decode (io::Read)",
-                   "stream decode, borrowed"):
+                   "stream decode, borrowed", "stream records, as they lie"):
             ev, mb = rows[(layout, op)]
             metric(f"{layout}: {op}", ev, "events/s", "memchr over the same bytes (GB/s)", floor, "GB/s")
             metric(f"  {layout}: {op}", mb / 1000, "GB/s", "memchr over the same bytes", floor)
