@@ -102,24 +102,19 @@ fn stream(
     mut visit: impl FnMut(Event<'_>) -> std::io::Result<()>,
 ) -> std::io::Result<(Option<ReadStop>, Option<LayoutChoice>)> {
     let mut reader = StreamReader::new(input, layout);
-    let (mut stop, mut failed) = (None, None);
-    reader.for_each_borrowed(|_, item| match item {
-        Ok(event) => match visit(event.clone()) {
-            Ok(()) => true,
-            Err(e) => {
-                failed = Some(e);
-                false
-            }
-        },
-        Err(StreamError::Damage(d)) => {
-            stop = Some(ReadStop::Damage(d));
-            false
-        }
-        Err(StreamError::Io(e)) => {
-            stop = Some(ReadStop::Io(e.to_string()));
+    let mut failed = None;
+    let ended = reader.for_each_record(|_, record| match visit(record.event()) {
+        Ok(()) => true,
+        Err(e) => {
+            failed = Some(e);
             false
         }
     });
+    let stop = match ended {
+        Ok(()) => None,
+        Err(StreamError::Damage(d)) => Some(ReadStop::Damage(d)),
+        Err(StreamError::Io(e)) => Some(ReadStop::Io(e.to_string())),
+    };
     match failed {
         Some(e) => Err(e),
         None => Ok((stop, reader.layout())),
