@@ -93,18 +93,25 @@ impl<R: Read> StreamReader<R> {
                 }
                 None => {}
             }
-            if self.ended {
-                self.done = true;
-                return self.decoder.finish().map(|d| Err(StreamError::Damage(d)));
-            }
-            if let Err(err) = self.read_more() {
-                return Some(Err(err));
+            match self.read_more() {
+                Ok(true) => {}
+                Ok(false) => return None,
+                Err(err) => return Some(Err(err)),
             }
         }
     }
 
-    /// Reads the next chunk of the input into the decoder; at its end, tells the decoder so.
-    fn read_more(&mut self) -> Result<(), StreamError> {
+    /// After the decoder found no whole record: reads the next chunk of the input into it (at
+    /// the input's end, tells it so). False once the input has ended and everything was
+    /// returned; the truncated tail, if bytes are left over then.
+    fn read_more(&mut self) -> Result<bool, StreamError> {
+        if self.ended {
+            self.done = true;
+            return self
+                .decoder
+                .finish()
+                .map_or(Ok(false), |d| Err(StreamError::Damage(d)));
+        }
         match self.decoder.fill(&mut self.input, CHUNK) {
             Ok(0) => {
                 self.ended = true;
@@ -117,7 +124,7 @@ impl<R: Read> StreamReader<R> {
                 return Err(StreamError::Io(err));
             }
         }
-        Ok(())
+        Ok(true)
     }
 }
 
@@ -164,14 +171,11 @@ impl<R: Read> StreamReader<R> {
                     self.done = true;
                     return Err(StreamError::Damage(damage));
                 }
-                None if self.ended => {
-                    self.done = true;
-                    return self
-                        .decoder
-                        .finish()
-                        .map_or(Ok(()), |d| Err(StreamError::Damage(d)));
+                None => {
+                    if !self.read_more()? {
+                        return Ok(());
+                    }
                 }
-                None => self.read_more()?,
             }
         }
         Ok(())

@@ -131,8 +131,8 @@ impl<R: std::io::Read> std::io::Read for Counting<'_, R> {
 
 /// [`import_path`], telling `progress` how many bytes of the file were read so far (for a
 /// progress bar): every few megabytes, and at the end; and, for a GGMLVIZ trace, handing
-/// `events` each event as it lies (decoded as far as `events` asks) and the damage that ended the read (so that a caller
-/// who also counts the raw events reads the trace once).
+/// `events` each event as it lies (decoded as far as `events` asks) and the damage that ended
+/// the read (so that a caller who also counts the raw events reads the trace once).
 pub fn import_path_reporting<S: RecordSink>(
     path: &std::path::Path,
     format: Option<Format>,
