@@ -41,7 +41,8 @@ struct Slot {
 }
 
 pub struct Names {
-    slots: [Slot; SLOTS],
+    /// On the heap: the table is ~12 KB, which every move of a struct holding it would copy.
+    slots: Box<[Slot]>,
     used: AtomicUsize,
     /// Lookups refused because the table was full (events without their object's name).
     refused: AtomicU64,
@@ -49,14 +50,13 @@ pub struct Names {
 }
 
 impl Names {
-    pub const fn new() -> Names {
-        #[allow(clippy::declare_interior_mutable_const)] // a template copied into each slot
-        const FREE: Slot = Slot {
+    pub fn new() -> Names {
+        let free = |_| Slot {
             ptr: AtomicUsize::new(0),
             name: OnceLock::new(),
         };
         Names {
-            slots: [FREE; SLOTS],
+            slots: (0..SLOTS).map(free).collect(),
             used: AtomicUsize::new(0),
             refused: AtomicU64::new(0),
             adding: Mutex::new(()),

@@ -33,6 +33,9 @@ const BARRIER_WAIT: u8 = EventType::BarrierWait.code();
 const TENSOR_ALLOC: u8 = EventType::TensorAlloc.code();
 const TENSOR_FREE: u8 = EventType::TensorFree.code();
 
+/// The encoding buffer's first capacity: one flush of a 100 ms interval at ~20,000 events/s.
+const BUF_CAPACITY: usize = 1 << 20;
+
 /// Name ids an event can carry: the name table's slots and 0 for none.
 const NAME_IDS: usize = names::SLOTS + 1;
 
@@ -52,7 +55,10 @@ pub struct TraceWriter {
     layout: Layout,
     /// Op events carry their tensor's name as label (`tensor_names`).
     tensor_names: bool,
-    /// Encoding buffer, reused.
+    /// Encoding buffer, reused (and the buffers the output hands back as spares are as large).
+    /// It starts at [`BUF_CAPACITY`]: memory that is reserved, not touched, until a flush
+    /// fills it, where a smaller start is copied at each doubling on the way (a copy of every
+    /// byte once more, each time).
     buf: Vec<u8>,
     /// For each group of tensors (a name and op type), the tensor info last written (the reader
     /// keeps the latest of each).
@@ -61,9 +67,9 @@ pub struct TraceWriter {
     live_buffers: std::collections::BTreeMap<u64, (u64, String)>,
     /// Op types whose names were written.
     op_names_written: rustc_hash::FxHashSet<u32>,
-    /// Labels by entry point and name id (at `entry * NAME_IDS + name_id`): built once, not per
-    /// event, and found without hashing.
-    labels: Vec<Option<Box<[u8]>>>,
+    /// Labels by entry point and name id (at `[entry][name_id]`, each row as long as the largest
+    /// id met): built once, not per event, and found without hashing.
+    labels: Vec<Vec<Option<Box<[u8]>>>>,
     /// Names already written in a backend_names record.
     names_written: usize,
     counters_written: Counters,
@@ -103,7 +109,7 @@ impl TraceWriter {
             path,
             layout,
             tensor_names: config.tensor_names,
-            buf: Vec::with_capacity(1 << 16),
+            buf: Vec::with_capacity(BUF_CAPACITY),
             labels: Vec::new(),
             info_of_group: Vec::new(),
             live_buffers: Default::default(),
@@ -143,6 +149,11 @@ impl TraceWriter {
         // Before draining: every event drained now is older than this calibration point, or a
         // few microseconds newer.
         self.clock.recalibrate();
+        // Names come before the events that use them: the names known now, then the events,
+        // then (in front of those events) the names interned while they were drained, which
+        // cover every event drained (a name is interned before an event that uses it is
+        // pushed).
+        self.encode_new_names(d.names);
         let events_at = self.buf.len();
         let mut drained = 0;
         self.floors.resize(self.floors.len().max(d.rings.len()), 0);
@@ -153,13 +164,12 @@ impl TraceWriter {
             drained += unsafe { ring.drain(|event| self.encode(event, &d, &mut floor)) };
             self.floors[i] = floor;
         }
-        // Names are interned before the events that use them are pushed, so the names known
-        // now cover every event drained; they go in front of those events, so that a reader
-        // knows each backend by name when it first meets it.
         let names_at = self.buf.len();
         self.encode_new_names(d.names);
         let names_len = self.buf.len() - names_at;
-        self.buf[events_at..].rotate_right(names_len);
+        if names_len > 0 {
+            self.buf[events_at..].rotate_right(names_len);
+        }
         if d.counters != self.counters_written {
             self.encode_counters(d.counters);
         }
@@ -287,12 +297,16 @@ impl TraceWriter {
             }
             _ => self.thread_payload(e),
         };
-        let key = e.entry as usize * NAME_IDS + (e.name_id as usize % NAME_IDS);
-        if self.labels.len() <= key {
-            self.labels.resize(key + 1, None);
+        let (entry, name_id) = (e.entry as usize, e.name_id as usize % NAME_IDS);
+        if self.labels.len() <= entry {
+            self.labels.resize(entry + 1, Vec::new());
+        }
+        let row = &mut self.labels[entry];
+        if row.len() <= name_id {
+            row.resize(name_id + 1, None);
         }
         let label: &[u8] =
-            self.labels[key].get_or_insert_with(|| label_of(e.entry, e.name_id, d.names).into());
+            row[name_id].get_or_insert_with(|| label_of(e.entry, e.name_id, d.names).into());
         put_event(
             &mut self.buf,
             self.layout,

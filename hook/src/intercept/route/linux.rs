@@ -100,7 +100,7 @@ struct Slow {
     objects: Vec<Loaded>,
     /// Where each function goes from each calling object (by its base; `usize::MAX`: an address
     /// in no object): call sites of one object share it, so each is one lookup, not a `dlsym`.
-    routes: BTreeMap<(usize, usize), Route>,
+    routes: BTreeMap<(usize, usize), &'static Resolved>,
 }
 
 /// Where a call goes.
@@ -230,16 +230,8 @@ pub fn resolve_callee(callee: Callee, return_address: usize) -> Option<(&'static
     if let Some(found) = cached(key) {
         return Some((found, false));
     }
-    let route = slow.find_real(callee, return_address)?;
-    let (real, ambiguous) = (route.real, route.ambiguous);
-    let helpers = inline::helpers_for(real).unwrap_or_else(|| slow.helpers_for(route));
-    note_helpers(helpers);
-    let resolved: &'static Resolved = Box::leak(Box::new(Resolved {
-        real,
-        helpers,
-        untraced: ambiguous,
-    }));
-    if ambiguous {
+    let (resolved, fresh) = slow.find_real(callee, return_address)?;
+    if fresh && resolved.untraced {
         say(format_args!(
             "several copies of ggml define {} and the caller at {return_address:#x} belongs to none of them; \
              calling the first one, untraced",
@@ -326,19 +318,30 @@ pub fn describe_route(entry: Entry, return_address: usize, resolved: &Resolved) 
 }
 
 impl Slow {
-    /// [`Slow::find_route`], once per calling object and function.
-    fn find_real(&mut self, callee: Callee, return_address: usize) -> Option<Route> {
-        let caller = self.object_of(return_address);
-        let key = (
-            caller.as_ref().map_or(usize::MAX, |o| o.base),
-            callee.code(),
-        );
-        if let Some(&found) = self.routes.get(&key) {
-            return Some(found);
-        }
-        let found = self.find_route(callee, caller)?;
-        self.routes.insert(key, found);
-        Some(found)
+    /// Where `callee` called from `return_address` goes: [`Slow::find_route`] and the helpers of
+    /// the copy it found, once per calling object and function (whose call sites share the
+    /// result); whether this call found it.
+    fn find_real(
+        &mut self,
+        callee: Callee,
+        return_address: usize,
+    ) -> Option<(&'static Resolved, bool)> {
+        let caller = self.object_at(return_address);
+        let key = (caller.map_or(usize::MAX, |o| o.base), callee.code());
+        let caller = match self.routes.get(&key) {
+            Some(&found) => return Some((found, false)),
+            None => self.object_at(return_address).cloned(),
+        };
+        let route = self.find_route(callee, caller)?;
+        let helpers = inline::helpers_for(route.real).unwrap_or_else(|| self.helpers_for(route));
+        note_helpers(helpers);
+        let resolved: &'static Resolved = Box::leak(Box::new(Resolved {
+            real: route.real,
+            helpers,
+            untraced: route.ambiguous,
+        }));
+        self.routes.insert(key, resolved);
+        Some((resolved, true))
     }
 
     fn find_route(&mut self, callee: Callee, caller: Option<Object>) -> Option<Route> {
@@ -400,25 +403,25 @@ impl Slow {
 
     /// The loaded object containing `address`, from the snapshot, walked again on a miss (an
     /// object loaded since).
-    fn object_of(&mut self, address: usize) -> Option<Object> {
+    fn object_at(&mut self, address: usize) -> Option<&Object> {
         if address == 0 {
             return None;
         }
-        let find = |objects: &[Loaded]| {
-            objects
-                .iter()
-                .find(|l| l.contains(address))
-                .map(|l| l.object.clone())
-        };
-        find(&self.objects).or_else(|| {
+        let at = |objects: &[Loaded]| objects.iter().position(|l| l.contains(address));
+        let i = at(&self.objects).or_else(|| {
             self.objects = loaded();
-            find(&self.objects)
-        })
+            at(&self.objects)
+        })?;
+        Some(&self.objects[i].object)
+    }
+
+    /// The base of the loaded object containing `address` ([`Slow::object_at`]).
+    fn base_of(&mut self, address: usize) -> Option<usize> {
+        self.object_at(address).map(|o| o.base)
     }
 
     fn is_ours(&mut self, address: usize) -> bool {
-        self.object_of(address)
-            .is_some_and(|o| o.base == our_base())
+        self.base_of(address) == Some(our_base())
     }
 
     /// Every distinct definition of `name` in the loaded objects other than ours.
@@ -437,12 +440,15 @@ impl Slow {
     /// The helpers of the copy of ggml that defines the real function of `route`: looked up
     /// where it was found.
     fn helpers_for(&mut self, route: Route) -> &'static Helpers {
-        let Some(object) = self.object_of(route.real) else {
+        let Some(base) = self.base_of(route.real) else {
             return Box::leak(Box::default());
         };
-        if let Some((_, helpers)) = self.helpers.iter().find(|(base, _)| *base == object.base) {
+        if let Some((_, helpers)) = self.helpers.iter().find(|(b, _)| *b == base) {
             return helpers;
         }
+        let Some(object) = self.object_at(route.real).cloned() else {
+            return Box::leak(Box::default());
+        };
         let helpers = if route.global {
             Helpers::load(|name| self.next_global(name))
         } else {
