@@ -26,7 +26,8 @@ mod record;
 pub use base::clock::now_ticks;
 pub use base::entry::Entry;
 pub use record::{
-    GraphInfo, GraphScope, OpInfo, Recorder, Setup, Transfer, WaitScope, active, barrier_wait,
-    buffer_event, finish, graph_begin, graph_end, name_id, op_begin, op_end, rpc_after, rpc_before,
-    rpc_connected, rpc_listening, span, start_once, thread_op, thread_ops, wait_begin, wait_end,
+    GraphInfo, GraphScope, OpInfo, Recorder, Setup, ThisThread, Transfer, WaitScope, active,
+    barrier_wait, buffer_event, finish, graph_begin, graph_end, name_id, op_begin, op_end,
+    rpc_after, rpc_before, rpc_connected, rpc_listening, span, start_once, thread_op, thread_ops,
+    wait_begin, wait_end,
 };

@@ -4,7 +4,7 @@
 use std::collections::{BTreeMap, HashSet};
 
 use ggml_viz_config::{Config, Sources};
-use ggml_viz_hook::{Entry, GraphInfo, OpInfo, Setup, Transfer};
+use ggml_viz_hook::{Entry, GraphInfo, OpInfo, Setup, ThisThread, Transfer};
 use ggml_viz_reader::TraceFile;
 use ggml_viz_reader::format::ext::{self, Counters, Metadata, RpcBoundary, RpcPart, SpanBoundary};
 use ggml_viz_reader::format::{EventType, ExtensionKind, Payload};
@@ -59,11 +59,12 @@ fn work(thread: usize) {
 /// waits, as thread 2 of 4, outside any graph compute of its own.
 fn pool_worker() {
     let recorder = ggml_viz_hook::active().expect("the session is active");
+    let this = ThisThread::get();
     for op in 0..OPS {
-        ggml_viz_hook::thread_op(recorder, true, &node(op));
-        ggml_viz_hook::thread_op(recorder, false, &node(op));
+        ggml_viz_hook::thread_op(this, recorder, true, &node(op));
+        ggml_viz_hook::thread_op(this, recorder, false, &node(op));
         let waited_from = ggml_viz_hook::now_ticks();
-        ggml_viz_hook::barrier_wait(recorder, std::ptr::null_mut(), 2, 4, waited_from);
+        ggml_viz_hook::barrier_wait(this, recorder, std::ptr::null_mut(), 2, 4, waited_from);
     }
 }
 

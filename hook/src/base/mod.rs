@@ -2,6 +2,7 @@
 //! Nothing here imports `record` or `intercept` (a test in `tests/hook.rs` checks it).
 //!
 //! - [`entry`]: the wrapped entry points, by number and C name;
+//! - `heap` (Linux): the library's own heap, apart from the host's `malloc`;
 //! - [`os`], [`clock`]: per-OS thread ids, clocks, file locks, exit and fork handlers; ticks and
 //!   their conversion to epoch nanoseconds;
 //! - [`ring`]: the per-thread single-producer ring of raw events;
@@ -17,6 +18,8 @@ pub mod clock;
 pub mod entry;
 pub mod fault;
 pub mod ggml;
+#[cfg(target_os = "linux")]
+mod heap;
 pub mod metadata;
 pub mod names;
 #[cfg(target_os = "linux")]

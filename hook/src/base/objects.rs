@@ -70,10 +70,9 @@ pub struct Loaded {
 }
 
 impl Loaded {
-    pub fn contains(&self, address: usize) -> bool {
-        self.segments
-            .iter()
-            .any(|&(start, end)| address >= start && address < end)
+    /// The `[start, end)` ranges of its loaded segments.
+    pub fn segments(&self) -> &[(usize, usize)] {
+        &self.segments
     }
 }
 

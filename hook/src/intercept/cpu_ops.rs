@@ -45,7 +45,7 @@ use crate::base::clock;
 use crate::base::ggml::Helpers;
 use crate::base::tensor::{self, read_tensor};
 use crate::base::{contained, say_once};
-use crate::record::{self, OpInfo, Recorder};
+use crate::record::{self, OpInfo, Recorder, ThisThread};
 
 type Ptr = *mut c_void;
 
@@ -590,6 +590,8 @@ struct Worker {
     nth: Cell<u32>,
     /// When the open barrier wait began (0: not recorded).
     barrier_start: Cell<u64>,
+    /// This thread's recording state, once it recorded.
+    thread: Cell<Option<ThisThread>>,
     /// The call sites this thread resolved last, in sets by (row, site): each node makes three
     /// or more wrapped calls, so the shared cache's probing is paid once per site and thread.
     sites: [[SiteSlot; SITE_WAYS]; SITE_SETS],
@@ -720,6 +722,17 @@ impl Worker {
         Some(resolved)
     }
 
+    fn this_thread(&self) -> ThisThread {
+        match self.thread.get() {
+            Some(thread) => thread,
+            None => {
+                let thread = ThisThread::get();
+                self.thread.set(Some(thread));
+                thread
+            }
+        }
+    }
+
     fn open_node(&self, op: OpInfo, r: &'static Recorder) {
         self.open_tensor.set(op.tensor as usize);
         self.node.set(Some((op, r)));
@@ -750,6 +763,7 @@ thread_local! {
             ith: Cell::new(0),
             nth: Cell::new(0),
             barrier_start: Cell::new(0),
+            thread: Cell::new(None),
             sites: [const {
                 [const {
                     Cell::new(SiteEntry {
@@ -961,7 +975,7 @@ fn node_begins(w: &Worker, kind: Kind, h: &'static Helpers, params: Ptr, arg1: P
             w.node_info(h, r, tensor)
         }
     };
-    record::thread_op(r, true, &op);
+    record::thread_op(w.this_thread(), r, true, &op);
     w.open_node(op, r);
 }
 
@@ -978,7 +992,7 @@ fn end_node(w: &Worker) {
     if let Some((op, r)) = w.take_node()
         && record::active().is_some_and(|a| std::ptr::eq(a, r))
     {
-        record::thread_op(r, false, &op);
+        record::thread_op(w.this_thread(), r, false, &op);
     }
 }
 
@@ -1022,6 +1036,13 @@ fn barrier_ends(w: &Worker) {
     if start != 0
         && let Some(r) = record::thread_ops()
     {
-        record::barrier_wait(r, std::ptr::null_mut(), w.ith.get(), w.nth.get(), start);
+        record::barrier_wait(
+            w.this_thread(),
+            r,
+            std::ptr::null_mut(),
+            w.ith.get(),
+            w.nth.get(),
+            start,
+        );
     }
 }

@@ -70,12 +70,32 @@ impl Local {
 
 /// Runs `f` on this thread's state for recorder `r`, reset first if it was another recorder's.
 fn local<T>(r: &Recorder, f: impl FnOnce(&Local) -> T) -> T {
-    LOCAL.with(|l| {
-        if l.generation.get() != r.generation {
-            l.reset(r.generation);
+    LOCAL.with(|l| f(l.for_recorder(r)))
+}
+
+impl Local {
+    /// This state for recorder `r`: reset first if it was another recorder's.
+    fn for_recorder(&self, r: &Recorder) -> &Local {
+        if self.generation.get() != r.generation {
+            self.reset(r.generation);
         }
-        f(l)
-    })
+        self
+    }
+}
+
+/// This thread's recording state, kept by a caller that records on it often (a worker thread's
+/// op shares and waits): what the other calls reach through the thread-local, without looking
+/// the thread-local up each time (from a preloaded library, a call into the dynamic loader's
+/// `__tls_get_addr`). Neither `Send` nor `Sync`: it stays on its thread.
+#[derive(Clone, Copy)]
+pub struct ThisThread(&'static Local);
+
+impl ThisThread {
+    pub fn get() -> ThisThread {
+        // SAFETY: `LOCAL` has no destructor, so it lives as long as this thread, and a
+        // `ThisThread` (which holds `Cell`s) cannot leave the thread.
+        LOCAL.with(|l| ThisThread(unsafe { &*(l as *const Local) }))
+    }
 }
 
 fn thread_id(l: &Local) -> u32 {
@@ -177,6 +197,24 @@ pub fn buffer_event(
 }
 
 fn push(l: &Local, r: &'static Recorder, mut event: RawEvent) {
+    let (ring, budget, tid) = (l.ring.get(), l.budget.get(), l.tid.get());
+    if ring.is_null() || budget == 0 || tid == 0 {
+        return push_first(l, r, event);
+    }
+    l.budget.set(budget - 1);
+    event.thread_id = tid;
+    event.ticks = clock::now_ticks();
+    // SAFETY: a non-null ring pointer is a leaked, never freed Ring, and this thread is its only
+    // producer.
+    if unsafe { (*ring).push(event) } == Pushed::HalfFull {
+        r.wake_flusher();
+    }
+}
+
+/// [`push`] where this thread has no ring, budget or id yet: gets them first.
+#[cold]
+#[inline(never)]
+fn push_first(l: &Local, r: &'static Recorder, mut event: RawEvent) {
     let Some(ring) = ring_of(l, r) else { return };
     let mut budget = l.budget.get();
     if budget == 0 {
@@ -368,18 +406,19 @@ pub fn thread_ops() -> Option<&'static Recorder> {
 
 /// Threads mode: this thread begins (`begin`) or ends its share of a node (a span of its own,
 /// whatever other threads do).
-pub fn thread_op(r: &'static Recorder, begin: bool, op: &OpInfo) {
+pub fn thread_op(t: ThisThread, r: &'static Recorder, begin: bool, op: &OpInfo) {
     let ty = if begin {
         EventType::OpComputeBegin
     } else {
         EventType::OpComputeEnd
     };
-    local(r, |l| push(l, r, op_event(ty, op)));
+    push(t.0.for_recorder(r), r, op_event(ty, op));
 }
 
 /// Threads mode: this thread waited at a `ggml_barrier` of `threadpool` from `start_ticks` to
 /// now, as thread `ith` of `nth`.
 pub fn barrier_wait(
+    t: ThisThread,
     r: &'static Recorder,
     threadpool: *mut c_void,
     ith: u32,
@@ -394,7 +433,7 @@ pub fn barrier_wait(
         d: clock::now_ticks().saturating_sub(start_ticks),
         ..RawEvent::default()
     };
-    local(r, |l| push(l, r, event));
+    push(t.0.for_recorder(r), r, event);
 }
 
 /// Sequences a span event names with their tokens (the rest are counted together).

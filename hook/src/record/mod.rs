@@ -25,9 +25,9 @@ mod tensors;
 mod writer;
 
 pub use events::{
-    GraphInfo, GraphScope, OpInfo, SPAN_SEQS, WaitScope, barrier_wait, buffer_event, graph_begin,
-    graph_end, name_id, op_begin, op_end, seq_removed, span, thread_op, thread_ops, wait_begin,
-    wait_end,
+    GraphInfo, GraphScope, OpInfo, SPAN_SEQS, ThisThread, WaitScope, barrier_wait, buffer_event,
+    graph_begin, graph_end, name_id, op_begin, op_end, seq_removed, span, thread_op, thread_ops,
+    wait_begin, wait_end,
 };
 pub use recorder::Recorder;
 pub use rpc::{Transfer, rpc_after, rpc_before, rpc_connected, rpc_listening};

@@ -60,6 +60,8 @@ pub struct TraceWriter {
     /// fills it, where a smaller start is copied at each doubling on the way (a copy of every
     /// byte once more, each time).
     buf: Vec<u8>,
+    /// The largest capacity a flush's buffer had: what the next one is taken with.
+    capacity: usize,
     /// For each group of tensors (a name and op type), the tensor info last written (the reader
     /// keeps the latest of each).
     info_of_group: Vec<u16>,
@@ -110,6 +112,7 @@ impl TraceWriter {
             layout,
             tensor_names: config.tensor_names,
             buf: Vec::with_capacity(BUF_CAPACITY),
+            capacity: BUF_CAPACITY,
             labels: Vec::new(),
             info_of_group: Vec::new(),
             live_buffers: Default::default(),
@@ -130,14 +133,15 @@ impl TraceWriter {
         self.closed
     }
 
-    /// Hands what was encoded to the output; nothing at all when nothing was.
+    /// Hands what was encoded to the output; nothing at all when nothing was. The next flush
+    /// takes a buffer of the same capacity ([`TraceWriter::flush`]); what is encoded after the
+    /// last one (the closing records) goes in a small one of its own.
     fn write_buf(&mut self) -> io::Result<()> {
         if self.buf.is_empty() {
             return Ok(());
         }
-        let spare = self.output.buffer(self.buf.capacity());
-        let encoded = std::mem::replace(&mut self.buf, spare);
-        self.output.write(encoded)
+        self.capacity = self.capacity.max(self.buf.capacity());
+        self.output.write(std::mem::take(&mut self.buf))
     }
 
     /// Drains every ring into the file, with new names and changed counters: how many events.
@@ -149,6 +153,9 @@ impl TraceWriter {
         // Before draining: every event drained now is older than this calibration point, or a
         // few microseconds newer.
         self.clock.recalibrate();
+        if self.buf.capacity() == 0 {
+            self.buf = self.output.buffer(self.capacity);
+        }
         // Names come before the events that use them: the names known now, then the events,
         // then (in front of those events) the names interned while they were drained, which
         // cover every event drained (a name is interned before an event that uses it is

@@ -91,13 +91,16 @@ impl Callee {
 
 /// What the slow path has learnt; its lock serializes the slow path.
 struct Slow {
-    /// Helpers already found, by the base address of the object defining the real function.
+    /// Helpers already found, by the base address of the object defining the real function (0:
+    /// the global scope's).
     helpers: Vec<(usize, &'static Helpers)>,
     /// `dlopen(RTLD_NOLOAD)` handles by object path, kept open: each `dlopen` costs thousands of
     /// instructions, and holding a reference to a loaded object only keeps it loaded.
     handles: Vec<(CString, usize)>,
     /// The loaded objects as last seen (walked again when an address is in none of them).
     objects: Vec<Loaded>,
+    /// Their segments by start address: start, end and the object's index in `objects`.
+    segments: Vec<(usize, usize, usize)>,
     /// Where each function goes from each calling object (by its base; `usize::MAX`: an address
     /// in no object): call sites of one object share it, so each is one lookup, not a `dlsym`.
     routes: BTreeMap<(usize, usize), &'static Resolved>,
@@ -130,6 +133,7 @@ static SLOW: SlowLock = SlowLock {
         helpers: Vec::new(),
         handles: Vec::new(),
         objects: Vec::new(),
+        segments: Vec::new(),
         routes: BTreeMap::new(),
     }),
 };
@@ -407,12 +411,28 @@ impl Slow {
         if address == 0 {
             return None;
         }
-        let at = |objects: &[Loaded]| objects.iter().position(|l| l.contains(address));
-        let i = at(&self.objects).or_else(|| {
+        let i = self.object_index(address).or_else(|| {
             self.objects = loaded();
-            at(&self.objects)
+            self.segments = (self.objects.iter().enumerate())
+                .flat_map(|(i, l)| {
+                    l.segments()
+                        .iter()
+                        .map(move |&(start, end)| (start, end, i))
+                })
+                .collect();
+            self.segments.sort_unstable();
+            self.object_index(address)
         })?;
         Some(&self.objects[i].object)
+    }
+
+    /// The index in `objects` of the object with a segment containing `address`.
+    fn object_index(&self, address: usize) -> Option<usize> {
+        let after = self
+            .segments
+            .partition_point(|&(start, _, _)| start <= address);
+        let &(_, end, i) = self.segments.get(after.checked_sub(1)?)?;
+        (address < end).then_some(i)
     }
 
     /// The base of the loaded object containing `address` ([`Slow::object_at`]).
@@ -440,22 +460,28 @@ impl Slow {
     /// The helpers of the copy of ggml that defines the real function of `route`: looked up
     /// where it was found.
     fn helpers_for(&mut self, route: Route) -> &'static Helpers {
-        let Some(base) = self.base_of(route.real) else {
-            return Box::leak(Box::default());
+        // Found in the global scope: the helpers are the global scope's too, whichever object
+        // defines the function (under base 0, which no object has).
+        let base = match route.global {
+            true => 0,
+            false => match self.base_of(route.real) {
+                Some(base) => base,
+                None => return Box::leak(Box::default()),
+            },
         };
         if let Some((_, helpers)) = self.helpers.iter().find(|(b, _)| *b == base) {
             return helpers;
         }
-        let Some(object) = self.object_at(route.real).cloned() else {
-            return Box::leak(Box::default());
-        };
         let helpers = if route.global {
             Helpers::load(|name| self.next_global(name))
         } else {
+            let Some(object) = self.object_at(route.real).cloned() else {
+                return Box::leak(Box::default());
+            };
             Helpers::load(|name| self.lookup_in_scope(&object.path, name))
         };
         let helpers: &'static Helpers = Box::leak(Box::new(helpers));
-        self.helpers.push((object.base, helpers));
+        self.helpers.push((base, helpers));
         helpers
     }
 }
