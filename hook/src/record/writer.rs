@@ -428,13 +428,13 @@ impl TraceWriter {
                 removed: None,
             }
         };
-        ext::encode_extension(
+        ext::encode_extension_json(
             &mut self.buf,
             self.layout,
             kind,
             timestamp_ns,
             e.thread_id,
-            &span,
+            &span.to_json(),
         );
     }
 
