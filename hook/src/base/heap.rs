@@ -9,8 +9,9 @@
 //! instructions more in all once our blocks were among its chunks.
 //!
 //! Blocks are never given back to the system: the free lists hold at most what we held at once.
-//! One spin lock guards the lists (each critical section is a few instructions); `fork` takes it
-//! first and releases it in the parent and the child, so that a child never inherits it held.
+//! One spin lock guards the lists (each critical section is a few instructions, and takes no
+//! other lock); `fork` takes it, after every other lock of ours, and releases it in the parent
+//! and the child, so that a child never inherits it held.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::UnsafeCell;
@@ -90,8 +91,19 @@ impl Heap {
     }
 }
 
+/// At load (a constructor), so that they come before every other `fork` handler of ours:
+/// `fork` runs the prepare handlers in the reverse order of their registration, so the heap's
+/// lock is taken last, after the resolver's (whose holder may be allocating, and must get the
+/// heap before `fork` can have the resolver's lock), and released first.
+#[used]
+#[unsafe(link_section = ".init_array")]
+static AT_LOAD: extern "C" fn() = register_fork_handlers;
+
 /// Once: `fork` takes the lock before it and releases it after, in the parent and the child.
-fn register_fork_handlers() {
+/// Also called before each use of the heap and before any other lock of ours registers its own
+/// handlers, for a process where our constructor has not run yet (another library's constructor
+/// calling a wrapped function).
+pub extern "C" fn register_fork_handlers() {
     static ONCE: Once = Once::new();
     ONCE.call_once(|| {
         extern "C" fn prepare() {
@@ -255,5 +267,53 @@ mod tests {
                 "{size}"
             );
         }
+    }
+    /// A child forked while another thread allocates through the heap can allocate too: `fork`
+    /// took the heap's lock first (without the handlers, the child inherits it held, now and
+    /// then, and spins for ever on its first allocation).
+    #[test]
+    fn a_child_forked_while_another_thread_allocates_can_allocate() {
+        use std::sync::Arc;
+        use std::time::{Duration, Instant};
+        let stop = Arc::new(AtomicBool::new(false));
+        let busy = {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                let mut n = 0usize;
+                while !stop.load(Ordering::Relaxed) {
+                    std::hint::black_box(Vec::<u8>::with_capacity(1 + n % LARGEST));
+                    n += 1;
+                }
+                n
+            })
+        };
+        for fork in 0..200 {
+            // SAFETY: the child only allocates through the heap and leaves with `_exit`.
+            let pid = unsafe { libc::fork() };
+            if pid == 0 {
+                let block = std::hint::black_box(Box::new([7u8; 100]));
+                // SAFETY: ends the child at once, running nothing of the parent's.
+                unsafe { libc::_exit(i32::from(block[99] != 7)) };
+            }
+            assert!(pid > 0, "fork failed");
+            let deadline = Instant::now() + Duration::from_secs(10);
+            let mut status = 0;
+            loop {
+                // SAFETY: waits for our own child, without blocking.
+                let done = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
+                if done == pid {
+                    break;
+                }
+                if Instant::now() > deadline {
+                    // SAFETY: our own child, stuck.
+                    unsafe { libc::kill(pid, libc::SIGKILL) };
+                    panic!("child {fork} could not allocate after the fork");
+                }
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0);
+        }
+        stop.store(true, Ordering::Relaxed);
+        assert!(busy.join().unwrap() > 0);
     }
 }

@@ -19,7 +19,7 @@ pub mod entry;
 pub mod fault;
 pub mod ggml;
 #[cfg(target_os = "linux")]
-mod heap;
+pub mod heap;
 pub mod metadata;
 pub mod names;
 #[cfg(target_os = "linux")]

@@ -145,6 +145,9 @@ impl SlowGuard {
     fn lock() -> SlowGuard {
         static AT_FORK: Once = Once::new();
         AT_FORK.call_once(|| {
+            // The heap's handlers first, so that `fork` takes our mutex before the heap's lock
+            // (whoever holds the mutex may be allocating).
+            crate::base::heap::register_fork_handlers();
             extern "C" fn prepare() {
                 // SAFETY: a valid, initialized mutex; released by `released` after the fork.
                 unsafe { libc::pthread_mutex_lock(SLOW.mutex.get()) };
