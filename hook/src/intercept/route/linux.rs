@@ -333,12 +333,14 @@ impl Slow {
         callee: Callee,
         return_address: usize,
     ) -> Option<(&'static Resolved, bool)> {
-        let caller = self.object_at(return_address);
-        let key = (caller.map_or(usize::MAX, |o| o.base), callee.code());
-        let caller = match self.routes.get(&key) {
-            Some(&found) => return Some((found, false)),
-            None => self.object_at(return_address).cloned(),
-        };
+        let key = (
+            self.base_of(return_address).unwrap_or(usize::MAX),
+            callee.code(),
+        );
+        if let Some(&found) = self.routes.get(&key) {
+            return Some((found, false));
+        }
+        let caller = self.object_at(return_address).cloned();
         let route = self.find_route(callee, caller)?;
         let helpers = inline::helpers_for(route.real).unwrap_or_else(|| self.helpers_for(route));
         note_helpers(helpers);
