@@ -110,9 +110,9 @@ fn thread_id(l: &Local) -> u32 {
     }
 }
 
-/// This thread's ring, made and registered on its first event (with a THREAD_BEGIN event when
-/// thread tracking is on). `None` when its memory cannot be had: then tracing stops.
-fn ring_of(l: &Local, r: &'static Recorder) -> Option<&'static Ring> {
+/// Whether this thread has a ring: made and registered on its first event (with a THREAD_BEGIN
+/// event when thread tracking is on). Not when its memory cannot be had: then tracing stops.
+fn has_ring(l: &Local, r: &'static Recorder) -> bool {
     if l.ring.get().is_null() {
         let Some(ring) = Ring::try_new(r.config.buffer_size as usize) else {
             session::stop(format_args!(
@@ -120,7 +120,7 @@ fn ring_of(l: &Local, r: &'static Recorder) -> Option<&'static Ring> {
                  (lower GGML_VIZ_BUFFER_SIZE)",
                 r.config.buffer_size
             ));
-            return None;
+            return false;
         };
         let ring: &'static Ring = Box::leak(Box::new(ring));
         r.add_ring(ring);
@@ -131,8 +131,7 @@ fn ring_of(l: &Local, r: &'static Recorder) -> Option<&'static Ring> {
             push(l, r, thread_event(r, l, EventType::ThreadBegin));
         }
     }
-    // SAFETY: a non-null ring pointer is a leaked, never freed Ring.
-    Some(unsafe { &*l.ring.get() })
+    true
 }
 
 /// THREAD_BEGIN or THREAD_FREE for this thread, labelled with its name.
@@ -197,40 +196,38 @@ pub fn buffer_event(
 }
 
 fn push(l: &Local, r: &'static Recorder, mut event: RawEvent) {
-    let (ring, budget, tid) = (l.ring.get(), l.budget.get(), l.tid.get());
-    if ring.is_null() || budget == 0 || tid == 0 {
-        return push_first(l, r, event);
+    if (l.ring.get().is_null() || l.budget.get() == 0 || l.tid.get() == 0) && !make_ready(l, r) {
+        return;
     }
-    l.budget.set(budget - 1);
-    event.thread_id = tid;
+    l.budget.set(l.budget.get() - 1);
+    event.thread_id = l.tid.get();
     event.ticks = clock::now_ticks();
-    // SAFETY: a non-null ring pointer is a leaked, never freed Ring, and this thread is its only
-    // producer.
-    if unsafe { (*ring).push(event) } == Pushed::HalfFull {
+    // SAFETY: `make_ready` or an earlier event set a non-null ring pointer, a leaked, never
+    // freed Ring; this thread is its only producer.
+    if unsafe { (*l.ring.get()).push(event) } == Pushed::HalfFull {
         r.wake_flusher();
     }
 }
 
-/// [`push`] where this thread has no ring, budget or id yet: gets them first.
+/// Out of [`push`]'s way: this thread's ring, a share of the event cap and its id, where it has
+/// none yet; whether an event can be pushed (not when no ring can be had, or the cap is reached:
+/// then counted).
 #[cold]
 #[inline(never)]
-fn push_first(l: &Local, r: &'static Recorder, mut event: RawEvent) {
-    let Some(ring) = ring_of(l, r) else { return };
-    let mut budget = l.budget.get();
-    if budget == 0 {
-        budget = r.reserve();
+fn make_ready(l: &Local, r: &'static Recorder) -> bool {
+    if !has_ring(l, r) {
+        return false;
+    }
+    if l.budget.get() == 0 {
+        let budget = r.reserve();
         if budget == 0 {
             r.over_max_events.fetch_add(1, Ordering::Relaxed);
-            return;
+            return false;
         }
+        l.budget.set(budget);
     }
-    l.budget.set(budget - 1);
-    event.thread_id = thread_id(l);
-    event.ticks = clock::now_ticks();
-    // SAFETY: this thread is its ring's only producer.
-    if unsafe { ring.push(event) } == Pushed::HalfFull {
-        r.wake_flusher();
-    }
+    thread_id(l);
+    true
 }
 
 /// What a graph event says, besides its type and time.
