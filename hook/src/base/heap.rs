@@ -268,6 +268,7 @@ mod tests {
             );
         }
     }
+
     /// A child forked while another thread allocates through the heap can allocate too: `fork`
     /// took the heap's lock first (without the handlers, the child inherits it held, now and
     /// then, and spins for ever on its first allocation).

@@ -221,11 +221,18 @@ fn same_bytes(a: &[u8], b: &[u8]) -> bool {
     }
 }
 
+/// The type codes of the records that open or close a span.
+const GRAPH_BEGIN: u8 = EventType::GraphComputeBegin as u8;
+const GRAPH_END: u8 = EventType::GraphComputeEnd as u8;
+const OP_BEGIN: u8 = EventType::OpComputeBegin as u8;
+const OP_END: u8 = EventType::OpComputeEnd as u8;
+const BARRIER_WAIT: u8 = EventType::BarrierWait as u8;
+
 /// Whether records of type `code` open or close a span: graph and op begins and ends, and
 /// barrier waits (a span each).
 #[inline(always)]
 fn is_span_event(code: u8) -> bool {
-    code <= EventType::OpComputeEnd as u8 || code == EventType::BarrierWait as u8
+    code <= OP_END || code == BARRIER_WAIT
 }
 
 /// A span named `name` in `category` with `args`, its place and times still to be written.
@@ -347,11 +354,11 @@ impl<'s, S: RecordSink> Import<'s, S> {
     pub fn record(&mut self, offset: u64, record: RecordView<'_>) -> bool {
         let code = record.type_code();
         let started = self.named && self.imp.clock_said;
-        if started && code <= EventType::OpComputeEnd as u8 {
+        if started && code <= OP_END {
             self.span_record(offset, record);
             return true;
         }
-        if started && code == EventType::BarrierWait as u8 {
+        if started && code == BARRIER_WAIT {
             self.wait_record(offset, record);
             return true;
         }
@@ -468,7 +475,7 @@ impl<S: RecordSink> Importer<'_, S> {
             input,
         };
         match (code, payload) {
-            (0, Payload::Graph { .. }) | (2, Payload::Op { .. }) => {
+            (GRAPH_BEGIN, Payload::Graph { .. }) | (OP_BEGIN, Payload::Op { .. }) => {
                 let template = self.template(tid, label, &payload);
                 let (kind, tensor) = match payload {
                     Payload::Op { tensor_ptr, .. } => (Kind::Op, tensor_ptr),
@@ -482,9 +489,9 @@ impl<S: RecordSink> Importer<'_, S> {
                 };
                 self.open(tid, opened, ts);
             }
-            (1, _) => self.close(end(Kind::Graph, 0)),
-            (3, Payload::Op { tensor_ptr, .. }) => self.close(end(Kind::Op, tensor_ptr)),
-            (6, Payload::Thread { value, .. }) => {
+            (GRAPH_END, _) => self.close(end(Kind::Graph, 0)),
+            (OP_END, Payload::Op { tensor_ptr, .. }) => self.close(end(Kind::Op, tensor_ptr)),
+            (BARRIER_WAIT, Payload::Thread { value, .. }) => {
                 self.wait(label, &payload, value, end(Kind::Call, 0))
             }
             _ => {}
