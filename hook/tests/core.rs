@@ -56,17 +56,27 @@ fn work(thread: usize) {
 }
 
 /// A thread-pool worker's work (threads-mode op timing): its shares of nodes and its barrier
-/// waits, as thread 2 of 4, outside any graph compute of its own.
+/// waits, as thread 2 of 4, outside any graph compute of its own. Node 1's share lasts at least
+/// [`LONG_SHARE`]; node 2's holds a barrier wait of its own (as a matrix multiplication's do).
 fn pool_worker() {
     let recorder = ggml_viz_hook::active().expect("the session is active");
     let this = ThisThread::get();
     for op in 0..OPS {
         ggml_viz_hook::thread_op(this, recorder, true, &node(op));
+        if op == 1 {
+            std::thread::sleep(LONG_SHARE);
+        }
+        if op == 2 {
+            let waited_from = ggml_viz_hook::now_ticks();
+            ggml_viz_hook::barrier_wait(this, recorder, std::ptr::null_mut(), 2, 4, waited_from);
+        }
         ggml_viz_hook::thread_op(this, recorder, false, &node(op));
         let waited_from = ggml_viz_hook::now_ticks();
         ggml_viz_hook::barrier_wait(this, recorder, std::ptr::null_mut(), 2, 4, waited_from);
     }
 }
+
+const LONG_SHARE: std::time::Duration = std::time::Duration::from_millis(3);
 
 /// One ggml-rpc exchange as the transport carries it, in the order ggml-rpc's client and
 /// server make their calls: (command, request payload bytes, answer payload bytes if answered).
@@ -175,6 +185,8 @@ fn what_threads_record_is_in_the_trace_in_order() {
 
     let trace = TraceFile::open(&path, None).unwrap();
     let mut per_thread: BTreeMap<u32, Vec<EventType>> = BTreeMap::new();
+    // The same events' times.
+    let mut times: BTreeMap<u32, Vec<u64>> = BTreeMap::new();
     let (mut metadata, mut counters, mut spans) = (None, None, Vec::new());
     let mut barriers = Vec::new();
     let mut rpc = Vec::new();
@@ -191,8 +203,18 @@ fn what_threads_record_is_in_the_trace_in_order() {
             ) if event.label.as_deref() == Some(b"ggml_barrier") => {
                 barriers.push((event.thread_id, thread_index, n_threads));
                 per_thread.entry(event.thread_id).or_default().push(ty);
+                times
+                    .entry(event.thread_id)
+                    .or_default()
+                    .push(event.timestamp_ns);
             }
-            (Some(ty), _) => per_thread.entry(event.thread_id).or_default().push(ty),
+            (Some(ty), _) => {
+                per_thread.entry(event.thread_id).or_default().push(ty);
+                times
+                    .entry(event.thread_id)
+                    .or_default()
+                    .push(event.timestamp_ns);
+            }
             (None, Payload::Extension(x)) => {
                 let label = event.label.as_deref().unwrap_or_default();
                 match x.kind {
@@ -219,23 +241,34 @@ fn what_threads_record_is_in_the_trace_in_order() {
     assert_eq!(counters.expect("a counters record").lost(), 0);
 
     assert_eq!(per_thread.len(), THREADS + 2, "one event stream per thread");
-    // The pool worker: a share and a barrier wait per node, as thread 2 of 4.
-    let worker: Vec<EventType> = [
-        EventType::OpComputeBegin,
-        EventType::OpComputeEnd,
-        EventType::BarrierWait,
-    ]
-    .iter()
-    .copied()
-    .cycle()
-    .take(3 * OPS)
-    .collect();
+    // The pool worker: a share and a barrier wait per node, as thread 2 of 4, and node 2's
+    // wait within its share.
+    let mut worker = Vec::new();
+    for op in 0..OPS {
+        worker.push(EventType::OpComputeBegin);
+        if op == 2 {
+            worker.push(EventType::BarrierWait);
+        }
+        worker.extend([EventType::OpComputeEnd, EventType::BarrierWait]);
+    }
     let (&worker_tid, _) = per_thread
         .iter()
         .find(|(_, events)| **events == worker)
         .unwrap_or_else(|| panic!("no thread recorded {worker:?}: {per_thread:?}"));
     per_thread.remove(&worker_tid);
-    assert_eq!(barriers, vec![(worker_tid, 2, 4); OPS]);
+    assert_eq!(barriers, vec![(worker_tid, 2, 4); OPS + 1]);
+    // Its times run forward, and node 1's share (begin at index 3, end at 4) lasted as long as
+    // its sleep at least.
+    let worker_times = &times[&worker_tid];
+    assert!(
+        worker_times.windows(2).all(|w| w[0] <= w[1]),
+        "{worker_times:?}"
+    );
+    let long_share = worker_times[4] - worker_times[3];
+    assert!(
+        long_share >= LONG_SHARE.as_nanos() as u64,
+        "node 1's share took {long_share} ns, it slept {LONG_SHARE:?}"
+    );
     let stopped_early = [
         EventType::GraphComputeBegin,
         EventType::OpComputeBegin,

@@ -34,7 +34,7 @@ impl<T> UnsafeCell<T> {
 }
 
 /// One event as the producer stores it: plain data, turned into a GGMLVIZ record by the sink.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RawEvent {
     /// When, in [`crate::clock::now_ticks`] ticks.
     pub ticks: u64,
@@ -54,6 +54,28 @@ pub struct RawEvent {
     /// Graph and wait events: interned name of the backend or scheduler (see [`crate::names`]).
     /// Op events: the tensor's entry in [`crate::ops::Tensors`]. 0 for none.
     pub name_id: u16,
+}
+
+impl RawEvent {
+    /// Every field 0 (also the `Default`, and usable in a `const`).
+    pub const ZERO: RawEvent = RawEvent {
+        ticks: 0,
+        a: 0,
+        d: 0,
+        size: 0,
+        b: 0,
+        c: 0,
+        thread_id: 0,
+        type_code: 0,
+        entry: 0,
+        name_id: 0,
+    };
+}
+
+impl Default for RawEvent {
+    fn default() -> RawEvent {
+        RawEvent::ZERO
+    }
 }
 
 /// What [`Ring::push`] did.
@@ -115,20 +137,23 @@ impl Ring {
         })
     }
 
-    /// Producer: stores `event`, or counts it as dropped if the ring is full. Says when this
+    /// Producer: stores `event`, which stands for `events` events (one, or two for a whole op
+    /// share), or counts them as dropped if the ring is full. Says when this
     /// event made the ring half full (once per filling: the count of stored events only grows
     /// by one at a time), so that the producer can wake the consumer then and only then.
     ///
     /// # Safety
     /// Only the ring's one producer thread may call this.
     #[inline]
-    pub unsafe fn push(&self, event: RawEvent) -> Pushed {
+    pub unsafe fn push(&self, event: RawEvent, events: u64) -> Pushed {
         let tail = self.tail.load(Ordering::Relaxed);
         let head = self.head.load(Ordering::Acquire);
         let stored = tail.wrapping_sub(head);
         if stored > self.mask {
-            self.dropped
-                .store(self.dropped.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
+            self.dropped.store(
+                self.dropped.load(Ordering::Relaxed) + events,
+                Ordering::Relaxed,
+            );
             return Pushed::Dropped;
         }
         // SAFETY: the slot at `tail` is outside head..tail, so the consumer does not read it.
@@ -188,13 +213,26 @@ mod tests {
         // SAFETY: single-threaded test: one producer, one consumer.
         unsafe {
             for i in 0..6 {
-                assert_eq!(ring.push(ev(i)).stored(), i < 4);
+                assert_eq!(ring.push(ev(i), 1).stored(), i < 4);
             }
             assert_eq!(ring.dropped(), 2);
             let mut seen = Vec::new();
             assert_eq!(ring.drain(|e| seen.push(e.ticks)), 4);
             assert_eq!(seen, [0, 1, 2, 3]);
-            assert!(ring.push(ev(9)).stored());
+            assert!(ring.push(ev(9), 1).stored());
+        }
+    }
+
+    #[test]
+    fn a_dropped_slot_counts_the_events_it_stands_for() {
+        let ring = Ring::try_new(2).unwrap();
+        // SAFETY: single-threaded test: one producer, one consumer.
+        unsafe {
+            assert!(ring.push(ev(0), 2).stored());
+            assert!(ring.push(ev(1), 1).stored());
+            assert_eq!(ring.push(ev(2), 2), Pushed::Dropped);
+            assert_eq!(ring.push(ev(3), 1), Pushed::Dropped);
+            assert_eq!(ring.dropped(), 3);
         }
     }
 
@@ -203,12 +241,12 @@ mod tests {
         let ring = Ring::try_new(8).unwrap();
         // SAFETY: single-threaded test: one producer, one consumer.
         unsafe {
-            let said: Vec<Pushed> = (0..10).map(|i| ring.push(ev(i))).collect();
+            let said: Vec<Pushed> = (0..10).map(|i| ring.push(ev(i), 1)).collect();
             assert_eq!(said[3], Pushed::HalfFull);
             assert_eq!(said.iter().filter(|&&p| p == Pushed::HalfFull).count(), 1);
             assert_eq!(said[8..], [Pushed::Dropped, Pushed::Dropped]);
             ring.drain(|_| {});
-            let again: Vec<Pushed> = (0..4).map(|i| ring.push(ev(i))).collect();
+            let again: Vec<Pushed> = (0..4).map(|i| ring.push(ev(i), 1)).collect();
             assert_eq!(again[3], Pushed::HalfFull);
         }
     }
@@ -219,16 +257,16 @@ mod tests {
         // SAFETY: single-threaded test: this thread is the one producer and the one consumer.
         unsafe {
             for i in 0..2 * RELEASE_EVERY as u64 {
-                assert!(ring.push(ev(i)).stored());
+                assert!(ring.push(ev(i), 1).stored());
             }
-            assert!(!ring.push(ev(0)).stored(), "full");
+            assert!(!ring.push(ev(0), 1).stored(), "full");
             let mut pushed_while_draining = Vec::new();
             let mut seen = 0;
             ring.drain(|_| {
                 seen += 1;
                 if seen == RELEASE_EVERY + 1 {
                     // The first RELEASE_EVERY slots were taken: the producer has room.
-                    pushed_while_draining.push(ring.push(ev(7)).stored());
+                    pushed_while_draining.push(ring.push(ev(7), 1).stored());
                 }
             });
             assert_eq!(pushed_while_draining, [true]);
@@ -251,7 +289,7 @@ mod tests {
             // SAFETY: this thread is the only producer.
             std::thread::spawn(move || {
                 (0..200_000)
-                    .filter(|&i| unsafe { ring.push(ev(i)).stored() })
+                    .filter(|&i| unsafe { ring.push(ev(i), 1).stored() })
                     .count() as u64
             })
         };
@@ -289,10 +327,13 @@ mod loom_tests {
                 loom::thread::spawn(move || {
                     (0..3u64)
                         .filter(|&i| unsafe {
-                            ring.push(RawEvent {
-                                ticks: i,
-                                ..RawEvent::default()
-                            })
+                            ring.push(
+                                RawEvent {
+                                    ticks: i,
+                                    ..RawEvent::default()
+                                },
+                                1,
+                            )
                             .stored()
                         })
                         .count() as u64

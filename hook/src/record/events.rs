@@ -38,6 +38,12 @@ struct Local {
     /// The node our eval callback is driving, for its end event: while it is open, the graph
     /// computes and waits ggml makes for it are part of the op, not recorded on their own.
     open_op: Cell<Option<OpInfo>>,
+    /// Threads mode: the begin event of this thread's open op share, with its time, not yet in
+    /// the ring (`holding`): when nothing else is recorded before the share ends, the share
+    /// goes into one slot (see [`thread_op`]); anything else recorded first puts it in the ring
+    /// before itself.
+    held: Cell<RawEvent>,
+    holding: Cell<bool>,
 }
 
 thread_local! {
@@ -50,6 +56,8 @@ thread_local! {
             recording: Cell::new(false),
             budget: Cell::new(0),
             open_op: Cell::new(None),
+            held: Cell::new(RawEvent::ZERO),
+            holding: Cell::new(false),
         }
     };
 }
@@ -65,6 +73,7 @@ impl Local {
         self.recording.set(false);
         self.budget.set(0);
         self.open_op.set(None);
+        self.holding.set(false);
     }
 }
 
@@ -195,36 +204,57 @@ pub fn buffer_event(
     local(r, |l| push(l, r, event));
 }
 
-fn push(l: &Local, r: &'static Recorder, mut event: RawEvent) {
-    if (l.ring.get().is_null() || l.budget.get() == 0 || l.tid.get() == 0) && !make_ready(l, r) {
+fn push(l: &Local, r: &'static Recorder, event: RawEvent) {
+    if l.holding.get() {
+        release(l, r);
+    }
+    store(l, r, event, clock::now_ticks(), 1);
+}
+
+/// Puts the held begin of this thread's op share in the ring, with the time it was taken.
+#[cold]
+#[inline(never)]
+fn release(l: &Local, r: &'static Recorder) {
+    l.holding.set(false);
+    let held = l.held.get();
+    store(l, r, held, held.ticks, 1);
+}
+
+/// Stores `event`, at `ticks`, in this thread's ring, standing for `events` events (two for a
+/// whole op share) of its share of the cap.
+#[inline(always)]
+fn store(l: &Local, r: &'static Recorder, mut event: RawEvent, ticks: u64, events: u64) {
+    if (l.ring.get().is_null() || l.budget.get() < events || l.tid.get() == 0)
+        && !make_ready(l, r, events)
+    {
         return;
     }
-    l.budget.set(l.budget.get() - 1);
+    l.budget.set(l.budget.get() - events);
     event.thread_id = l.tid.get();
-    event.ticks = clock::now_ticks();
+    event.ticks = ticks;
     // SAFETY: `make_ready` or an earlier event set a non-null ring pointer, a leaked, never
     // freed Ring; this thread is its only producer.
-    if unsafe { (*l.ring.get()).push(event) } == Pushed::HalfFull {
+    if unsafe { (*l.ring.get()).push(event, events) } == Pushed::HalfFull {
         r.wake_flusher();
     }
 }
 
-/// Out of [`push`]'s way: this thread's ring, a share of the event cap and its id, where it has
-/// none yet; whether an event can be pushed (not when no ring can be had, or the cap is reached:
-/// then counted).
+/// Out of [`store`]'s way: this thread's ring, `events` of the event cap and its id, where it
+/// has none yet; whether they can be stored (not when no ring can be had, or the cap is
+/// reached: then counted).
 #[cold]
 #[inline(never)]
-fn make_ready(l: &Local, r: &'static Recorder) -> bool {
+fn make_ready(l: &Local, r: &'static Recorder, events: u64) -> bool {
     if !has_ring(l, r) {
         return false;
     }
-    if l.budget.get() == 0 {
+    while l.budget.get() < events {
         let budget = r.reserve();
         if budget == 0 {
-            r.over_max_events.fetch_add(1, Ordering::Relaxed);
+            r.over_max_events.fetch_add(events, Ordering::Relaxed);
             return false;
         }
-        l.budget.set(budget);
+        l.budget.set(l.budget.get() + budget);
     }
     thread_id(l);
     true
@@ -403,13 +433,47 @@ pub fn thread_ops() -> Option<&'static Recorder> {
 
 /// Threads mode: this thread begins (`begin`) or ends its share of a node (a span of its own,
 /// whatever other threads do).
+///
+/// A share whose thread records nothing else before it ends takes one ring slot: its end event
+/// with `c` = 1 + the ticks since its begin, which the writer writes as both records. The begin
+/// is held until then, and stored on its own, before whatever else comes first (a barrier wait
+/// within the op), or when the share is too long for `c`.
 pub fn thread_op(t: ThisThread, r: &'static Recorder, begin: bool, op: &OpInfo) {
-    let ty = if begin {
-        EventType::OpComputeBegin
-    } else {
-        EventType::OpComputeEnd
-    };
-    push(t.0.for_recorder(r), r, op_event(ty, op));
+    let l = t.0.for_recorder(r);
+    if begin {
+        if l.holding.get() {
+            release(l, r);
+        }
+        let event = op_event(EventType::OpComputeBegin, op);
+        // Held only when the ring is ready: a thread's first events (its ring, its THREAD_BEGIN)
+        // go in at the time they are taken.
+        if !l.ring.get().is_null() && l.budget.get() >= 2 && l.tid.get() != 0 {
+            l.held.set(RawEvent {
+                ticks: clock::now_ticks(),
+                ..event
+            });
+            l.holding.set(true);
+        } else {
+            store(l, r, event, clock::now_ticks(), 1);
+        }
+        return;
+    }
+    let event = op_event(EventType::OpComputeEnd, op);
+    let ticks = clock::now_ticks();
+    if l.holding.get() {
+        let held = l.held.get();
+        let took = ticks.wrapping_sub(held.ticks);
+        if held.a == event.a && took < u64::from(u32::MAX) {
+            l.holding.set(false);
+            let whole = RawEvent {
+                c: took as u32 + 1,
+                ..event
+            };
+            return store(l, r, whole, ticks, 2);
+        }
+        release(l, r);
+    }
+    store(l, r, event, ticks, 1);
 }
 
 /// Threads mode: this thread waited at a `ggml_barrier` of `threadpool` from `start_ticks` to

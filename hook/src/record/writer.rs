@@ -267,6 +267,7 @@ impl TraceWriter {
         put_event(
             &mut self.buf,
             self.layout,
+            e.type_code,
             e,
             timestamp_ns,
             &payload,
@@ -317,6 +318,7 @@ impl TraceWriter {
         put_event(
             &mut self.buf,
             self.layout,
+            e.type_code,
             e,
             timestamp_ns,
             &payload,
@@ -324,13 +326,37 @@ impl TraceWriter {
         );
     }
 
-    /// An op event of the thread whose latest conversion is `floor`, preceded by the
-    /// tensor-info (and op-name) records it needs.
+    /// An op event of the thread whose latest conversion is `floor`: a begin, preceded by the
+    /// tensor-info (and op-name) records it needs; an end (which carries no label: readers take
+    /// the node from its begin); or a whole share in one slot (an end whose `c` is 1 + the ticks
+    /// since its begin), both.
     #[inline(always)]
     fn encode_op(&mut self, e: &RawEvent, d: &Drain<'_>, floor: &mut u64) {
+        if e.type_code == OP_BEGIN {
+            return self.encode_op_begin(e, e.ticks, d, floor);
+        }
+        if e.c != 0 {
+            let begun = e.ticks.wrapping_sub(u64::from(e.c - 1));
+            self.encode_op_begin(e, begun, d, floor);
+        }
         let timestamp_ns = self.clock.convert_epoch_ns(e.ticks, floor);
+        put_event(
+            &mut self.buf,
+            self.layout,
+            OP_END,
+            e,
+            timestamp_ns,
+            &op_payload(e),
+            None,
+        );
+    }
+
+    /// The begin record of op event `e`, at `ticks`.
+    #[inline(always)]
+    fn encode_op_begin(&mut self, e: &RawEvent, ticks: u64, d: &Drain<'_>, floor: &mut u64) {
+        let timestamp_ns = self.clock.convert_epoch_ns(ticks, floor);
         let info = d.tensors.get(e.name_id);
-        if let Some(info) = info.filter(|_| e.type_code == OP_BEGIN) {
+        if let Some(info) = info {
             let group = info.group as usize;
             if self.info_of_group.len() <= group {
                 self.info_of_group.resize(group + 1, 0);
@@ -340,16 +366,18 @@ impl TraceWriter {
                 self.encode_tensor_info(info, timestamp_ns, e.thread_id);
             }
         }
-        let payload = Payload::Op {
-            tensor_ptr: e.a,
-            op_type: e.b,
-            op_size: e.size,
-            backend_ptr: e.d,
-        };
         let label = info
             .filter(|_| self.tensor_names)
             .map(|i| i.name.as_bytes());
-        put_event(&mut self.buf, self.layout, e, timestamp_ns, &payload, label);
+        put_event(
+            &mut self.buf,
+            self.layout,
+            OP_BEGIN,
+            e,
+            timestamp_ns,
+            &op_payload(e),
+            label,
+        );
     }
 
     /// A tensor info (written again wherever another tensor of its name and op came between:
@@ -398,6 +426,7 @@ impl TraceWriter {
         put_event(
             &mut self.buf,
             self.layout,
+            e.type_code,
             e,
             timestamp_ns,
             &payload,
@@ -505,9 +534,11 @@ impl TraceWriter {
 
 /// Encodes `e` stamped `timestamp_ns`, with `payload` and `label`, onto `buf`.
 #[inline(always)]
+/// Appends a record of type `type_code` for event `e` (its thread).
 fn put_event(
     buf: &mut Vec<u8>,
     layout: Layout,
+    type_code: u8,
     e: &RawEvent,
     timestamp_ns: u64,
     payload: &Payload,
@@ -516,12 +547,22 @@ fn put_event(
     format::encode_record(
         buf,
         layout,
-        e.type_code,
+        type_code,
         timestamp_ns,
         e.thread_id,
         payload,
         label,
     );
+}
+
+/// An op event's payload.
+fn op_payload(e: &RawEvent) -> Payload {
+    Payload::Op {
+        tensor_ptr: e.a,
+        op_type: e.b,
+        op_size: e.size,
+        backend_ptr: e.d,
+    }
 }
 
 /// An event's label: the entry point and the backend or scheduler name (`ggml_backend_graph_compute_async CPU`).
