@@ -19,6 +19,11 @@ const TYPE_AT: usize = 0;
 const NE_AT: usize = 16;
 const OP_AT: usize = 80;
 const SRC_AT: usize = 152;
+/// Where `name[64]` lies in the ggml of 2024 on (after `src[10]`, `view_src`, `view_offs` and
+/// `data`): a hint for prefetching only, never read at this offset (ggml_get_name says where the
+/// name is).
+#[cfg(all(target_os = "linux", target_arch = "x86_64"))]
+pub const NAME_AT: usize = 256;
 
 const LAYOUT_UNCHECKED: u8 = 0;
 const LAYOUT_OK: u8 = 1;
@@ -110,7 +115,7 @@ pub unsafe fn fingerprint(h: &Helpers, tensor: Ptr) -> Option<u64> {
 
 /// Bytes of ggml's tensor names: `char name[GGML_MAX_NAME]`, 64 in every ggml, NUL-terminated.
 #[cfg(all(target_os = "linux", target_arch = "x86_64"))]
-const NAME_FIELD: usize = 64;
+pub const NAME_FIELD: usize = 64;
 
 /// Eats the name at `name` up to its NUL, a word at a time, without finding its length first:
 /// the word that holds the NUL is eaten with the bytes from the NUL on cleared, so that what

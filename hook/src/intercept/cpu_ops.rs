@@ -436,8 +436,8 @@ unsafe extern "C" fn common() {
         "pop rbx",
         "ret",
         // The dispatcher's marker at depth 0: begin_share(worker, site, resolved, params,
-        // node) begins the share (as enter would) and says whether the call is timed: if so the
-        // depth goes up around it, as for the per-op calls above.
+        // node, row) begins the share (as enter would) and says whether the call is timed: if
+        // so the depth goes up around it, as for the per-op calls above.
         "70:",
         "cmp dword ptr [rbx + {depth}], 0",
         "jne 20f",
@@ -445,6 +445,7 @@ unsafe extern "C" fn common() {
         "mov rdx, rax",
         "mov rcx, rdi",
         "mov r8, rsi",
+        "mov r9, r11",
         "mov rdi, rbx",
         "mov rsi, r13",
         "call {begin_share}",
@@ -600,6 +601,13 @@ struct Worker {
     /// recorder whose tensor table the id is in (a child after `fork` has its own): a graph
     /// computed again (every token) reuses them instead of describing each node again.
     infos: [Cell<CachedInfo>; INFOS],
+    /// The entry of the node this thread's last share was for.
+    last_info: Cell<*mut CachedInfo>,
+    /// The node that followed that node last time (0: not known).
+    next_tensor: Cell<usize>,
+    /// The addresses of the dispatcher's marker's call-site entry and route (see
+    /// [`Worker::prefetch_next`]).
+    marker_lines: Cell<(usize, usize)>,
 }
 
 /// A call-site cache entry: key (return address and row) and where the call goes; `repr(C)`
@@ -613,8 +621,47 @@ struct SiteEntry {
 
 type SiteSlot = Cell<SiteEntry>;
 
-/// Tensor address, fingerprint, recorder address, and the op info.
-type CachedInfo = (usize, u64, usize, Option<OpInfo>);
+/// An entry of a thread's op-info cache: one cache line.
+#[derive(Clone, Copy)]
+#[repr(C, align(64))]
+struct CachedInfo {
+    /// The node's tensor (0: an empty entry).
+    tensor: usize,
+    /// Its fingerprint when it was described.
+    print: u64,
+    /// The recorder whose tensor table `tensor_id` is in.
+    recorder: usize,
+    /// The node this thread's share after this node's was for, the last time (0: none yet):
+    /// what is asked for ahead when this node's share ends (see [`Worker::prefetch_next`]).
+    next: usize,
+    op_size: u64,
+    backend: usize,
+    op_type: u32,
+    tensor_id: u16,
+}
+
+impl CachedInfo {
+    const EMPTY: CachedInfo = CachedInfo {
+        tensor: 0,
+        print: 0,
+        recorder: 0,
+        next: 0,
+        op_size: 0,
+        backend: 0,
+        op_type: 0,
+        tensor_id: 0,
+    };
+
+    fn op(&self) -> OpInfo {
+        OpInfo {
+            tensor: self.tensor as Ptr,
+            op_type: self.op_type,
+            op_size: self.op_size,
+            backend: self.backend as Ptr,
+            tensor_id: self.tensor_id,
+        }
+    }
+}
 
 /// Entries of a thread's op-info cache (a power of two).
 const INFOS: usize = 256;
@@ -657,13 +704,29 @@ impl Worker {
     /// since the entry's last use has usually pushed it out of the caches, and its load was the
     /// slowest step of a share (perf samples at `-t 2`).
     fn prefetch_info(&self, tensor: Ptr) {
-        use core::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
-        // SAFETY: a prefetch reads nothing and cannot fault; the address is our own entry.
-        unsafe { _mm_prefetch::<_MM_HINT_T0>(self.info_slot(tensor).as_ptr().cast()) }
+        prefetch(self.info_slot(tensor).as_ptr());
+    }
+
+    /// When this thread's share of a node ends: asks for what the next share will read first,
+    /// while ggml's barrier runs (a wait, with several threads): the entry of the node that
+    /// followed last time and its tensor's name, and the dispatcher's marker's call-site entry
+    /// and route.
+    fn prefetch_next(&self) {
+        let next = self.next_tensor.get();
+        if next != 0 {
+            self.prefetch_info(next as Ptr);
+            let name = (next as *const u8).wrapping_add(tensor::NAME_AT);
+            prefetch(name);
+            prefetch(name.wrapping_add(tensor::NAME_FIELD - 1));
+        }
+        let (set, resolved) = self.marker_lines.get();
+        prefetch(set as *const u8);
+        prefetch(resolved as *const u8);
     }
 
     /// The cached op info of `tensor` while its fingerprint is `print`, else `describe`d (and
-    /// cached when there is a fingerprint).
+    /// cached when there is a fingerprint). The entry learns that this node followed the one
+    /// before, and tells which one followed this node last time.
     fn cached(
         &self,
         r: &Recorder,
@@ -675,16 +738,39 @@ impl Worker {
             return describe();
         };
         let slot = self.info_slot(tensor);
-        let recorder = r as *const Recorder as usize;
-        if let (address, cached, by, Some(op)) = slot.get()
-            && (address, cached, by) == (tensor as usize, print, recorder)
-        {
-            return op;
+        let before = self.last_info.replace(slot.as_ptr());
+        if !before.is_null() {
+            // SAFETY: an entry of this thread's own cache (`last_info` holds nothing else); a
+            // store to one field, so that the entry's line is not waited for.
+            unsafe { (*before).next = tensor as usize };
         }
+        let recorder = r as *const Recorder as usize;
+        let entry = slot.get();
+        if (entry.tensor, entry.print, entry.recorder) == (tensor as usize, print, recorder) {
+            self.next_tensor.set(entry.next);
+            return entry.op();
+        }
+        self.next_tensor.set(0);
         let op = describe();
-        slot.set((tensor as usize, print, recorder, Some(op)));
+        slot.set(CachedInfo {
+            tensor: tensor as usize,
+            print,
+            recorder,
+            next: 0,
+            op_size: op.op_size,
+            backend: op.backend as usize,
+            op_type: op.op_type,
+            tensor_id: op.tensor_id,
+        });
         op
     }
+}
+
+/// Asks the CPU to bring the cache line of `p` closer (a hint, which never faults).
+fn prefetch<T>(p: *const T) {
+    use core::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
+    // SAFETY: a prefetch reads nothing and cannot fault, whatever the address.
+    unsafe { _mm_prefetch::<_MM_HINT_T0>(p.cast()) }
 }
 
 /// Sets of a thread's call-site cache (a power of two), and the entries of each: 512 in all,
@@ -786,7 +872,10 @@ thread_local! {
                     })
                 }; SITE_WAYS]
             }; SITE_SETS],
-            infos: [const { Cell::new((0, 0, 0, None)) }; INFOS],
+            infos: [const { Cell::new(CachedInfo::EMPTY) }; INFOS],
+            last_info: Cell::new(std::ptr::null_mut()),
+            next_tensor: Cell::new(0),
+            marker_lines: Cell::new((0, 0)),
         }
     };
 }
@@ -902,12 +991,16 @@ extern "C" fn begin_share(
     resolved: *const Resolved,
     params: Ptr,
     node: Ptr,
+    row: usize,
 ) -> bool {
     // SAFETY: `common` passes this thread's own `WORKER` (from its TLS slot), which lives as
     // long as the thread, and only this thread uses it; and a `Resolved` from its call-site
     // cache, leaked and never freed.
     let (w, resolved) = unsafe { (&*worker, &*resolved) };
     w.prefetch_info(node);
+    let (set, _) = w.site_set(row, site);
+    w.marker_lines
+        .set((set.as_ptr() as usize, resolved as *const Resolved as usize));
     if !threads_timed(w) {
         return false;
     }
@@ -1004,9 +1097,11 @@ fn node_tensor(kind: Kind, arg1: Ptr, arg2: Ptr) -> Ptr {
 
 /// Ends this thread's open share of a node, if any.
 fn end_node(w: &Worker) {
-    if let Some((op, r)) = w.take_node()
-        && record::active().is_some_and(|a| std::ptr::eq(a, r))
-    {
+    let Some((op, r)) = w.take_node() else {
+        return;
+    };
+    w.prefetch_next();
+    if record::active().is_some_and(|a| std::ptr::eq(a, r)) {
         record::thread_op(w.this_thread(), r, false, &op);
     }
 }
