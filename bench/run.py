@@ -189,6 +189,39 @@ def llama(quick, tmp):
         instructions(tmp, build, hook, model)
         backend_ops(tmp, build, hook)
     fidelity(quick, tmp, build, hook, model)
+    cpu_share(quick, tmp, build, hook, model)
+
+
+def cpu_share(quick, tmp, build, hook, model):
+    """The hook's own CPU time in a real run, from perf's samples: the share of the run's samples
+    that fall in the hook's code (its wrappers on the worker threads, its flusher and writer
+    threads). Unlike a ratio of two runs' speeds, it does not move with the VM's speed from one
+    run to the next; it leaves out what the hook costs the host's own code (caches it evicts).
+    Needs `perf` (the metric is left out without it)."""
+    if shutil.which("perf") is None:
+        progress("perf is not installed: the hook's CPU share is left out")
+        return
+    rounds = 2 if quick else 5
+    cmd = [f"{build}/bin/llama-bench", "-m", model, "-t", "2", "-p", "0", "-n", "256", "-r", "3"]
+    shares = {"threads": [], "off": []}
+    for r in range(rounds):
+        for mode in (("threads", "off") if r % 2 == 0 else ("off", "threads")):
+            progress(f"hook CPU share (perf): llama-bench -t 2 tg256, op timing {mode}, round {r + 1} of {rounds}")
+            data = os.path.join(tmp, "perf.data")
+            env = {"LD_PRELOAD": hook, "GGML_VIZ_OP_TIMING": mode, "GGML_VIZ_OUTPUT": os.path.join(tmp, "perf.ggmlviz")}
+            if run(["perf", "record", "-q", "-F", "10000", "-o", data, *cmd], env=env, check=False).returncode != 0:
+                progress("perf record failed (perf_event_paranoid?): the hook's CPU share is left out")
+                return
+            report = run(["perf", "report", "-i", data, "--no-children", "--sort", "dso", "-g", "none",
+                          "--stdio", "-n"]).stdout
+            rows = [l.split() for l in report.splitlines() if not l.startswith("#")]
+            counts = {row[2]: int(row[1]) for row in rows if len(row) == 3 and row[0].endswith("%")}
+            total = sum(counts.values())
+            shares[mode].append(100.0 * counts.get(os.path.basename(hook), 0) / max(total, 1))
+    for mode in ("threads", "off"):
+        v = sorted(shares[mode])
+        metric(f"hook's share of CPU samples, llama-bench -t 2 tg256, op timing {mode}", statistics.median(v), "%",
+               f"{rounds} runs: {v[0]:.2f}-{v[-1]:.2f} %; all the run's code", 100.0)
 
 
 def backend_ops(tmp, build, hook):
