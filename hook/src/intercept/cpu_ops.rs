@@ -1095,15 +1095,13 @@ fn node_tensor(kind: Kind, arg1: Ptr, arg2: Ptr) -> Ptr {
     }
 }
 
-/// Ends this thread's open share of a node, if any.
-fn end_node(w: &Worker) {
-    let Some((op, r)) = w.take_node() else {
-        return;
-    };
+/// Ends this thread's open share of a node, if any: when it was recorded ending, in ticks.
+fn end_node(w: &Worker) -> Option<u64> {
+    let (op, r) = w.take_node()?;
     w.prefetch_next();
-    if record::active().is_some_and(|a| std::ptr::eq(a, r)) {
-        record::thread_op(w.this_thread(), r, false, &op);
-    }
+    record::active()
+        .is_some_and(|a| std::ptr::eq(a, r))
+        .then(|| record::thread_op(w.this_thread(), r, false, &op))
 }
 
 /// The op info of a fused call that computed `first` and then `last`: the last node's, with
@@ -1132,12 +1130,18 @@ unsafe fn fused_info(h: &Helpers, r: &Recorder, first: Ptr, last: Ptr) -> OpInfo
 fn barrier_begins(w: &Worker) -> bool {
     // The node before this barrier is done, on this thread (barriers inside an op are calls
     // nested in its per-op function).
-    if w.depth.get() == 0 {
-        end_node(w);
-    }
+    let ended = if w.depth.get() == 0 {
+        end_node(w)
+    } else {
+        None
+    };
     let recorded = w.nth.get() > 1 && record::thread_ops().is_some();
-    w.barrier_start
-        .set(if recorded { clock::now_ticks() } else { 0 });
+    // The wait begins when the share ends (one clock read for both).
+    w.barrier_start.set(if recorded {
+        ended.unwrap_or_else(clock::now_ticks)
+    } else {
+        0
+    });
     recorded
 }
 
