@@ -1,7 +1,7 @@
 //! The ggml functions we call ourselves, from one copy of ggml, and what we read of its structs.
 //!
-//! Every function is looked up at run time (see [`crate::resolve`]); any may be missing in an old
-//! ggml, and then the event carries 0 or no name.
+//! Every function is looked up at run time, in the copy of ggml a call was routed to; any may be
+//! missing in an old ggml, and then the event carries 0 or no name.
 
 use std::borrow::Cow;
 use std::ffi::{CStr, c_char, c_int, c_void};

@@ -36,7 +36,7 @@ impl<T> UnsafeCell<T> {
 /// One event as the producer stores it: plain data, turned into a GGMLVIZ record by the sink.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RawEvent {
-    /// When, in [`crate::clock::now_ticks`] ticks.
+    /// When, in [`crate::base::clock::now_ticks`] ticks.
     pub ticks: u64,
     /// The union's first u64 (graph, tensor or object pointer).
     pub a: u64,
@@ -44,15 +44,17 @@ pub struct RawEvent {
     pub d: u64,
     /// Op events: `op_size`, the bytes of the node's result.
     pub size: u64,
-    /// The union's u32 fields (n_nodes / op_type, n_threads).
+    /// The union's u32 fields (n_nodes / op_type, n_threads). An op end's `c` is 0, or 1 + the
+    /// ticks since its begin where the slot stands for the whole share (both records).
     pub b: u32,
     pub c: u32,
     pub thread_id: u32,
     pub type_code: u8,
-    /// Which entry point recorded it: an index into [`crate::capture::Entry`].
+    /// Which entry point recorded it: an index into [`crate::base::entry::Entry`].
     pub entry: u8,
-    /// Graph and wait events: interned name of the backend or scheduler (see [`crate::names`]).
-    /// Op events: the tensor's entry in [`crate::ops::Tensors`]. 0 for none.
+    /// Graph and wait events: interned name of the backend or scheduler (see
+    /// [`crate::base::names`]). Op events: the tensor's entry in the recorder's tensor table. 0
+    /// for none.
     pub name_id: u16,
 }
 
