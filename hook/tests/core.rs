@@ -192,9 +192,16 @@ fn what_threads_record_is_in_the_trace_in_order() {
     let mut rpc = Vec::new();
     for event in trace.events() {
         let event = event.expect("no damage");
+        if let Some(ty) = event.event_type() {
+            per_thread.entry(event.thread_id).or_default().push(ty);
+            times
+                .entry(event.thread_id)
+                .or_default()
+                .push(event.timestamp_ns);
+        }
         match (event.event_type(), event.payload) {
             (
-                Some(ty @ EventType::BarrierWait),
+                Some(EventType::BarrierWait),
                 Payload::Thread {
                     thread_index,
                     n_threads,
@@ -202,18 +209,6 @@ fn what_threads_record_is_in_the_trace_in_order() {
                 },
             ) if event.label.as_deref() == Some(b"ggml_barrier") => {
                 barriers.push((event.thread_id, thread_index, n_threads));
-                per_thread.entry(event.thread_id).or_default().push(ty);
-                times
-                    .entry(event.thread_id)
-                    .or_default()
-                    .push(event.timestamp_ns);
-            }
-            (Some(ty), _) => {
-                per_thread.entry(event.thread_id).or_default().push(ty);
-                times
-                    .entry(event.thread_id)
-                    .or_default()
-                    .push(event.timestamp_ns);
             }
             (None, Payload::Extension(x)) => {
                 let label = event.label.as_deref().unwrap_or_default();

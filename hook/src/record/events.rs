@@ -209,10 +209,16 @@ pub fn buffer_event(
 /// stores stalls the copy until those stores are done (perf: a third of this function's samples).
 #[inline(always)]
 fn push(l: &Local, r: &'static Recorder, event: RawEvent) {
+    push_at(l, r, event, clock::now_ticks());
+}
+
+/// [`push`] with the time the caller read.
+#[inline(always)]
+fn push_at(l: &Local, r: &'static Recorder, event: RawEvent, ticks: u64) {
     if l.holding.get() {
         release(l, r);
     }
-    store(l, r, event, clock::now_ticks(), 1);
+    store(l, r, event, ticks, 1);
 }
 
 /// Puts the held begin of this thread's op share in the ring, with the time it was taken.
@@ -228,9 +234,7 @@ fn release(l: &Local, r: &'static Recorder) {
 /// whole op share) of its share of the cap.
 #[inline(always)]
 fn store(l: &Local, r: &'static Recorder, mut event: RawEvent, ticks: u64, events: u64) {
-    if (l.ring.get().is_null() || l.budget.get() < events || l.tid.get() == 0)
-        && !make_ready(l, r, events)
-    {
+    if !ready(l, events) && !make_ready(l, r, events) {
         return;
     }
     l.budget.set(l.budget.get() - events);
@@ -241,6 +245,12 @@ fn store(l: &Local, r: &'static Recorder, mut event: RawEvent, ticks: u64, event
     if unsafe { (*l.ring.get()).push(event, events) } == Pushed::HalfFull {
         r.wake_flusher();
     }
+}
+
+/// Whether this thread has its ring, its id and `events` of the event cap (else [`make_ready`]).
+#[inline(always)]
+fn ready(l: &Local, events: u64) -> bool {
+    !l.ring.get().is_null() && l.budget.get() >= events && l.tid.get() != 0
 }
 
 /// Out of [`store`]'s way: this thread's ring, `events` of the event cap and its id, where it
@@ -454,7 +464,7 @@ pub fn thread_op(t: ThisThread, r: &'static Recorder, begin: bool, op: &OpInfo) 
         let event = op_event(EventType::OpComputeBegin, op);
         // Held only when the ring is ready: a thread's first events (its ring, its THREAD_BEGIN)
         // go in at the time they are taken.
-        if !l.ring.get().is_null() && l.budget.get() >= 2 && l.tid.get() != 0 {
+        if ready(l, 2) {
             l.held.set(RawEvent { ticks, ..event });
             l.holding.set(true);
         } else {
@@ -475,9 +485,8 @@ pub fn thread_op(t: ThisThread, r: &'static Recorder, begin: bool, op: &OpInfo) 
             store(l, r, whole, ticks, 2);
             return ticks;
         }
-        release(l, r);
     }
-    store(l, r, event, ticks, 1);
+    push_at(l, r, event, ticks);
     ticks
 }
 
@@ -500,12 +509,8 @@ pub fn barrier_wait(
         d: now.saturating_sub(start_ticks),
         ..RawEvent::default()
     };
-    let l = t.0.for_recorder(r);
-    if l.holding.get() {
-        release(l, r);
-    }
     // Stamped with the clock read that ended the wait (one read, not two).
-    store(l, r, event, now, 1);
+    push_at(t.0.for_recorder(r), r, event, now);
 }
 
 /// Sequences a span event names with their tokens (the rest are counted together).
