@@ -3,12 +3,13 @@
 //! markup, and on a million-event trace. Screenshots land in `target/test-artifacts/`.
 
 use std::borrow::Cow;
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use ggml_viz_e2e::*;
 use ggml_viz_reader::format::ext::{self, TensorInfo};
-use ggml_viz_reader::format::{self, Event, ExtensionKind, Layout, Payload};
+use ggml_viz_reader::format::{self, Event, EventType, ExtensionKind, Layout, Payload};
 use serde_json::Value;
 
 fn artifacts() -> PathBuf {
@@ -70,8 +71,43 @@ fn report_of_a_real_llama_trace_works_in_chromium() {
         ],
     ));
     assert!(o.status.success(), "{}", text(&o.stderr));
-    let (_, damage, stats) = read_trace(&trace);
+    let (events, damage, stats) = read_trace(&trace);
     assert_eq!(damage, None);
+    // Threads-mode op timing: each worker thread, the one that called the graph computes among
+    // them, computes a share of every node. The nodes are that thread's op begins, and each
+    // thread with any has as many.
+    let caller = events
+        .iter()
+        .find(|e| e.event_type() == Some(EventType::GraphComputeBegin))
+        .unwrap()
+        .thread_id;
+    let mut begins: HashMap<u32, u64> = HashMap::new();
+    for e in &events {
+        if e.event_type() == Some(EventType::OpComputeBegin) {
+            *begins.entry(e.thread_id).or_default() += 1;
+        }
+    }
+    let nodes = begins[&caller];
+    assert!(
+        begins.len() >= 2 && begins.values().all(|&n| n == nodes),
+        "{begins:?}"
+    );
+    assert_eq!(stats.ops, nodes * begins.len() as u64);
+    // `info` says its ops are the threads' shares.
+    let o = run({
+        let mut c = Command::new(ggml_viz());
+        c.arg("info").arg(&trace);
+        c
+    });
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let info = text(&o.stdout);
+    assert!(
+        info.contains(&format!(
+            "ops:             {} op spans, each a worker thread's share of a node",
+            stats.ops
+        )),
+        "{info}"
+    );
 
     let page = dir.join("llama.html");
     let said = report(&[&trace], &page);
@@ -90,16 +126,19 @@ fn report_of_a_real_llama_trace_works_in_chromium() {
             "CPU_Mapped",
         ],
     );
-    // The numbers at the top are the trace's own.
+    // The numbers at the top are the trace's own: ops are nodes, not their threads' shares.
     assert_eq!(card(&r, "graph computes"), stats.graph_computes.to_string());
-    assert_eq!(card(&r, "ops"), stats.ops.to_string());
+    assert_eq!(card(&r, "ops"), nodes.to_string());
     assert_eq!(card(&r, "events"), stats.events().to_string());
     assert_eq!(card(&r, "events dropped"), "0");
     assert_eq!(card(&r, "damage"), "none");
     // Tables, both charts (latency, live bytes), and a tooltip with what a span is.
     assert!(r["op_rows"].as_u64().unwrap() >= 6, "{r}");
     let source = r["op_source"].as_str().unwrap();
-    assert!(source.contains("op timing threads"), "{r}");
+    assert!(
+        source.contains("From nodes") && source.contains("op timing threads"),
+        "{r}"
+    );
     assert!(r["tensor_rows"].as_u64().unwrap() >= 10, "{r}");
     // Every op's backend is known by name (the hook writes names before the events using them).
     assert_eq!(r["backends"], serde_json::json!(["CPU"]), "{r}");
@@ -122,6 +161,8 @@ fn push(out: &mut Vec<u8>, type_code: u8, ts: u64, tid: u32, payload: Payload, l
 const T0: u64 = 1_700_000_000_000_000_000;
 
 /// One graph of `ops` op pairs, labelled by `name(k)`, on thread `tid` from `ts`; returns its end.
+/// Its tensors lie apart from other threads' (graphs computed at once on two threads never share
+/// a live tensor), so that the report joins no two threads' ops into one node.
 fn graph(out: &mut Vec<u8>, tid: u32, ts: u64, ops: u64, name: impl Fn(u64) -> String) -> u64 {
     let g = Payload::Graph {
         graph_ptr: 0x1000,
@@ -139,7 +180,7 @@ fn graph(out: &mut Vec<u8>, tid: u32, ts: u64, ops: u64, name: impl Fn(u64) -> S
     );
     for k in 0..ops {
         let op = Payload::Op {
-            tensor_ptr: 0x2000 + k * 0x100,
+            tensor_ptr: 0x2000 + u64::from(tid) * 0x10_0000 + k * 0x100,
             op_type: 29,
             op_size: 4096,
             backend_ptr: 0,

@@ -290,21 +290,31 @@
   draw();
 
   // ---- bars: time per op type, backend, tensor ----
+  // Rows of spans have a self time (less their children's), rows of nodes (op timings, each
+  // node once however many threads computed it) their threads' time: a column each, where any
+  // row has it ('-' in a row without).
   function bars(id, rows, note) {
     const host = document.getElementById(id);
     if (!rows.length) { host.appendChild(el('div', 'muted', note || 'Nothing recorded.')); return; }
+    const hasSelf = rows.some(function (r) { return r.self_ns !== null; });
+    const hasThreads = rows.some(function (r) { return r.thread_ns !== null; });
     const legend = el('div', 'legend');
     const l1 = el('i'); l1.style.background = '#c9d7f5';
-    const l2 = el('i'); l2.style.background = 'var(--accent)';
-    legend.appendChild(l1); legend.appendChild(document.createTextNode('total'));
-    legend.appendChild(l2); legend.appendChild(document.createTextNode('self'));
+    legend.appendChild(l1); legend.appendChild(document.createTextNode(hasSelf ? 'total' : 'wall time'));
+    if (hasSelf) {
+      const l2 = el('i'); l2.style.background = 'var(--accent)';
+      legend.appendChild(l2); legend.appendChild(document.createTextNode('self'));
+    }
     host.appendChild(legend);
     const t = el('table', 'bars');
     const head = el('tr');
-    for (const h of ['name', 'count', 'total', 'self', 'mean', 'share', '']) head.appendChild(el('th', '', h));
+    const heads = ['name', 'count', 'total'].concat(hasSelf ? ['self'] : [], hasThreads ? ['thread time'] : [],
+      ['mean', 'share', '']);
+    for (const h of heads) head.appendChild(el('th', '', h));
     t.appendChild(head);
     const max = rows[0].total_ns || 1;
     const all = rows.reduce(function (a, r) { return a + r.total_ns; }, 0) || 1;
+    const ns = function (v) { return v === null ? '-' : fmtNs(v); };
     for (const r of rows) {
       const tr = el('tr');
       const name = el('td', '', r.name);
@@ -312,15 +322,18 @@
       tr.appendChild(name);
       tr.appendChild(el('td', '', fmtCount(r.count)));
       tr.appendChild(el('td', '', fmtNs(r.total_ns)));
-      tr.appendChild(el('td', '', fmtNs(r.self_ns)));
+      if (hasSelf) tr.appendChild(el('td', '', ns(r.self_ns)));
+      if (hasThreads) tr.appendChild(el('td', '', ns(r.thread_ns)));
       tr.appendChild(el('td', '', fmtNs(r.total_ns / Math.max(1, r.count))));
       tr.appendChild(el('td', '', (100 * r.total_ns / all).toFixed(1) + '%'));
       const cell = el('td', 'bar');
       const total = el('div', 'total');
       total.style.width = (100 * r.total_ns / max).toFixed(2) + '%';
-      const self = el('div', 'self');
-      self.style.width = (r.total_ns ? 100 * Math.min(r.self_ns, r.total_ns) / r.total_ns : 0).toFixed(2) + '%';
-      total.appendChild(self);
+      if (r.self_ns !== null) {
+        const self = el('div', 'self');
+        self.style.width = (r.total_ns ? 100 * Math.min(r.self_ns, r.total_ns) / r.total_ns : 0).toFixed(2) + '%';
+        total.appendChild(self);
+      }
       cell.appendChild(total);
       tr.appendChild(cell);
       t.appendChild(tr);

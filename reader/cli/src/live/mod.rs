@@ -492,7 +492,7 @@ impl Screen {
                 count(s.window_graphs)
             ),
             format!(
-                "events          {:>12}   {:>8.0}/s   lost {}   ops {}",
+                "events          {:>12}   {:>8.0}/s   lost {}   op spans {}",
                 count(s.events),
                 s.events_per_s,
                 count(s.lost),
@@ -512,14 +512,16 @@ impl Screen {
         }
         lines.extend([
             String::new(),
-            format!("top ops by time, last {window:.0} s:"),
+            format!(
+                "top ops by time in their spans (a node's shares on its threads summed), last {window:.0} s:"
+            ),
         ]);
         if s.top_ops.is_empty() {
             lines.push("  (no op events: record with GGML_VIZ_OP_TIMING=1)".into());
         }
         for o in &s.top_ops {
             lines.push(format!(
-                "  {:<20} {:>6.1}%   {:>11}   {:>10} ops",
+                "  {:<20} {:>6.1}%   {:>11}   {:>10} spans",
                 o.name,
                 100.0 * o.share,
                 fmt_ns(o.total_ns as f64),
@@ -559,7 +561,7 @@ impl Screen {
             .collect();
         let serving = serving(s).map_or_else(String::new, |f| format!("; {f}"));
         eprintln!(
-            "ggml-viz: live view ended: {why}; {} events, {} graph computes, {} ops, {} lost; last {:.0} s: graph p50 {} p99 {}, top ops {}{serving}",
+            "ggml-viz: live view ended: {why}; {} events, {} graph computes, {} op spans, {} lost; last {:.0} s: graph p50 {} p99 {}, top ops {}{serving}",
             s.events,
             s.graphs,
             s.ops,

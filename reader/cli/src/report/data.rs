@@ -1,12 +1,18 @@
 //! What a report shows, computed from the telemetry model in one pass: aggregates over every
 //! span, and the spans the timeline draws (all of them up to a budget; beyond it, the op spans of
 //! a uniform sample of their parent graphs, said on the page).
+//!
+//! Time per op type, tensor and backend counts nodes where an input is a GGMLVIZ trace with op
+//! timings: its op spans are threads' shares of nodes (threads-mode op timing), joined into
+//! nodes by the reader's op analysis as `ggml-viz ops` joins them ([`InputNodes`]); other
+//! inputs' op spans count one each.
 
 use std::collections::HashMap;
 
 use serde::Serialize;
 
 use ggml_viz_reader::telemetry::{Arg, Record, RecordSink, Span};
+use ggml_viz_reader::{GroupBy, OpGroups, OpSample};
 
 use super::sequences::{SequenceRow, SequenceTable};
 use super::series::{Latency, Series, TopKind, TopSpan, latency, memory};
@@ -34,7 +40,7 @@ pub struct ReportData {
     pub by_tensor: Vec<Aggregate>,
     pub tensors_not_shown: usize,
     pub by_backend: Vec<Aggregate>,
-    /// What `by_op` groups: op spans, or every span by name when there are none.
+    /// What `by_op` groups: nodes, op spans, or every span by name when there are neither.
     pub by_op_source: String,
     pub latency: Latency,
     /// A batching server's sequences (slots), in the timeline's order.
@@ -47,6 +53,7 @@ pub struct ReportData {
 pub struct Totals {
     pub wall_ns: u64,
     pub graphs: u64,
+    /// Nodes of traces with op timings, and op spans of other inputs.
     pub ops: u64,
     pub spans: u64,
     pub events: u64,
@@ -120,8 +127,46 @@ pub struct Sampling {
 pub struct Aggregate {
     pub name: String,
     pub count: u64,
+    /// Spans: their durations; nodes: their wall times (first thread's start to last thread's
+    /// end).
     pub total_ns: u64,
-    pub self_ns: u64,
+    /// Of the row's spans, their time less their children's (`None`: the row has only nodes).
+    pub self_ns: Option<u64>,
+    /// Of the row's nodes, their threads' shares summed (`None`: the row has only spans).
+    pub thread_ns: Option<u64>,
+}
+
+/// One input's nodes, grouped as the report's tables group them: what `ggml-viz ops` counts of a
+/// GGMLVIZ trace (each node once, however many threads computed a share of it).
+pub struct InputNodes {
+    by_op: OpGroups,
+    by_tensor: OpGroups,
+    by_backend: OpGroups,
+}
+
+impl InputNodes {
+    pub fn new() -> InputNodes {
+        InputNodes {
+            by_op: OpGroups::new(GroupBy::Op),
+            by_tensor: OpGroups::new(GroupBy::Name),
+            by_backend: OpGroups::new(GroupBy::Backend),
+        }
+    }
+
+    pub fn add(&mut self, node: &OpSample) {
+        self.by_op.add(node);
+        self.by_tensor.add(node);
+        self.by_backend.add(node);
+    }
+}
+
+/// The current input's op spans, until it is known whether its nodes count instead.
+#[derive(Default)]
+struct InputOpSpans {
+    count: u64,
+    by_op: HashMap<String, Aggregate>,
+    by_tensor: HashMap<String, Aggregate>,
+    by_backend: HashMap<String, Aggregate>,
 }
 
 /// A [`RecordSink`] that builds [`ReportData`] as the records arrive.
@@ -133,6 +178,10 @@ pub struct ReportBuilder {
     /// For each drawn span, its parent's mixed id if it is an op (`None`: always drawn).
     drawn_op_parents: Vec<Option<u64>>,
     drawn_ops: u64,
+    /// The current input's op spans (see [`ReportBuilder::end_input`]).
+    input_ops: InputOpSpans,
+    /// Whether any input's nodes were counted instead of its op spans.
+    nodes: bool,
     /// Spans that are not ops: all drawn.
     others: u64,
     /// Spans, counter samples and instants met: what an input had, for inputs that are not
@@ -184,15 +233,44 @@ pub(super) fn arg_uint(span: &Span, key: &str) -> Option<u64> {
     }
 }
 
-/// Counts one span (or outermost graph) of `total_ns`, `self_ns` under `key`.
-fn add(map: &mut HashMap<String, Aggregate>, key: &str, total_ns: u64, self_ns: u64) {
-    let a = map.entry(key.to_string()).or_insert_with(|| Aggregate {
+/// The row of `key`, made empty if new.
+fn row<'a>(map: &'a mut HashMap<String, Aggregate>, key: &str) -> &'a mut Aggregate {
+    map.entry(key.to_string()).or_insert_with(|| Aggregate {
         name: key.to_string(),
         ..Aggregate::default()
-    });
+    })
+}
+
+/// Counts one span (or outermost graph) of `total_ns`, `self_ns` under `key`.
+fn add(map: &mut HashMap<String, Aggregate>, key: &str, total_ns: u64, self_ns: u64) {
+    let a = row(map, key);
     a.count += 1;
     a.total_ns = a.total_ns.saturating_add(total_ns);
-    a.self_ns = a.self_ns.saturating_add(self_ns);
+    a.self_ns = Some(a.self_ns.unwrap_or(0).saturating_add(self_ns));
+}
+
+/// Adds `rows` (of spans) to `map`'s rows of the same names.
+fn merge(map: &mut HashMap<String, Aggregate>, rows: HashMap<String, Aggregate>) {
+    for (key, r) in rows {
+        let a = row(map, &key);
+        a.count += r.count;
+        a.total_ns = a.total_ns.saturating_add(r.total_ns);
+        a.self_ns = Some(
+            a.self_ns
+                .unwrap_or(0)
+                .saturating_add(r.self_ns.unwrap_or(0)),
+        );
+    }
+}
+
+/// Adds the groups of nodes to `map`'s rows of the same names.
+fn add_nodes(map: &mut HashMap<String, Aggregate>, groups: &OpGroups) {
+    for g in groups.rows() {
+        let a = row(map, &g.key);
+        a.count += g.count as u64;
+        a.total_ns = a.total_ns.saturating_add(g.total_ns);
+        a.thread_ns = Some(a.thread_ns.unwrap_or(0).saturating_add(g.thread_ns));
+    }
 }
 
 fn sorted(map: HashMap<String, Aggregate>) -> Vec<Aggregate> {
@@ -213,6 +291,8 @@ impl ReportBuilder {
             op_stride: 1,
             drawn_op_parents: Vec::new(),
             drawn_ops: 0,
+            input_ops: InputOpSpans::default(),
+            nodes: false,
             others: 0,
             items: 0,
             earliest_ns: u64::MAX,
@@ -271,7 +351,7 @@ impl ReportBuilder {
             &mut self.by_graph_backend,
             backend,
             graph.total_ns,
-            graph.self_ns,
+            graph.self_ns.unwrap_or(0),
         );
     }
 
@@ -285,18 +365,14 @@ impl ReportBuilder {
         let backend = arg_str(span, "backend");
         let is_op = span.category == "op";
         if is_op {
-            self.data.summary.ops += 1;
-            add(
-                &mut self.by_op,
-                &span.name,
-                span.duration_ns(),
-                span.self_ns,
-            );
+            let ops = &mut self.input_ops;
+            ops.count += 1;
+            add(&mut ops.by_op, &span.name, span.duration_ns(), span.self_ns);
             if let Some(t) = &tensor {
-                add(&mut self.by_tensor, t, span.duration_ns(), span.self_ns);
+                add(&mut ops.by_tensor, t, span.duration_ns(), span.self_ns);
             }
             add(
-                &mut self.by_backend,
+                &mut ops.by_backend,
                 backend.as_deref().unwrap_or("(unknown)"),
                 span.duration_ns(),
                 span.self_ns,
@@ -322,7 +398,7 @@ impl ReportBuilder {
             let graph = Aggregate {
                 count: 1,
                 total_ns: span.duration_ns(),
-                self_ns: span.self_ns,
+                self_ns: Some(span.self_ns),
                 ..Aggregate::default()
             };
             match span.parent {
@@ -428,6 +504,30 @@ impl ReportBuilder {
         self.data.summary.damage.extend(damage);
     }
 
+    /// The end of an input: its op spans count in the per-op, per-tensor and per-backend tables,
+    /// unless the reader joined them into `nodes` (a GGMLVIZ trace with op timings), which count
+    /// instead (a share of a node on each of its threads is not an op of its own).
+    pub fn end_input(&mut self, nodes: &InputNodes) {
+        let spans = std::mem::take(&mut self.input_ops);
+        if nodes.by_op.is_empty() {
+            self.data.summary.ops += spans.count;
+            merge(&mut self.by_op, spans.by_op);
+            merge(&mut self.by_tensor, spans.by_tensor);
+            merge(&mut self.by_backend, spans.by_backend);
+        } else {
+            self.nodes = true;
+            self.data.summary.ops += nodes.by_op.nodes() as u64;
+            add_nodes(&mut self.by_op, &nodes.by_op);
+            add_nodes(&mut self.by_tensor, &nodes.by_tensor);
+            add_nodes(&mut self.by_backend, &nodes.by_backend);
+        }
+    }
+
+    /// A warning the page lists with the inputs' own.
+    pub fn warn(&mut self, warning: String) {
+        self.data.summary.warnings.push(warning);
+    }
+
     /// How an input's ops were timed (`op_timing_note` of its metadata), said beside the
     /// per-op table.
     pub fn add_op_timing(&mut self, note: String) {
@@ -464,6 +564,8 @@ impl ReportBuilder {
     }
 
     pub fn finish(mut self) -> ReportData {
+        // An input not ended (one read without the reader's op analysis) counts its spans.
+        self.end_input(&InputNodes::new());
         for (backend, graph) in std::mem::take(&mut self.graphs_by_parent)
             .into_values()
             .flatten()
@@ -515,9 +617,15 @@ impl ReportBuilder {
             d.by_backend = sorted(std::mem::take(&mut self.by_graph_backend));
         } else {
             d.by_op = sorted(std::mem::take(&mut self.by_op));
+            let what = if self.nodes {
+                "nodes: each node's wall time (its first thread's start to its last thread's end) \
+                 and its threads' time, summed"
+            } else {
+                "op spans"
+            };
             d.by_op_source = match self.op_timing.as_slice() {
-                [] => "op spans".into(),
-                notes => format!("op spans; op timing {}", notes.join("; ")),
+                [] => what.into(),
+                notes => format!("{what}; op timing {}", notes.join("; ")),
             };
             d.by_backend = sorted(std::mem::take(&mut self.by_backend));
         }
@@ -747,6 +855,57 @@ mod tests {
             };
             assert_eq!(data.lanes[*lane as usize].name, expected);
         }
+    }
+
+    #[test]
+    fn an_input_s_nodes_count_instead_of_its_op_spans() {
+        let mut builder = ReportBuilder::new("t".into(), vec![]);
+        let op = |id, start: u64, ns: u64| {
+            let mut s = span(id, None, 0, "op", start);
+            s.name = "MUL_MAT".into();
+            s.end_ns = start + ns;
+            s.self_ns = ns;
+            s
+        };
+        // A trace: one node, a share of it on each of 3 threads (100, 80 and 60 ns), 120 ns
+        // from the first start to the last end.
+        for (id, ns) in [(1, 100), (2, 80), (3, 60)] {
+            builder.span(&op(id, 1_000, ns));
+        }
+        let mut nodes = InputNodes::new();
+        nodes.add(&OpSample {
+            op: "MUL_MAT".into(),
+            tensor: "ffn_up-0".into(),
+            backend: "CPU".into(),
+            duration_ns: 120,
+            threads: 3,
+            thread_ns: 240,
+            idle_ns: 60,
+            working_threads: 3,
+            slowest_ns: 100,
+            wait_ns: 0,
+            flops: None,
+            bytes: 0,
+            phase: None,
+        });
+        builder.end_input(&nodes);
+        // Another input without op analysis (not a trace): its op span counts once.
+        builder.span(&op(4, 2_000, 50));
+        let data = builder.finish();
+        assert_eq!(data.summary.ops, 2);
+        let row = &data.by_op[0];
+        assert_eq!(
+            (row.name.as_str(), row.count, row.total_ns),
+            ("MUL_MAT", 2, 120 + 50)
+        );
+        // Self time is the span's; thread time the node's.
+        assert_eq!((row.self_ns, row.thread_ns), (Some(50), Some(240)));
+        assert_eq!(data.by_tensor[0].count, 1);
+        assert!(
+            data.by_op_source.starts_with("nodes"),
+            "{}",
+            data.by_op_source
+        );
     }
 
     fn span(id: u64, parent: Option<u64>, depth: u32, category: &str, start_ns: u64) -> Span {

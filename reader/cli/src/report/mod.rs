@@ -12,14 +12,14 @@ use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 
 use clap::Args;
-use ggml_viz_reader::TraceStats;
 use ggml_viz_reader::telemetry::Ids;
 use ggml_viz_reader::telemetry::{Format, detect};
+use ggml_viz_reader::{OpCollector, TraceStats};
 
 use crate::Failure;
 use crate::progress::Reading;
 use crate::timeline::InputOpts;
-use data::ReportBuilder;
+use data::{InputNodes, ReportBuilder};
 use page::write_html;
 
 /// Write one HTML file that opens offline (everything inlined, no network): a zoomable timeline
@@ -69,7 +69,8 @@ pub fn run(args: ReportArgs) -> Result<(), Failure> {
             .join(", ")
     });
 
-    // One pass over each input: the page's data, and for traces the counts `info` shows.
+    // One pass over each input: the page's data, and for traces the counts `info` shows and
+    // the nodes `ops` shows (each counted once known: memory does not grow with the trace).
     let mut reading = Reading::new(&args.files, 1, &args.input);
     let mut builder = ReportBuilder::new(title, names.clone());
     let mut ids = Ids::default();
@@ -78,14 +79,30 @@ pub fn run(args: ReportArgs) -> Result<(), Failure> {
         let items = builder.items;
         let mut stats = TraceStats::default();
         let mut damage = None;
+        let mut collector = OpCollector::streaming();
+        let mut nodes = InputNodes::new();
         let imported =
             reading.import_watching(path, &args.input, &mut ids, &mut builder, &mut |e| {
                 match e {
-                    Ok(record) => stats.add(&record.event()),
+                    Ok(record) => {
+                        let event = record.event();
+                        stats.add(&event);
+                        collector.push(Ok(&event));
+                        collector.take_ready().for_each(|o| nodes.add(&o));
+                    }
                     // Described as the importer describes it (the page lists it once).
                     Err(d) => damage = Some(format!("{name}: {d}")),
                 }
             });
+        let analysis = collector.finish_each(|_, o| nodes.add(&o));
+        builder.end_input(&nodes);
+        if analysis.late_shares > 0 {
+            builder.warn(format!(
+                "{name}: {} thread share(s) of nodes came in the trace long after their graph \
+                 compute ended (more than two ring drains); each is counted as a node of its own",
+                analysis.late_shares
+            ));
+        }
         let format = args.input.format.map_or_else(|| detect(path).ok(), Some);
         if format == Some(Format::Ggmlviz) {
             stats.finish();
