@@ -67,7 +67,10 @@ pub fn say_warnings(warnings: &[String]) {
 /// mean, min, p50, p99, max and share of wall time. Nested spans of the same name count once:
 /// a 20 µs span containing two 10 µs spans of its own name is 2 spans, 20 µs. `total` is the
 /// wall time the name's spans cover; mean, min, p50, p99 and max are over the counted spans (a
-/// 30 µs span holding two 10 µs ones of its name: 2 spans, total 30 µs, mean 10 µs).
+/// 30 µs span holding two 10 µs ones of its name: 2 spans, total 30 µs, mean 10 µs). Spans on
+/// several threads add up: with threads-mode op timing each worker thread's share of a node is a
+/// span of its own, so an op's total is its threads' time and its share may pass 100 %
+/// (`ggml-viz ops` shows each node's wall time).
 #[derive(Args)]
 #[command(
     after_help = "Examples:\n  ggml-viz summary trace.ggmlviz\n  ggml-viz summary --csv ge.log > ge.csv"
