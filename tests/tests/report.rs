@@ -93,7 +93,7 @@ fn report_of_a_real_llama_trace_works_in_chromium() {
         "{begins:?}"
     );
     assert_eq!(stats.ops, nodes * begins.len() as u64);
-    // `info` says its ops are the threads' shares.
+    // `info` counts nodes too, and says how many op events they are.
     let o = run({
         let mut c = Command::new(ggml_viz());
         c.arg("info").arg(&trace);
@@ -103,7 +103,7 @@ fn report_of_a_real_llama_trace_works_in_chromium() {
     let info = text(&o.stdout);
     assert!(
         info.contains(&format!(
-            "ops:             {} op spans, each a worker thread's share of a node",
+            "ops:             {nodes} ({} op events",
             stats.ops
         )),
         "{info}"

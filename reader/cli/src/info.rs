@@ -132,22 +132,22 @@ fn write_timing(out: &mut impl Write, stats: &TraceStats) -> io::Result<()> {
             stats.backwards_timestamps
         )?;
     }
-    // Threads-mode op timing records each worker thread's share of a node as an op of its own:
-    // joining them into nodes is `ops`' work (too slow for a look at a trace's contents).
+    // Threads-mode op timing records each worker thread's share of a node as an op event of its
+    // own: the nodes are the caller's (see `TraceStats::nodes`).
     let shares = stats.metadata.as_ref().is_some_and(|m| {
         m.settings.get("op_timing_mode").and_then(|v| v.as_str()) == Some("threads")
     });
-    if shares && stats.ops > 0 {
+    let types = if shares && stats.nodes > 0 && stats.nodes < stats.ops {
         writeln!(
             out,
-            "ops:             {} op spans, each a worker thread's share of a node (threads-mode op \
-             timing; `ggml-viz ops` counts the nodes)",
-            stats.ops
+            "ops:             {} ({} op events: each worker thread's share of a node is one)",
+            stats.nodes, stats.ops
         )?;
+        stats.node_type_counts()
     } else {
         writeln!(out, "ops:             {}", stats.ops)?;
-    }
-    let types = stats.op_type_counts();
+        stats.op_type_counts()
+    };
     if !types.is_empty() {
         let shown: Vec<String> = types
             .iter()

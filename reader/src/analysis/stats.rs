@@ -36,6 +36,13 @@ pub struct TraceStats {
     pub ops_with_backend: u64,
     /// Op begin events per op type, and the names the trace gives the types (op_names records).
     pub ops_by_type: BTreeMap<u32, u64>,
+    /// Op begin events on a thread inside a graph compute of its own: one per node. A graph
+    /// compute's caller times each of its nodes (the eval callback) or computes a share of each
+    /// (threads-mode op timing: the caller is worker 0 of ggml's pool and of OpenMP's team);
+    /// the other workers' shares lie outside any graph compute of theirs.
+    pub nodes: u64,
+    /// Those per op type.
+    pub nodes_by_type: BTreeMap<u32, u64>,
     pub op_names: HashMap<u32, String>,
     /// Events that carry a label.
     pub labels: u64,
@@ -111,6 +118,14 @@ impl TraceStats {
                 {
                     *self.ops_by_type.entry(op_type).or_default() += 1;
                     self.ops_with_backend += u64::from(backend_ptr != 0);
+                    if self
+                        .open_graphs
+                        .get(&event.thread_id)
+                        .is_some_and(|open| !open.is_empty())
+                    {
+                        self.nodes += 1;
+                        *self.nodes_by_type.entry(op_type).or_default() += 1;
+                    }
                 }
             }
             Some(EventType::TensorAlloc) => {
@@ -191,10 +206,19 @@ impl TraceStats {
         self.by_code.get(&ty.code()).copied().unwrap_or(0)
     }
 
-    /// Op types with their counts, most frequent first, named where the trace names them.
+    /// Op types with their op begin events, most frequent first, named where the trace names
+    /// them.
     pub fn op_type_counts(&self) -> Vec<(String, u64)> {
-        let mut v: Vec<(String, u64)> = self
-            .ops_by_type
+        self.type_counts(&self.ops_by_type)
+    }
+
+    /// Op types with their nodes ([`TraceStats::nodes`]), most frequent first.
+    pub fn node_type_counts(&self) -> Vec<(String, u64)> {
+        self.type_counts(&self.nodes_by_type)
+    }
+
+    fn type_counts(&self, counts: &BTreeMap<u32, u64>) -> Vec<(String, u64)> {
+        let mut v: Vec<(String, u64)> = counts
             .iter()
             .map(|(t, n)| {
                 (
@@ -259,5 +283,59 @@ impl DurationSummary {
             p99_ns: rank(0.99),
             max_ns: *sorted.last().expect("not empty"),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn event(ty: EventType, ts: u64, thread_id: u32, payload: Payload) -> Event<'static> {
+        Event {
+            type_code: ty.code(),
+            timestamp_ns: ts,
+            thread_id,
+            payload,
+            label: None,
+        }
+    }
+
+    fn op(op_type: u32) -> Payload {
+        Payload::Op {
+            tensor_ptr: 0x1000 + u64::from(op_type),
+            op_type,
+            op_size: 0,
+            backend_ptr: 0,
+        }
+    }
+
+    #[test]
+    fn nodes_are_the_ops_their_graph_s_caller_begins() {
+        let graph = Payload::Graph {
+            graph_ptr: 1,
+            n_nodes: 2,
+            n_threads: 3,
+            backend_ptr: 0,
+        };
+        let mut events = vec![event(EventType::GraphComputeBegin, 0, 1, graph)];
+        // Two nodes (op types 7 and 9), a share of each on the caller (thread 1) and on two
+        // pool workers.
+        for (i, op_type) in [7, 9].into_iter().enumerate() {
+            let ts = 10 + 10 * i as u64;
+            for thread in [1, 2, 3] {
+                events.push(event(EventType::OpComputeBegin, ts, thread, op(op_type)));
+                events.push(event(EventType::OpComputeEnd, ts + 5, thread, op(op_type)));
+            }
+        }
+        events.push(event(EventType::GraphComputeEnd, 40, 1, graph));
+        // An op event outside any graph compute of its thread is not a node.
+        events.push(event(EventType::OpComputeBegin, 50, 1, op(7)));
+        let stats = TraceStats::collect(events.into_iter().map(Ok));
+        assert_eq!((stats.ops, stats.nodes), (7, 2));
+        assert_eq!(
+            stats.node_type_counts(),
+            vec![("op 7".to_string(), 1), ("op 9".to_string(), 1)]
+        );
+        assert_eq!(stats.op_type_counts()[0], ("op 7".to_string(), 4));
     }
 }
