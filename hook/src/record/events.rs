@@ -517,9 +517,9 @@ pub fn barrier_wait(
 pub const SPAN_SEQS: usize = 6;
 
 /// An application-level span (`llama_decode`, `llama_encode`): begin or end, with the batch's
-/// tokens (`u32::MAX`: unknown) in `b` and, where known, its sequences: up to [`SPAN_SEQS`]
+/// tokens (`u32::MAX`: unknown) in `b` and, where known, its sequences: up to `SPAN_SEQS`
 /// (sequence id, tokens) pairs packed two to a word in `a`, `d` and `size` (see
-/// [`span_seqs`]), the tokens of the others in `name_id`.
+/// `span_seqs`), the tokens of the others in `name_id`.
 pub fn span(entry: Entry, begin: bool, count: u32, seqs: &[(i32, u32)], other_tokens: u32) {
     let Some(r) = current(1) else { return };
     let mut words = [0u64; 3];

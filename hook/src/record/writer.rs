@@ -532,9 +532,9 @@ impl TraceWriter {
     }
 }
 
-/// Encodes `e` stamped `timestamp_ns`, with `payload` and `label`, onto `buf`.
+/// Appends a record of type `type_code` for event `e` (its thread), stamped `timestamp_ns`,
+/// with `payload` and `label`, onto `buf`.
 #[inline(always)]
-/// Appends a record of type `type_code` for event `e` (its thread).
 fn put_event(
     buf: &mut Vec<u8>,
     layout: Layout,

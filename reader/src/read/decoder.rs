@@ -120,7 +120,7 @@ impl Decoder {
     }
 
     /// Decides the layout from whatever is buffered when the first record is due, instead of
-    /// waiting for [`DETECT_WINDOW`] bytes. For the follow reader: a live trace may grow slowly.
+    /// waiting for `DETECT_WINDOW` bytes. For the follow reader: a live trace may grow slowly.
     pub fn detect_layout_early(&mut self) {
         self.eager = true;
     }

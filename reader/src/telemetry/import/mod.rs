@@ -1,4 +1,4 @@
-//! The importers: each turns one input format into [`Record`]s for a [`RecordSink`].
+//! The importers: each turns one input format into [`Record`](crate::telemetry::Record)s for a [`RecordSink`].
 //!
 //! - [`ggmlviz`]: GGMLVIZ v1 traces (ours), with a lane per sequence of a batching server
 //!   (`sequences`);
