@@ -5,6 +5,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::process::Command;
 
 use ggml_viz_e2e::*;
+use ggml_viz_reader::OpAnalysis;
 use ggml_viz_reader::format::ext::{self, TensorInfo};
 use ggml_viz_reader::format::{EventType, ExtensionKind, Payload};
 use serde_json::Value;
@@ -349,6 +350,38 @@ fn duckdb_over_the_parquet_export_gives_the_summary_per_op_totals() {
     );
     assert_eq!(header, "2 2 2", "two inputs, two processes, two ranks");
     assert_summary_agrees("DuckDB", &totals, &traces);
+    // Threads-mode op timing: an op's rows are its threads' shares of nodes. The calling
+    // thread's share lies in its graph compute (it has a parent), the other workers' in none:
+    // the rows with a parent count the nodes, as the reader's op analysis joins them.
+    let query = run({
+        let mut c = Command::new("python3");
+        c.arg("-c")
+            .arg(
+                "import duckdb, sys\n\
+                 spans = f\"'{sys.argv[1]}/spans/*.parquet'\"\n\
+                 for op, n in duckdb.sql(f'SELECT op, count(*) FILTER (WHERE parent IS NOT NULL) FROM {spans} WHERE op IS NOT NULL GROUP BY op').fetchall(): print(op, n)\n",
+            )
+            .arg(&dataset);
+        c
+    });
+    assert!(query.status.success(), "{}", text(&query.stderr));
+    let nodes: BTreeMap<String, u64> = text(&query.stdout)
+        .lines()
+        .map(|l| {
+            let (op, n) = l.rsplit_once(' ').unwrap();
+            (op.to_string(), n.parse().unwrap())
+        })
+        .collect();
+    let mut joined: BTreeMap<String, u64> = BTreeMap::new();
+    for trace in &traces {
+        let (events, damage, _) = read_trace(trace);
+        assert_eq!(damage, None);
+        for node in OpAnalysis::collect(events.into_iter().map(Ok)).ops {
+            assert!(node.threads >= 2, "{node:?}");
+            *joined.entry(node.op.as_str().to_string()).or_default() += 1;
+        }
+    }
+    assert_eq!(nodes, joined);
 }
 
 /// The same dataset read by Apache Spark (pyspark in local mode, on the machine's JRE), as a
