@@ -355,6 +355,21 @@ struct Screen {
 /// A batching server's figures, where the trace has its batches: `12 batches (3.0/s), 3.82
 /// sequences per batch, token latency p50 649.005 µs p99 18.559 ms` (the rate over the last
 /// refresh, the rest over the window).
+/// The three op types with the most time in the window, with their shares (`-`: none).
+fn top_three(s: &Snapshot) -> String {
+    let top: Vec<String> = s
+        .top_ops
+        .iter()
+        .take(3)
+        .map(|o| format!("{} {:.1}%", o.name, 100.0 * o.share))
+        .collect();
+    if top.is_empty() {
+        "-".into()
+    } else {
+        top.join(", ")
+    }
+}
+
 fn serving(s: &Snapshot) -> Option<String> {
     (s.batches > 0).then(|| {
         format!(
@@ -436,12 +451,7 @@ impl Screen {
     }
 
     fn draw_line(&self, out: &mut impl Write, s: &Snapshot, state: &str) -> io::Result<()> {
-        let top: Vec<String> = s
-            .top_ops
-            .iter()
-            .take(3)
-            .map(|o| format!("{} {:.1}%", o.name, 100.0 * o.share))
-            .collect();
+        let top = top_three(s);
         let serving = serving(s).map_or_else(String::new, |f| format!(" | {f}"));
         writeln!(
             out,
@@ -455,11 +465,7 @@ impl Screen {
             s.events,
             s.events_per_s,
             s.lost,
-            if top.is_empty() {
-                "-".into()
-            } else {
-                top.join(", ")
-            }
+            top
         )
     }
 
@@ -553,12 +559,7 @@ impl Screen {
             self.draw(s, "ended");
         }
         let why = exited.map_or_else(|| why.to_string(), |e| format!("{why} ({e})"));
-        let top: Vec<String> = s
-            .top_ops
-            .iter()
-            .take(3)
-            .map(|o| format!("{} {:.1}%", o.name, 100.0 * o.share))
-            .collect();
+        let top = top_three(s);
         let serving = serving(s).map_or_else(String::new, |f| format!("; {f}"));
         eprintln!(
             "ggml-viz: live view ended: {why}; {} events, {} graph computes, {} op spans, {} lost; last {:.0} s: graph p50 {} p99 {}, top ops {}{serving}",
@@ -569,11 +570,7 @@ impl Screen {
             s.window.as_secs_f64().min(self.window as f64),
             opt_ns(s.p50_graph_ns),
             opt_ns(s.p99_graph_ns),
-            if top.is_empty() {
-                "-".into()
-            } else {
-                top.join(", ")
-            }
+            top
         );
     }
 }
