@@ -124,6 +124,11 @@ fn report_of_a_real_llama_trace_works_in_chromium() {
             "prefill: 1 calls",
             "--expect-text",
             "CPU_Mapped",
+            // The per-op table's columns for nodes.
+            "--expect-text",
+            "thread time",
+            "--expect-text",
+            "imbal.",
         ],
     );
     // The numbers at the top are the trace's own: ops are nodes, not their threads' shares.

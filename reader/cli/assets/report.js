@@ -291,8 +291,9 @@
 
   // ---- bars: time per op type, backend, tensor ----
   // Rows of spans have a self time (less their children's), rows of nodes (op timings, each
-  // node once however many threads computed it) their threads' time: a column each, where any
-  // row has it ('-' in a row without).
+  // node once however many threads computed it) their threads' time and imbalance (of the
+  // working threads' time, the share spent done and waiting for the slowest): a column each,
+  // where any row has it ('-' in a row without).
   function bars(id, rows, note) {
     const host = document.getElementById(id);
     if (!rows.length) { host.appendChild(el('div', 'muted', note || 'Nothing recorded.')); return; }
@@ -308,8 +309,8 @@
     host.appendChild(legend);
     const t = el('table', 'bars');
     const head = el('tr');
-    const heads = ['name', 'count', 'total'].concat(hasSelf ? ['self'] : [], hasThreads ? ['thread time'] : [],
-      ['mean', 'share', '']);
+    const heads = ['name', 'count', 'total'].concat(hasSelf ? ['self'] : [],
+      hasThreads ? ['thread time', 'imbal.'] : [], ['mean', 'share', '']);
     for (const h of heads) head.appendChild(el('th', '', h));
     t.appendChild(head);
     const max = rows[0].total_ns || 1;
@@ -323,7 +324,10 @@
       tr.appendChild(el('td', '', fmtCount(r.count)));
       tr.appendChild(el('td', '', fmtNs(r.total_ns)));
       if (hasSelf) tr.appendChild(el('td', '', ns(r.self_ns)));
-      if (hasThreads) tr.appendChild(el('td', '', ns(r.thread_ns)));
+      if (hasThreads) {
+        tr.appendChild(el('td', '', ns(r.thread_ns)));
+        tr.appendChild(el('td', '', r.imbalance === null ? '-' : (100 * r.imbalance).toFixed(1) + '%'));
+      }
       tr.appendChild(el('td', '', fmtNs(r.total_ns / Math.max(1, r.count))));
       tr.appendChild(el('td', '', (100 * r.total_ns / all).toFixed(1) + '%'));
       const cell = el('td', 'bar');

@@ -73,6 +73,13 @@ impl OpSample {
             .rsplit_once('-')
             .and_then(|(_, l)| l.parse().ok())
     }
+
+    /// The time of the threads that had work had each taken as long as the slowest: what
+    /// [`OpSample::idle_ns`] is a share of (the node's imbalance).
+    pub fn working_ns(&self) -> u64 {
+        self.slowest_ns
+            .saturating_mul(u64::from(self.working_threads))
+    }
 }
 
 /// What `ggml-viz ops` shows.
@@ -675,9 +682,7 @@ impl OpGroups {
         g.bytes = g.bytes.saturating_add(o.bytes);
         g.thread_ns = g.thread_ns.saturating_add(o.thread_ns);
         g.idle_ns = g.idle_ns.saturating_add(o.idle_ns);
-        g.working_ns = g
-            .working_ns
-            .saturating_add(o.slowest_ns.saturating_mul(o.working_threads as u64));
+        g.working_ns = g.working_ns.saturating_add(o.working_ns());
         g.wait_ns = g.wait_ns.saturating_add(o.wait_ns);
     }
 

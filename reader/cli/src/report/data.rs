@@ -4,15 +4,15 @@
 //!
 //! Time per op type, tensor and backend counts nodes where an input is a GGMLVIZ trace with op
 //! timings: its op spans are threads' shares of nodes (threads-mode op timing), joined into
-//! nodes by the reader's op analysis as `ggml-viz ops` joins them ([`InputNodes`]); other
+//! nodes by the reader's op analysis as `ggml-viz ops` joins them ([`OpRows`]); other
 //! inputs' op spans count one each.
 
 use std::collections::HashMap;
 
 use serde::Serialize;
 
+use ggml_viz_reader::OpSample;
 use ggml_viz_reader::telemetry::{Arg, Record, RecordSink, Span};
-use ggml_viz_reader::{GroupBy, OpGroups, OpSample};
 
 use super::sequences::{SequenceRow, SequenceTable};
 use super::series::{Latency, Series, TopKind, TopSpan, latency, memory};
@@ -134,39 +134,43 @@ pub struct Aggregate {
     pub self_ns: Option<u64>,
     /// Of the row's nodes, their threads' shares summed (`None`: the row has only spans).
     pub thread_ns: Option<u64>,
+    /// Of the row's nodes, the share of their working threads' time spent done and waiting for
+    /// the slowest (`ggml-viz ops`' imbalance; `None`: the row has only spans).
+    pub imbalance: Option<f64>,
+    /// Its parts, summed over the row's nodes.
+    #[serde(skip)]
+    idle_ns: u64,
+    #[serde(skip)]
+    working_ns: u64,
 }
 
-/// One input's nodes, grouped as the report's tables group them: what `ggml-viz ops` counts of a
-/// GGMLVIZ trace (each node once, however many threads computed a share of it).
-pub struct InputNodes {
-    by_op: OpGroups,
-    by_tensor: OpGroups,
-    by_backend: OpGroups,
-}
-
-impl InputNodes {
-    pub fn new() -> InputNodes {
-        InputNodes {
-            by_op: OpGroups::new(GroupBy::Op),
-            by_tensor: OpGroups::new(GroupBy::Name),
-            by_backend: OpGroups::new(GroupBy::Backend),
-        }
-    }
-
-    pub fn add(&mut self, node: &OpSample) {
-        self.by_op.add(node);
-        self.by_tensor.add(node);
-        self.by_backend.add(node);
-    }
-}
-
-/// The current input's op spans, until it is known whether its nodes count instead.
+/// Rows by op type, tensor and backend, of one input: its op spans, or its nodes.
 #[derive(Default)]
-struct InputOpSpans {
+pub struct OpRows {
     count: u64,
     by_op: HashMap<String, Aggregate>,
     by_tensor: HashMap<String, Aggregate>,
     by_backend: HashMap<String, Aggregate>,
+}
+
+impl OpRows {
+    /// Counts a node: what `ggml-viz ops` counts of a GGMLVIZ trace (each node once, however
+    /// many threads computed a share of it).
+    pub fn add_node(&mut self, node: &OpSample) {
+        self.count += 1;
+        for (map, key) in [
+            (&mut self.by_op, node.op.as_str()),
+            (&mut self.by_tensor, node.tensor.as_str()),
+            (&mut self.by_backend, node.backend.as_str()),
+        ] {
+            let a = row(map, key);
+            a.count += 1;
+            a.total_ns = a.total_ns.saturating_add(node.duration_ns);
+            a.thread_ns = sum(a.thread_ns, Some(node.thread_ns));
+            a.idle_ns = a.idle_ns.saturating_add(node.idle_ns);
+            a.working_ns = a.working_ns.saturating_add(node.working_ns());
+        }
+    }
 }
 
 /// A [`RecordSink`] that builds [`ReportData`] as the records arrive.
@@ -179,7 +183,7 @@ pub struct ReportBuilder {
     drawn_op_parents: Vec<Option<u64>>,
     drawn_ops: u64,
     /// The current input's op spans (see [`ReportBuilder::end_input`]).
-    input_ops: InputOpSpans,
+    input_ops: OpRows,
     /// Whether any input's nodes were counted instead of its op spans.
     nodes: bool,
     /// Spans that are not ops: all drawn.
@@ -241,40 +245,43 @@ fn row<'a>(map: &'a mut HashMap<String, Aggregate>, key: &str) -> &'a mut Aggreg
     })
 }
 
+/// A sum of values some rows have (`None`: none had one).
+fn sum(a: Option<u64>, b: Option<u64>) -> Option<u64> {
+    match (a, b) {
+        (None, None) => None,
+        _ => Some(a.unwrap_or(0).saturating_add(b.unwrap_or(0))),
+    }
+}
+
 /// Counts one span (or outermost graph) of `total_ns`, `self_ns` under `key`.
 fn add(map: &mut HashMap<String, Aggregate>, key: &str, total_ns: u64, self_ns: u64) {
     let a = row(map, key);
     a.count += 1;
     a.total_ns = a.total_ns.saturating_add(total_ns);
-    a.self_ns = Some(a.self_ns.unwrap_or(0).saturating_add(self_ns));
+    a.self_ns = sum(a.self_ns, Some(self_ns));
 }
 
-/// Adds `rows` (of spans) to `map`'s rows of the same names.
+/// Adds `rows` to `map`'s rows of the same names.
 fn merge(map: &mut HashMap<String, Aggregate>, rows: HashMap<String, Aggregate>) {
     for (key, r) in rows {
         let a = row(map, &key);
         a.count += r.count;
         a.total_ns = a.total_ns.saturating_add(r.total_ns);
-        a.self_ns = Some(
-            a.self_ns
-                .unwrap_or(0)
-                .saturating_add(r.self_ns.unwrap_or(0)),
-        );
-    }
-}
-
-/// Adds the groups of nodes to `map`'s rows of the same names.
-fn add_nodes(map: &mut HashMap<String, Aggregate>, groups: &OpGroups) {
-    for g in groups.rows() {
-        let a = row(map, &g.key);
-        a.count += g.count as u64;
-        a.total_ns = a.total_ns.saturating_add(g.total_ns);
-        a.thread_ns = Some(a.thread_ns.unwrap_or(0).saturating_add(g.thread_ns));
+        a.self_ns = sum(a.self_ns, r.self_ns);
+        a.thread_ns = sum(a.thread_ns, r.thread_ns);
+        a.idle_ns = a.idle_ns.saturating_add(r.idle_ns);
+        a.working_ns = a.working_ns.saturating_add(r.working_ns);
     }
 }
 
 fn sorted(map: HashMap<String, Aggregate>) -> Vec<Aggregate> {
     let mut v: Vec<Aggregate> = map.into_values().collect();
+    for a in &mut v {
+        a.imbalance = a.thread_ns.map(|_| match a.working_ns {
+            0 => 0.0,
+            working => a.idle_ns as f64 / working as f64,
+        });
+    }
     v.sort_by(|a, b| b.total_ns.cmp(&a.total_ns).then(a.name.cmp(&b.name)));
     v
 }
@@ -291,7 +298,7 @@ impl ReportBuilder {
             op_stride: 1,
             drawn_op_parents: Vec::new(),
             drawn_ops: 0,
-            input_ops: InputOpSpans::default(),
+            input_ops: OpRows::default(),
             nodes: false,
             others: 0,
             items: 0,
@@ -507,20 +514,18 @@ impl ReportBuilder {
     /// The end of an input: its op spans count in the per-op, per-tensor and per-backend tables,
     /// unless the reader joined them into `nodes` (a GGMLVIZ trace with op timings), which count
     /// instead (a share of a node on each of its threads is not an op of its own).
-    pub fn end_input(&mut self, nodes: &InputNodes) {
+    pub fn end_input(&mut self, nodes: OpRows) {
         let spans = std::mem::take(&mut self.input_ops);
-        if nodes.by_op.is_empty() {
-            self.data.summary.ops += spans.count;
-            merge(&mut self.by_op, spans.by_op);
-            merge(&mut self.by_tensor, spans.by_tensor);
-            merge(&mut self.by_backend, spans.by_backend);
+        let rows = if nodes.count == 0 {
+            spans
         } else {
             self.nodes = true;
-            self.data.summary.ops += nodes.by_op.nodes() as u64;
-            add_nodes(&mut self.by_op, &nodes.by_op);
-            add_nodes(&mut self.by_tensor, &nodes.by_tensor);
-            add_nodes(&mut self.by_backend, &nodes.by_backend);
-        }
+            nodes
+        };
+        self.data.summary.ops += rows.count;
+        merge(&mut self.by_op, rows.by_op);
+        merge(&mut self.by_tensor, rows.by_tensor);
+        merge(&mut self.by_backend, rows.by_backend);
     }
 
     /// A warning the page lists with the inputs' own.
@@ -565,7 +570,7 @@ impl ReportBuilder {
 
     pub fn finish(mut self) -> ReportData {
         // An input not ended (one read without the reader's op analysis) counts its spans.
-        self.end_input(&InputNodes::new());
+        self.end_input(OpRows::default());
         for (backend, graph) in std::mem::take(&mut self.graphs_by_parent)
             .into_values()
             .flatten()
@@ -872,8 +877,8 @@ mod tests {
         for (id, ns) in [(1, 100), (2, 80), (3, 60)] {
             builder.span(&op(id, 1_000, ns));
         }
-        let mut nodes = InputNodes::new();
-        nodes.add(&OpSample {
+        let mut nodes = OpRows::default();
+        nodes.add_node(&OpSample {
             op: "MUL_MAT".into(),
             tensor: "ffn_up-0".into(),
             backend: "CPU".into(),
@@ -888,7 +893,7 @@ mod tests {
             bytes: 0,
             phase: None,
         });
-        builder.end_input(&nodes);
+        builder.end_input(nodes);
         // Another input without op analysis (not a trace): its op span counts once.
         builder.span(&op(4, 2_000, 50));
         let data = builder.finish();
@@ -898,8 +903,10 @@ mod tests {
             (row.name.as_str(), row.count, row.total_ns),
             ("MUL_MAT", 2, 120 + 50)
         );
-        // Self time is the span's; thread time the node's.
+        // Self time is the span's; thread time and imbalance the node's (60 ns idle of 3 threads
+        // as slow as the slowest, 100 ns).
         assert_eq!((row.self_ns, row.thread_ns), (Some(50), Some(240)));
+        assert_eq!(row.imbalance, Some(60.0 / 300.0));
         assert_eq!(data.by_tensor[0].count, 1);
         assert!(
             data.by_op_source.starts_with("nodes"),

@@ -19,7 +19,7 @@ use ggml_viz_reader::{OpCollector, TraceStats};
 use crate::Failure;
 use crate::progress::Reading;
 use crate::timeline::InputOpts;
-use data::{InputNodes, ReportBuilder};
+use data::{OpRows, ReportBuilder};
 use page::write_html;
 
 /// Write one HTML file that opens offline (everything inlined, no network): a zoomable timeline
@@ -80,7 +80,7 @@ pub fn run(args: ReportArgs) -> Result<(), Failure> {
         let mut stats = TraceStats::default();
         let mut damage = None;
         let mut collector = OpCollector::streaming();
-        let mut nodes = InputNodes::new();
+        let mut nodes = OpRows::default();
         let imported =
             reading.import_watching(path, &args.input, &mut ids, &mut builder, &mut |e| {
                 match e {
@@ -88,14 +88,14 @@ pub fn run(args: ReportArgs) -> Result<(), Failure> {
                         let event = record.event();
                         stats.add(&event);
                         collector.push(Ok(&event));
-                        collector.take_ready().for_each(|o| nodes.add(&o));
+                        collector.take_ready().for_each(|o| nodes.add_node(&o));
                     }
                     // Described as the importer describes it (the page lists it once).
                     Err(d) => damage = Some(format!("{name}: {d}")),
                 }
             });
-        let analysis = collector.finish_each(|_, o| nodes.add(&o));
-        builder.end_input(&nodes);
+        let analysis = collector.finish_each(|_, o| nodes.add_node(&o));
+        builder.end_input(nodes);
         if analysis.late_shares > 0 {
             builder.warn(format!(
                 "{name}: {} thread share(s) of nodes came in the trace long after their graph \
