@@ -160,6 +160,10 @@ fn write_csv(out: &mut impl Write, s: &Summary) -> io::Result<()> {
 }
 
 /// Two runs side by side: per event name, count and total time of each and the change.
+///
+/// Counted as `summary` counts them: with threads-mode op timing an op's count and time are its
+/// threads' shares (compare runs at the same thread count; `ggml-viz ops` of each shows the
+/// nodes' wall times).
 #[derive(Args)]
 #[command(after_help = "Example:\n  ggml-viz diff before.ggmlviz after.ggmlviz")]
 pub struct DiffArgs {
