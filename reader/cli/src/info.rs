@@ -134,9 +134,10 @@ fn write_timing(out: &mut impl Write, stats: &TraceStats) -> io::Result<()> {
     }
     // Threads-mode op timing records each worker thread's share of a node as an op event of its
     // own: the nodes are the caller's (see `TraceStats::nodes`).
-    let shares = stats.metadata.as_ref().is_some_and(|m| {
-        m.settings.get("op_timing_mode").and_then(|v| v.as_str()) == Some("threads")
-    });
+    let shares = stats
+        .metadata
+        .as_ref()
+        .is_some_and(|m| ggml_viz_reader::op_timing_mode(&m.settings) == Some("threads"));
     let types = if shares && stats.nodes > 0 && stats.nodes < stats.ops {
         writeln!(
             out,
@@ -212,7 +213,7 @@ fn write_extensions(out: &mut impl Write, stats: &TraceStats) -> io::Result<()> 
             writeln!(out, "op timing:       {note}")?;
             // `auto` times a graph with nodes on other backends than the CPU with the eval
             // callback: its op pairs name their backend, threads-mode ones do not.
-            if m.settings.get("op_timing_mode").and_then(|v| v.as_str()) == Some("threads")
+            if ggml_viz_reader::op_timing_mode(&m.settings) == Some("threads")
                 && stats.ops_with_backend > 0
             {
                 writeln!(

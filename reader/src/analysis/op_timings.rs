@@ -554,18 +554,24 @@ fn sample_of(node: &[Share], tensors: &[Text]) -> OpSample {
     }
 }
 
+/// The op timing mode that ran (`threads`, `sched`, `off`), from the writer's settings:
+/// `op_timing_mode`, or, from a writer that had no modes, the boolean `op_timing` (on = the eval
+/// callback); `None` when the trace does not say.
+pub fn op_timing_mode(settings: &serde_json::Map<String, serde_json::Value>) -> Option<&str> {
+    match settings.get("op_timing_mode").and_then(|v| v.as_str()) {
+        Some(mode) => Some(mode),
+        None => match settings.get("op_timing")?.as_bool()? {
+            true => Some("sched"),
+            false => Some("off"),
+        },
+    }
+}
+
 /// What a reader should be told about how op timings were taken, from the writer's settings
 /// (`op_timing`, `op_sample` of the metadata record); `None` when the trace does not say.
-/// The mode is `op_timing_mode` (the mode that ran; `op_timing_why` says why), or, from a
-/// writer that had no modes, the boolean `op_timing` (on = the eval callback).
+/// The mode is [`op_timing_mode`]'s; `op_timing_why` says why it ran.
 pub fn op_timing_note(settings: &serde_json::Map<String, serde_json::Value>) -> Option<String> {
-    let mode = match settings.get("op_timing_mode").and_then(|v| v.as_str()) {
-        Some(mode) => mode,
-        None => match settings.get("op_timing")?.as_bool()? {
-            true => "sched",
-            false => "off",
-        },
-    };
+    let mode = op_timing_mode(settings)?;
     let sample = settings
         .get("op_sample")
         .and_then(|v| v.as_u64())
@@ -597,6 +603,20 @@ pub enum GroupBy {
     Name,
     Backend,
     Layer,
+}
+
+impl GroupBy {
+    /// The group of `node`: its op, tensor name, backend or layer.
+    pub fn key(self, node: &OpSample) -> std::borrow::Cow<'_, str> {
+        match self {
+            GroupBy::Op => node.op.as_str().into(),
+            GroupBy::Name => node.tensor.as_str().into(),
+            GroupBy::Backend => node.backend.as_str().into(),
+            GroupBy::Layer => node
+                .layer()
+                .map_or_else(|| "(none)".into(), |l| format!("layer {l}").into()),
+        }
+    }
 }
 
 /// One row of `ggml-viz ops`.
@@ -660,14 +680,7 @@ impl OpGroups {
     /// Counts node `o` in its group. Values come from the trace: sums saturate rather than
     /// overflow on hostile input.
     pub fn add(&mut self, o: &OpSample) {
-        let key: std::borrow::Cow<'_, str> = match self.by {
-            GroupBy::Op => o.op.as_str().into(),
-            GroupBy::Name => o.tensor.as_str().into(),
-            GroupBy::Backend => o.backend.as_str().into(),
-            GroupBy::Layer => o
-                .layer()
-                .map_or_else(|| "(none)".into(), |l| format!("layer {l}").into()),
-        };
+        let key = self.by.key(o);
         let g = match self.groups.get_mut(key.as_ref()) {
             Some(g) => g,
             None => self.groups.entry(key.into_owned()).or_default(),
@@ -735,13 +748,20 @@ impl OpGroups {
                     0.0
                 },
                 thread_ns: g.thread_ns,
-                imbalance: ratio(g.idle_ns, g.working_ns),
+                imbalance: imbalance(g.idle_ns, g.working_ns),
                 wait_share: ratio(g.wait_ns, g.thread_ns.saturating_add(g.wait_ns)),
             })
             .collect();
         rows.sort_by(|a, b| b.total_ns.cmp(&a.total_ns).then_with(|| a.key.cmp(&b.key)));
         rows
     }
+}
+
+/// Of the time the threads that had work would have spent had each been as slow as the slowest
+/// ([`OpSample::working_ns`], summed), the share they were done and waited
+/// ([`OpSample::idle_ns`], summed): the imbalance `ggml-viz ops` shows.
+pub fn imbalance(idle_ns: u64, working_ns: u64) -> f64 {
+    ratio(idle_ns, working_ns)
 }
 
 fn ratio(part: u64, whole: u64) -> f64 {

@@ -11,8 +11,8 @@ use std::collections::HashMap;
 
 use serde::Serialize;
 
-use ggml_viz_reader::OpSample;
 use ggml_viz_reader::telemetry::{Arg, Record, RecordSink, Span};
+use ggml_viz_reader::{GroupBy, OpSample, imbalance};
 
 use super::sequences::{SequenceRow, SequenceTable};
 use super::series::{Latency, Series, TopKind, TopSpan, latency, memory};
@@ -158,12 +158,12 @@ impl OpRows {
     /// many threads computed a share of it).
     pub fn add_node(&mut self, node: &OpSample) {
         self.count += 1;
-        for (map, key) in [
-            (&mut self.by_op, node.op.as_str()),
-            (&mut self.by_tensor, node.tensor.as_str()),
-            (&mut self.by_backend, node.backend.as_str()),
+        for (map, by) in [
+            (&mut self.by_op, GroupBy::Op),
+            (&mut self.by_tensor, GroupBy::Name),
+            (&mut self.by_backend, GroupBy::Backend),
         ] {
-            let a = row(map, key);
+            let a = row(map, &by.key(node));
             a.count += 1;
             a.total_ns = a.total_ns.saturating_add(node.duration_ns);
             a.thread_ns = sum(a.thread_ns, Some(node.thread_ns));
@@ -184,8 +184,6 @@ pub struct ReportBuilder {
     drawn_ops: u64,
     /// The current input's op spans (see [`ReportBuilder::end_input`]).
     input_ops: OpRows,
-    /// Whether any input's nodes were counted instead of its op spans.
-    nodes: bool,
     /// Spans that are not ops: all drawn.
     others: u64,
     /// Spans, counter samples and instants met: what an input had, for inputs that are not
@@ -277,10 +275,7 @@ fn merge(map: &mut HashMap<String, Aggregate>, rows: HashMap<String, Aggregate>)
 fn sorted(map: HashMap<String, Aggregate>) -> Vec<Aggregate> {
     let mut v: Vec<Aggregate> = map.into_values().collect();
     for a in &mut v {
-        a.imbalance = a.thread_ns.map(|_| match a.working_ns {
-            0 => 0.0,
-            working => a.idle_ns as f64 / working as f64,
-        });
+        a.imbalance = a.thread_ns.map(|_| imbalance(a.idle_ns, a.working_ns));
     }
     v.sort_by(|a, b| b.total_ns.cmp(&a.total_ns).then(a.name.cmp(&b.name)));
     v
@@ -299,7 +294,6 @@ impl ReportBuilder {
             drawn_op_parents: Vec::new(),
             drawn_ops: 0,
             input_ops: OpRows::default(),
-            nodes: false,
             others: 0,
             items: 0,
             earliest_ns: u64::MAX,
@@ -516,12 +510,7 @@ impl ReportBuilder {
     /// instead (a share of a node on each of its threads is not an op of its own).
     pub fn end_input(&mut self, nodes: OpRows) {
         let spans = std::mem::take(&mut self.input_ops);
-        let rows = if nodes.count == 0 {
-            spans
-        } else {
-            self.nodes = true;
-            nodes
-        };
+        let rows = if nodes.count == 0 { spans } else { nodes };
         self.data.summary.ops += rows.count;
         merge(&mut self.by_op, rows.by_op);
         merge(&mut self.by_tensor, rows.by_tensor);
@@ -622,7 +611,8 @@ impl ReportBuilder {
             d.by_backend = sorted(std::mem::take(&mut self.by_graph_backend));
         } else {
             d.by_op = sorted(std::mem::take(&mut self.by_op));
-            let what = if self.nodes {
+            // Rows of nodes have their threads' time; rows of spans have none.
+            let what = if d.by_op.iter().any(|a| a.thread_ns.is_some()) {
                 "nodes: each node's wall time (its first thread's start to its last thread's end) \
                  and its threads' time, summed"
             } else {
