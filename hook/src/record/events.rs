@@ -215,16 +215,22 @@ fn push(l: &Local, r: &'static Recorder, event: RawEvent) {
 /// [`push`] with the time the caller read.
 #[inline(always)]
 fn push_at(l: &Local, r: &'static Recorder, event: RawEvent, ticks: u64) {
-    if l.holding.get() {
-        release(l, r);
-    }
+    release(l, r);
     store(l, r, event, ticks, 1);
 }
 
-/// Puts the held begin of this thread's op share in the ring, with the time it was taken.
+/// Puts the held begin of this thread's op share, if there is one, in the ring.
+#[inline(always)]
+fn release(l: &Local, r: &'static Recorder) {
+    if l.holding.get() {
+        store_held(l, r);
+    }
+}
+
+/// [`release`] of a held begin, with the time it was taken.
 #[cold]
 #[inline(never)]
-fn release(l: &Local, r: &'static Recorder) {
+fn store_held(l: &Local, r: &'static Recorder) {
     l.holding.set(false);
     let held = l.held.get();
     store(l, r, held, held.ticks, 1);
@@ -458,9 +464,7 @@ pub fn thread_op(t: ThisThread, r: &'static Recorder, begin: bool, op: &OpInfo) 
     let l = t.0.for_recorder(r);
     let ticks = clock::now_ticks();
     if begin {
-        if l.holding.get() {
-            release(l, r);
-        }
+        release(l, r);
         let event = op_event(EventType::OpComputeBegin, op);
         // Held only when the ring is ready: a thread's first events (its ring, its THREAD_BEGIN)
         // go in at the time they are taken.
