@@ -337,12 +337,33 @@ def graph_computes(trace):
     return out
 
 
+def neighbour_ratios(spans, chosen):
+    """Each chosen graph compute's duration over each unchosen neighbour's (before and after it):
+    the ratio of two graphs milliseconds apart, which the VM's drift over seconds leaves alone."""
+    return [spans[i][0] / spans[j][0] for i in range(1, len(spans) - 1) if chosen(i)
+            for j in (i - 1, i + 1) if not chosen(j) and spans[j][0] > 0]
+
+
+def median_interval(values, rng):
+    """A bootstrap 95 % interval of the median of `values`."""
+    boot = sorted(statistics.median(rng.choices(values, k=len(values))) for _ in range(2000))
+    return boot[len(boot) // 40], boot[len(boot) - 1 - len(boot) // 40]
+
+
 def fidelity(quick, tmp, build, hook, model):
     """Threads-mode op timing against graphs only: the CPU backend's graph computes take as long,
     and its nodes cover them. This VM's speed wanders by 10-20 % from one second to the next (the
     ratio of two runs' medians moved from 0.80 to 1.20), so the runs are paired: each pair runs
     both modes back to back (in alternating order) and gives the ratio of its two median graph
-    computes; the figure is the median of the pairs' ratios, with a bootstrap 95 % interval."""
+    computes; the figure is the median of the pairs' ratios, with a bootstrap 95 % interval.
+
+    That still leaves a few per cent of noise, so each round also runs threads mode timing one
+    graph compute in two (`GGML_VIZ_OP_SAMPLE=2`; the untimed ones go straight to ggml, as with
+    op timing off): within one run, milliseconds apart, each timed graph compute against each of
+    its untimed neighbours. It measures what recording costs the worker threads; the flusher's
+    and writer's work, spread over timed and untimed graphs alike, is not in it (it is in the
+    paired runs' figure). The same pairing of the off runs' graph computes (each odd one against
+    its neighbours) is its control: what the pairing gives where nothing differs."""
     pairs = 10 if quick else 40
     programs = {
         "llama-simple -n 32 (4 threads on the 2 cores)":
@@ -354,21 +375,37 @@ def fidelity(quick, tmp, build, hook, model):
     for label, cmd in programs.items():
         progress(f"fidelity: {label} on the 512x8 model, op timing threads vs off, {pairs} pairs of runs")
         ratios, coverage, medians = [], [], {"off": [], "threads": []}
+        within, control = [], []
         for r in range(pairs):
             median = {}
-            for mode in (("off", "threads") if r % 2 == 0 else ("threads", "off")):
+            for mode in (("off", "threads", "sampled") if r % 2 == 0 else ("sampled", "threads", "off")):
                 trace = os.path.join(tmp, f"fid-{mode}.ggmlviz")
-                run(cmd, env={"LD_PRELOAD": hook, "GGML_VIZ_OP_TIMING": mode, "GGML_VIZ_OUTPUT": trace})
-                spans = graph_computes(trace)[1:]
+                env = {"LD_PRELOAD": hook, "GGML_VIZ_OP_TIMING": "threads" if mode == "sampled" else mode,
+                       "GGML_VIZ_OUTPUT": trace}
+                if mode == "sampled":
+                    env["GGML_VIZ_OP_SAMPLE"] = "2"
+                run(cmd, env=env)
+                spans = graph_computes(trace)
+                if mode == "sampled":
+                    within += neighbour_ratios(spans, lambda i: spans[i][1] > 0)
+                    continue
+                if mode == "off":
+                    control += neighbour_ratios(spans, lambda i: i % 2 == 1)
+                spans = spans[1:]
                 median[mode] = statistics.median(d for d, _ in spans)
                 medians[mode].append(median[mode])
                 if mode == "threads":
                     coverage += [c / d for d, c in spans if d > 0]
             ratios.append(median["threads"] / median["off"])
-        boot = sorted(statistics.median(rng.choices(ratios, k=len(ratios))) for _ in range(2000))
-        lo, hi = boot[len(boot) // 40], boot[len(boot) - 1 - len(boot) // 40]
+        lo, hi = median_interval(ratios, rng)
         metric(f"CPU graph compute, threads / off: {label}", statistics.median(ratios), "ratio",
                f"{pairs} pairs; 95 % interval {lo:.3f}-{hi:.3f}; target within 3 %", 1.0)
+        lo, hi = median_interval(within, rng)
+        metric(f"  {label}: within runs, timed / untimed neighbour", statistics.median(within), "ratio",
+               f"{len(within)} pairs in {pairs} runs; 95 % interval {lo:.4f}-{hi:.4f}", 1.0)
+        lo, hi = median_interval(control, rng)
+        metric(f"  {label}: the same pairing of the off runs' graphs", statistics.median(control), "ratio",
+               f"{len(control)} pairs; 95 % interval {lo:.4f}-{hi:.4f}; control", 1.0)
         metric(f"  {label}: median graph compute, threads op timing", statistics.median(medians["threads"]) / 1000,
                "µs", "op timing off", statistics.median(medians["off"]) / 1000)
         coverage.sort()

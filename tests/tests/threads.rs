@@ -438,8 +438,10 @@ fn the_hook_wraps_every_per_op_function_this_ggml_exports() {
 }
 
 /// Op sampling in threads mode (`GGML_VIZ_OP_SAMPLE=3`): the worker threads record their
-/// shares in the first outermost graph compute of every 3 and none in the others, so a thread
-/// that computed an untimed graph still times the next timed one.
+/// shares in the first outermost graph compute of every 3 and none in the others (whose calls go
+/// straight to ggml), so a thread that computed untimed graphs still times the next timed one
+/// whole: every thread the same shares in each generation step timed, none outside a timed
+/// graph compute.
 #[test]
 fn op_sampling_in_threads_mode_times_one_graph_in_n() {
     let dir = scratch("threads-sample");
@@ -482,4 +484,38 @@ fn op_sampling_in_threads_mode_times_one_graph_in_n() {
         .filter(|&i| shares_in(graphs[i]) > 0)
         .collect();
     assert_eq!(timed, (0..graphs.len()).step_by(3).collect::<Vec<_>>());
+    // Per thread, its shares in each timed graph compute; every share lies in one.
+    let spans = shares(&events).spans;
+    assert!(spans.len() >= 2, "{} threads with shares", spans.len());
+    let mut per_graph: BTreeMap<usize, BTreeMap<u32, usize>> = BTreeMap::new();
+    for (&thread, thread_spans) in &spans {
+        for &(begin, end) in thread_spans {
+            let graph = timed
+                .iter()
+                .copied()
+                .find(|&g| graphs[g].0 <= begin && end <= graphs[g].1)
+                .unwrap_or_else(|| panic!("a share of thread {thread} outside the timed graphs"));
+            *per_graph
+                .entry(graph)
+                .or_default()
+                .entry(thread)
+                .or_default() += 1;
+        }
+    }
+    // The generation steps (graph 0 is the prompt's): each thread computed every node.
+    let steps: Vec<&BTreeMap<u32, usize>> = timed[1..].iter().map(|g| &per_graph[g]).collect();
+    assert!(steps.len() >= 2);
+    for step in &steps {
+        assert_eq!(step.len(), spans.len(), "threads with shares: {step:?}");
+        assert_eq!(
+            step, &steps[0],
+            "shares per thread differ between timed steps"
+        );
+        let counts: BTreeSet<usize> = step.values().copied().collect();
+        assert_eq!(
+            counts.len(),
+            1,
+            "threads' shares differ in one step: {step:?}"
+        );
+    }
 }

@@ -304,7 +304,9 @@ macro_rules! pop_arguments {
 /// Its fast path touches only `rax`, `r10` and the callee-saved registers it pushes, and calls
 /// Rust only where a share begins or ends (with the argument registers pushed around the call),
 /// for a call from a site this thread has resolved before: any call where nothing will be timed (op timing off or by the eval callback, or
-/// tracing stopped), which goes straight to ggml; of a per-op function (not the marker) nested
+/// tracing stopped), or nothing is timed now (a graph compute `op_sample` leaves untimed, as
+/// [`record::THREAD_OPS_NOW`] says) and this thread has no share or call open, which goes
+/// straight to ggml; of a per-op function (not the marker) nested
 /// in an op (this thread's depth is above 0) or the dispatcher's call for the node this
 /// thread's share is open for, where it does what [`enter`] and the slow path would (the depth
 /// up around the call, the outermost call site kept); of the dispatcher's marker at depth 0,
@@ -369,6 +371,15 @@ unsafe extern "C" fn common() {
         "jz 20f",
         "cmp byte ptr [rbx + {passthrough}], 0",
         "jne 51f",
+        // Nothing is timed per thread now (the graph compute running is one that op_sample
+        // leaves untimed) and this thread has no share open, nor a call: straight to ggml.
+        "cmp byte ptr [rip + {thread_ops_now}], 0",
+        "jne 53f",
+        "cmp dword ptr [rbx + {depth}], 0",
+        "jne 53f",
+        "cmp qword ptr [rbx + {open}], 0",
+        "je 51f",
+        "53:",
         "cmp r12d, {barrier}",
         "je 50f",
         "cmp r12d, {marker}",
@@ -567,6 +578,7 @@ unsafe extern "C" fn common() {
         outer = const std::mem::offset_of!(Worker, outer_site),
         nth = const std::mem::offset_of!(Worker, nth),
         passthrough = const std::mem::offset_of!(Worker, passthrough),
+        thread_ops_now = sym record::THREAD_OPS_NOW,
         end_share = sym end_share,
         begin_share = sym begin_share,
         wait_begins = sym wait_begins,

@@ -343,7 +343,7 @@ pub fn graph_begin(
                 .fetch_add(1, Ordering::Relaxed)
                 .is_multiple_of(c.op_sample.max(1));
         if depth == 0 && r.op_mode() == OpMode::Threads {
-            r.thread_ops.store(ops_timed, Ordering::Relaxed);
+            r.set_thread_ops(ops_timed);
         }
         let info = if recording {
             describe(r)
@@ -395,7 +395,7 @@ impl GraphScope {
             OpMode::Threads
                 if self.ops_timed && r.config.op_timing == OpTiming::Auto && not_only_cpu() =>
             {
-                r.thread_ops.store(false, Ordering::Relaxed);
+                r.set_thread_ops(false);
                 true
             }
             _ => false,
@@ -448,7 +448,7 @@ fn close_op(l: &Local, r: &'static Recorder) {
 
 /// Threads mode: the recorder, if the nodes being computed now are to be recorded.
 pub fn thread_ops() -> Option<&'static Recorder> {
-    active().filter(|r| r.thread_ops.load(Ordering::Relaxed))
+    active().filter(|r| r.thread_ops())
 }
 
 /// Threads mode: this thread begins (`begin`) or ends its share of a node (a span of its own,

@@ -30,6 +30,8 @@ pub use events::{
     wait_begin, wait_end,
 };
 pub use recorder::Recorder;
+#[cfg(all(target_os = "linux", target_arch = "x86_64"))]
+pub use recorder::THREAD_OPS_NOW;
 pub use rpc::{Transfer, rpc_after, rpc_before, rpc_connected, rpc_listening};
 #[cfg(all(target_os = "linux", target_arch = "x86_64"))]
 pub use session::thread_ops_never;

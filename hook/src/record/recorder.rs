@@ -80,6 +80,14 @@ impl OpMode {
     }
 }
 
+/// Whether a recorder times nodes per thread now: the last value any recorder's `thread_ops` was
+/// set to (one recorder is active at a time). One byte at a fixed address, which a front end's
+/// fast path tests before anything else: while it is false, a worker thread with no share of a
+/// node open has nothing to record (the graph compute running is one `op_sample` leaves untimed,
+/// or none is), and its calls can go straight to ggml. It may be true when nothing is timed (the
+/// recorder stopped): the fast path then only takes the longer way.
+pub static THREAD_OPS_NOW: AtomicBool = AtomicBool::new(false);
+
 /// Everything one trace needs. A new one is made after `fork`: the child must not touch locks
 /// or rings that threads of its parent may have held.
 pub struct Recorder {
@@ -94,8 +102,9 @@ pub struct Recorder {
     /// wrong.
     op_mode: AtomicU8,
     /// Threads mode: whether the nodes computed now belong to a recorded, sampled graph compute
-    /// (set by each outermost graph compute; worker threads have no graph compute of their own).
-    pub(super) thread_ops: AtomicBool,
+    /// (set by each outermost graph compute; worker threads have no graph compute of their own),
+    /// through [`Recorder::set_thread_ops`].
+    thread_ops: AtomicBool,
     /// Recorded graph computes considered for op timing (for `op_sample`).
     pub(super) op_timed_graphs: AtomicU64,
     /// Tensors seen by op timing: name, op, type, shape.
@@ -150,7 +159,18 @@ impl Recorder {
     /// on are timed with the eval callback.
     pub fn threads_mode_failed(&self) {
         self.op_mode.store(OpMode::Sched as u8, Ordering::Relaxed);
-        self.thread_ops.store(false, Ordering::Relaxed);
+        self.set_thread_ops(false);
+    }
+
+    /// Whether the nodes computed now are timed per thread (see `thread_ops`).
+    pub(super) fn thread_ops(&self) -> bool {
+        self.thread_ops.load(Ordering::Relaxed)
+    }
+
+    /// Sets `thread_ops`, and [`THREAD_OPS_NOW`] with it.
+    pub(super) fn set_thread_ops(&self, on: bool) {
+        self.thread_ops.store(on, Ordering::Relaxed);
+        THREAD_OPS_NOW.store(on, Ordering::Relaxed);
     }
 
     /// The id of a node's tensor info (`key` hashes what makes it distinct), read by `info` on
