@@ -134,6 +134,8 @@ fn has_ring(l: &Local, r: &'static Recorder) -> bool {
         let ring: &'static Ring = Box::leak(Box::new(ring));
         r.add_ring(ring);
         l.ring.set(ring);
+        // The flusher backs the ring's first pages now, not at its next interval.
+        r.wake_flusher();
         if r.config.thread_tracking {
             // Registers this thread's exit hook (a thread-local with a destructor).
             THREAD_EXIT.with(|_| {});
