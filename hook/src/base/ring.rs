@@ -1,8 +1,9 @@
 //! A single-producer single-consumer ring of fixed, power-of-two capacity.
 //!
 //! The producer is the thread that owns the ring; the consumer is whoever holds the sink lock.
-//! Pushing is two atomic loads, one copy and one release store: no lock, no allocation, no
-//! system call. A full ring refuses the event and counts it.
+//! Pushing is two atomic loads, one copy, one release store and a prefetch of the slots ahead:
+//! no lock, no allocation, no system call. A full ring refuses the event and counts it. The
+//! consumer has the pages of a fresh ring backed ahead of the producer's first lap.
 
 use std::mem::MaybeUninit;
 
