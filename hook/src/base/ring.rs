@@ -3,7 +3,7 @@
 //! The producer is the thread that owns the ring; the consumer is whoever holds the sink lock.
 //! Pushing is two atomic loads, one copy, one release store and a prefetch of the slots ahead:
 //! no lock, no allocation, no system call. A full ring refuses the event and counts it. The
-//! consumer has the pages of a fresh ring backed ahead of the producer's first lap.
+//! flusher has the pages of a fresh ring backed ahead of the producer's first lap.
 
 use std::mem::MaybeUninit;
 
@@ -119,8 +119,8 @@ pub struct Ring {
     head: AtomicUsize,
     /// Events refused because the ring was full; written by the producer only.
     dropped: AtomicU64,
-    /// Slots, from the first, whose pages the consumer has had backed ahead of the producer's
-    /// first lap ([`Ring::populate_ahead`]); written by the consumer only.
+    /// Slots, from the first, whose pages the flusher has had backed ahead of the producer's
+    /// first lap ([`Ring::populate_ahead`]); written by the flusher only.
     populated: AtomicUsize,
 }
 
@@ -232,7 +232,7 @@ impl Ring {
         n
     }
 
-    /// Consumer, on the producer's first lap: has the OS back the pages of the next
+    /// The flusher, on the producer's first lap: has the OS back the pages of the next
     /// [`POPULATE_AHEAD_DIVISOR`]th of the ring's capacity past the producer's last event (a page the
     /// producer reached first it has already faulted in). A fresh ring's pages are mapped but not
     /// backed, and the producer's first write to each stopped for a page fault (a few
@@ -308,12 +308,12 @@ mod tests {
         pages.iter().map(|p| p & 1 == 1).collect()
     }
 
-    /// The consumer backs the pages the producer will write next, a quarter of the ring past its
+    /// `populate_ahead` backs the pages the producer will write next, a quarter of the ring past its
     /// last event, and no further; the producer's writes there fault nothing in. A ring of a
     /// million events (48 MiB) is a fresh mapping of the C library's, none of it backed before.
     #[cfg(all(target_os = "linux", not(loom)))]
     #[test]
-    fn the_consumer_backs_the_pages_the_producer_writes_next() {
+    fn populate_ahead_backs_the_pages_the_producer_writes_next() {
         let capacity = 1 << 20;
         let ring = Ring::try_new(capacity).unwrap();
         let quarter = capacity / POPULATE_AHEAD_DIVISOR;

@@ -194,6 +194,13 @@ impl Recorder {
             .clone()
     }
 
+    /// Has the pages each ring's producer writes next backed ([`Ring::populate_ahead`]).
+    pub(super) fn populate_rings_ahead(&self) {
+        for ring in self.rings() {
+            ring.populate_ahead();
+        }
+    }
+
     /// Events dropped because a ring was full, over all rings.
     pub fn dropped_ring_full(&self) -> u64 {
         dropped(&self.rings())

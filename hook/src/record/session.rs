@@ -194,6 +194,9 @@ fn spawn_flusher(recorder: &'static Recorder) {
                     return;
                 }
                 drained = contained(|| flush(recorder, &mut writer)).unwrap_or(0);
+                drop(writer);
+                // Not in the last flush at exit, where nothing will be written any more.
+                contained(|| recorder.populate_rings_ahead());
             }
         });
     if let Err(err) = spawned {

@@ -169,7 +169,6 @@ impl TraceWriter {
             let mut floor = self.floors[i];
             // SAFETY: the writer's lock is held by our caller, so this is the only consumer.
             drained += unsafe { ring.drain(|event| self.encode(event, &d, &mut floor)) };
-            ring.populate_ahead();
             self.floors[i] = floor;
         }
         let names_at = self.buf.len();
