@@ -352,9 +352,6 @@ struct Screen {
     drawn: bool,
 }
 
-/// A batching server's figures, where the trace has its batches: `12 batches (3.0/s), 3.82
-/// sequences per batch, token latency p50 649.005 µs p99 18.559 ms` (the rate over the last
-/// refresh, the rest over the window).
 /// The three op types with the most time in the window, with their shares (`-`: none).
 fn top_three(s: &Snapshot) -> String {
     let top: Vec<String> = s
@@ -370,6 +367,9 @@ fn top_three(s: &Snapshot) -> String {
     }
 }
 
+/// A batching server's figures, where the trace has its batches: `12 batches (3.0/s), 3.82
+/// sequences per batch, token latency p50 649.005 µs p99 18.559 ms` (the rate over the last
+/// refresh, the rest over the window).
 fn serving(s: &Snapshot) -> Option<String> {
     (s.batches > 0).then(|| {
         format!(
