@@ -237,6 +237,13 @@ pub fn run(mut cmd: Command) -> Output {
         .unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"))
 }
 
+/// Runs the `ggml-viz` CLI with the arguments `args` gives it: `cli(|c| c.arg("info").arg(&trace))`.
+pub fn cli(args: impl FnOnce(&mut Command) -> &mut Command) -> Output {
+    let mut c = Command::new(ggml_viz());
+    args(&mut c);
+    run(c)
+}
+
 /// The lines the hook said on stderr (its `ggml-viz:` prefix).
 pub fn hook_lines(stderr: &[u8]) -> Vec<String> {
     text(stderr)

@@ -481,11 +481,7 @@ fn a_trace_being_written_is_read_not_mapped_and_a_removed_directory_harms_nobody
         std::thread::sleep(Duration::from_millis(10));
     }
     // The writer holds its lock: `info` streams the growing file and sees a consistent prefix.
-    let info = run({
-        let mut c = Command::new(ggml_viz());
-        c.arg("info").arg(&trace);
-        c
-    });
+    let info = cli(|c| c.arg("info").arg(&trace));
     assert!(info.status.success(), "{}", text(&info.stderr));
     assert!(text(&info.stdout).contains("graph computes:"));
     let file_line = text(&info.stdout)

@@ -11,13 +11,11 @@ use ggml_viz_reader::format::{EventType, ExtensionKind, Payload};
 use serde_json::Value;
 
 fn export(to: &str, trace: &std::path::Path, out: &std::path::Path, extra: &[&str]) {
-    let done = run({
-        let mut c = Command::new(ggml_viz());
+    let done = cli(|c| {
         c.args(["export", "--to", to, "-o"])
             .arg(out)
             .args(extra)
-            .arg(trace);
-        c
+            .arg(trace)
     });
     assert!(done.status.success(), "{to}: {}", text(&done.stderr));
 }
@@ -267,12 +265,10 @@ fn two_ranks_dataset(name: &str) -> ([std::path::PathBuf; 2], std::path::PathBuf
         trace_llama_simple(trace, n_predict, &[("RANK", &rank), ("WORLD_SIZE", "2")]);
     }
     let dataset = dir.join("dataset");
-    let done = run({
-        let mut c = Command::new(ggml_viz());
+    let done = cli(|c| {
         c.args(["export", "--to", "parquet", "-o"])
             .arg(&dataset)
-            .args(&traces);
-        c
+            .args(&traces)
     });
     assert!(done.status.success(), "{}", text(&done.stderr));
     (traces, dataset)
@@ -313,11 +309,7 @@ fn assert_summary_agrees(
     totals: &BTreeMap<String, (u64, u64)>,
     traces: &[std::path::PathBuf],
 ) {
-    let summary = run({
-        let mut c = Command::new(ggml_viz());
-        c.args(["summary", "--csv"]).args(traces);
-        c
-    });
+    let summary = cli(|c| c.args(["summary", "--csv"]).args(traces));
     assert!(summary.status.success(), "{}", text(&summary.stderr));
     let csv = text(&summary.stdout);
     for (op, (count, total_ns)) in totals {

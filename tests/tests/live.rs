@@ -218,13 +218,12 @@ fn record_live_follows_llama_and_ends_with_the_program() {
         c.arg("-m").arg(tiny_model()).args(["-n", "16", "hello"]);
         c
     });
-    let out = run({
-        let mut c = Command::new(ggml_viz());
+    let out = cli(|c| {
         c.args(["record", "--live", "--interval", "0.2", "-o"])
             .arg(&trace)
             .arg("--")
             .env("GGML_VIZ_OP_TIMING", "1");
-        program(&mut c);
+        program(c);
         c
     });
     let stderr = text(&out.stderr);
@@ -253,11 +252,7 @@ fn a_corrupt_trace_ends_the_view_with_the_byte_offset() {
     let at = bytes.len();
     bytes.extend_from_slice(&[0xff; 64]); // has_label 0xff: no record starts like this
     std::fs::write(&trace, &bytes).unwrap();
-    let out = run({
-        let mut c = Command::new(ggml_viz());
-        c.args(["live", "--plain"]).arg(&trace);
-        c
-    });
+    let out = cli(|c| c.args(["live", "--plain"]).arg(&trace));
     let stderr = text(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{stderr}");
     assert!(stderr.contains(&format!("byte offset {at}")), "{stderr}");

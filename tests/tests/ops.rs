@@ -145,11 +145,7 @@ fn llama_simple_ops_are_timed_one_pair_per_node_with_names_and_spans() {
         .filter(|e| e.event_type() == Some(EventType::OpComputeEnd))
         .filter(|e| matches!(e.payload, Payload::Op { op_type, .. } if op_names.iter().any(|n| n.names.get(&op_type.to_string()).is_some_and(|v| v == "MUL_MAT"))))
         .count();
-    let out = run({
-        let mut c = Command::new(ggml_viz());
-        c.args(["ops", "--top", "0"]).arg(&trace);
-        c
-    });
+    let out = cli(|c| c.args(["ops", "--top", "0"]).arg(&trace));
     assert!(out.status.success());
     let table = text(&out.stdout);
     assert!(table.contains("op timing: sched"), "{table}");
@@ -169,11 +165,7 @@ fn llama_simple_ops_are_timed_one_pair_per_node_with_names_and_spans() {
         })
         .sum();
     assert_eq!(counted, mul_mats, "{table}");
-    let by_layer = run({
-        let mut c = Command::new(ggml_viz());
-        c.args(["ops", "--by", "layer"]).arg(&trace);
-        c
-    });
+    let by_layer = cli(|c| c.args(["ops", "--by", "layer"]).arg(&trace));
     let by_layer = text(&by_layer.stdout);
     assert!(
         by_layer.contains("layer 0") && by_layer.contains("layer 1"),
@@ -480,12 +472,10 @@ fn the_telemetry_v2_export_passes_the_reference_validator() {
     let trace = dir.join("t.ggmlviz");
     let json = dir.join("v2.json");
     trace_llama_simple(&trace, 4, &[("GGML_VIZ_MEMORY_TRACKING", "1")]);
-    let export = run({
-        let mut c = Command::new(ggml_viz());
+    let export = cli(|c| {
         c.args(["export", "--to", "telemetry-v2", "-o"])
             .arg(&json)
-            .arg(&trace);
-        c
+            .arg(&trace)
     });
     assert!(export.status.success(), "{}", text(&export.stderr));
     let check = run({

@@ -19,11 +19,7 @@ fn artifacts() -> PathBuf {
 }
 
 pub(crate) fn report(inputs: &[&Path], out: &Path) -> String {
-    let o = run({
-        let mut c = Command::new(ggml_viz());
-        c.arg("report").args(inputs).arg("-o").arg(out);
-        c
-    });
+    let o = cli(|c| c.arg("report").args(inputs).arg("-o").arg(out));
     assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
     text(&o.stderr)
 }
@@ -94,11 +90,7 @@ fn report_of_a_real_llama_trace_works_in_chromium() {
     );
     assert_eq!(stats.ops, nodes * begins.len() as u64);
     // `info` counts nodes too, and says how many op events they are.
-    let o = run({
-        let mut c = Command::new(ggml_viz());
-        c.arg("info").arg(&trace);
-        c
-    });
+    let o = cli(|c| c.arg("info").arg(&trace));
     assert!(o.status.success(), "{}", text(&o.stderr));
     let info = text(&o.stdout);
     assert!(

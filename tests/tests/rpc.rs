@@ -233,13 +233,10 @@ fn job(hosts: &[Host], dir: Option<&Path>) -> String {
     if let Some(dir) = dir {
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
-            let out = run({
-                let mut c = Command::new(ggml_viz());
-                c.args(["rpc", "--json", "-q"]);
-                c.args(
+            let out = cli(|c| {
+                c.args(["rpc", "--json", "-q"]).args(
                     ["client", "server-0", "server-1"].map(|n| dir.join(format!("{n}.ggmlviz"))),
-                );
-                c
+                )
             });
             let joined = serde_json::from_slice::<Value>(&out.stdout)
                 .is_ok_and(|a| a["unjoined_client_connections"] == 0);
@@ -305,11 +302,7 @@ fn rpc_job_on_two_hosts_joins_every_compute_and_finds_the_shifted_clock() {
     assert!(!untraced.trim().is_empty());
 
     let traces = ["client", "server-0", "server-1"].map(|n| dir.join(format!("{n}.ggmlviz")));
-    let out = run({
-        let mut c = Command::new(ggml_viz());
-        c.arg("rpc").arg("--json").args(&traces);
-        c
-    });
+    let out = cli(|c| c.arg("rpc").arg("--json").args(&traces));
     assert!(out.status.success(), "{}", text(&out.stderr));
     let a: Value = serde_json::from_slice(&out.stdout).unwrap();
 
@@ -473,13 +466,11 @@ fn rpc_job_on_two_hosts_joins_every_compute_and_finds_the_shifted_clock() {
     // compute is a flow from the client's request slice to a server's serve slice, which, on
     // the client's clock now, begins after the request did.
     let proto = dir.join("job.pftrace");
-    let exported = run({
-        let mut c = Command::new(ggml_viz());
+    let exported = cli(|c| {
         c.args(["export", "--to", "perfetto"])
             .args(&traces)
             .arg("-o")
-            .arg(&proto);
-        c
+            .arg(&proto)
     });
     assert!(exported.status.success(), "{}", text(&exported.stderr));
     assert!(
@@ -636,13 +627,11 @@ fn llama_server_over_rpc_records_its_rpc_commands_and_not_its_http() {
             .all(|b| b.endpoint.as_deref() == Some(host.endpoint().as_str())),
         "a command to another endpoint: {requests:?}"
     );
-    let out = run({
-        let mut c = Command::new(ggml_viz());
+    let out = cli(|c| {
         c.arg("rpc")
             .arg("--json")
             .arg(&client_trace)
-            .arg(&server_trace);
-        c
+            .arg(&server_trace)
     });
     assert!(out.status.success(), "{}", text(&out.stderr));
     let a: Value = serde_json::from_slice(&out.stdout).unwrap();

@@ -286,11 +286,7 @@ fn llama_server_under_concurrent_load_decodes_what_it_reports() {
         })
         .collect();
     assert!(all_batches.len() >= decodes.len());
-    let live = run({
-        let mut c = Command::new(ggml_viz());
-        c.args(["live", "--plain", "--window", "3600"]).arg(&trace);
-        c
-    });
+    let live = cli(|c| c.args(["live", "--plain", "--window", "3600"]).arg(&trace));
     assert!(live.status.success(), "{}", text(&live.stderr));
     let end = text(&live.stderr);
     let per_batch = all_batches.iter().sum::<usize>() as f64 / all_batches.len() as f64;

@@ -243,9 +243,7 @@ fn every_worker_records_its_share_of_every_node(how: &Run<'_>) {
 
     // `ggml-viz ops` says the mode and shows the threads' time; `--by thread` lists them.
     let ops = |args: &[&str]| {
-        let mut c = Command::new(ggml_viz());
-        c.arg("ops").args(args).arg(dir.join("threads.ggmlviz"));
-        text(&run(c).stdout)
+        text(&cli(|c| c.arg("ops").args(args).arg(dir.join("threads.ggmlviz"))).stdout)
     };
     let table = ops(&["--top", "0"]);
     assert!(table.contains("op timing: threads"), "{table}");
