@@ -107,10 +107,14 @@ pub fn run(args: OpsArgs) -> Result<(), Failure> {
     if matches!(args.by, By::Thread) {
         write_threads(&mut out, &analysis)?;
     } else if !tables.prefill.is_empty() || !tables.generation.is_empty() {
+        // A phase the trace has no ops of (`llama-bench -p 0` prefills nothing) gets no table.
         for (phase, groups) in [
             (Phase::Prefill, &tables.prefill),
             (Phase::Generation, &tables.generation),
-        ] {
+        ]
+        .into_iter()
+        .filter(|(_, groups)| !groups.is_empty())
+        {
             writeln!(out, "\n{} ({} ops)", phase.name(), groups.nodes())?;
             write_table(&mut out, groups, args.top, tables.threaded)?;
         }

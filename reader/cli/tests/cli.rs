@@ -469,3 +469,52 @@ fn info_says_which_ops_of_a_threads_trace_the_eval_callback_timed() {
         "{text}"
     );
 }
+
+/// A trace whose batches are all single tokens (`llama-bench -p 0`): `ops` shows the generation
+/// table and no empty prefill table (before: a "prefill (0 ops)" title over a bare header).
+#[test]
+fn ops_leaves_out_a_phase_without_ops() {
+    use ggml_viz_reader::format::ext::SpanBoundary;
+    use ggml_viz_reader::format::{ExtensionKind, encode_event, encode_header, ext};
+    let mut bytes = Vec::new();
+    encode_header(&mut bytes);
+    let span = |kind, ts| {
+        let boundary = SpanBoundary {
+            name: "llama_decode".into(),
+            n_tokens: Some(1),
+            ..Default::default()
+        };
+        let mut record = Vec::new();
+        ext::encode_extension(&mut record, Layout::Packed, kind, ts, 1, &boundary);
+        record
+    };
+    let op = |type_code: u8, ts: u64| Event {
+        type_code,
+        timestamp_ns: ts,
+        thread_id: 1,
+        payload: Payload::Op {
+            tensor_ptr: 0x10,
+            op_type: 29,
+            op_size: 0,
+            backend_ptr: 0,
+        },
+        label: None,
+    };
+    for step in 0..3u64 {
+        let t = 1000 * step;
+        bytes.extend(span(ExtensionKind::SpanBegin, t));
+        encode_event(&mut bytes, Layout::Packed, &op(2, t + 10));
+        encode_event(&mut bytes, Layout::Packed, &op(3, t + 60));
+        bytes.extend(span(ExtensionKind::SpanEnd, t + 100));
+    }
+    let trace = temp_file("generation-only.ggmlviz", &bytes);
+    let out = ggml_viz(&["ops", trace.to_str().unwrap()]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(text.contains("\ngeneration (3 ops)\n"), "{text}");
+    assert!(!text.contains("prefill"), "{text}");
+}
