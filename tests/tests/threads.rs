@@ -25,11 +25,13 @@ pub(crate) fn settings(events: &[Event<'_>]) -> serde_json::Map<String, serde_js
 }
 
 /// Per thread: its op spans (begin, end) in order, checked not to overlap; and the barrier waits'
-/// (thread index, thread count) per thread. Per MUL_MAT share, the barrier waits inside it.
+/// (thread index, thread count) per thread. Per MUL_MAT share, the barrier waits inside it. Per
+/// thread, its waits inside its shares and between them: (count, time) of each.
 struct Shares {
     spans: BTreeMap<u32, Vec<(u64, u64)>>,
     barriers: BTreeMap<u32, BTreeSet<(u32, u32)>>,
     mul_mat_waits: Vec<usize>,
+    waits: BTreeMap<u32, [(u64, u64); 2]>,
 }
 
 fn shares(events: &[Event<'_>]) -> Shares {
@@ -41,6 +43,7 @@ fn shares(events: &[Event<'_>]) -> Shares {
         spans: BTreeMap::new(),
         barriers: BTreeMap::new(),
         mul_mat_waits: Vec::new(),
+        waits: BTreeMap::new(),
     };
     for e in events {
         match (e.event_type(), e.payload) {
@@ -72,12 +75,15 @@ fn shares(events: &[Event<'_>]) -> Shares {
                 Payload::Thread {
                     thread_index,
                     n_threads,
+                    value,
                     ..
                 },
             ) if e.label.as_deref() == Some(b"ggml_barrier") => {
-                if let Some((_, _, waits)) = open.get_mut(&e.thread_id) {
-                    *waits += 1;
-                }
+                let inside = open.get_mut(&e.thread_id).map(|(_, _, waits)| *waits += 1);
+                let (count, ns) =
+                    &mut s.waits.entry(e.thread_id).or_default()[usize::from(inside.is_none())];
+                *count += 1;
+                *ns += value;
                 s.barriers
                     .entry(e.thread_id)
                     .or_default()
@@ -238,6 +244,17 @@ fn every_worker_records_its_share_of_every_node(how: &Run<'_>) {
         a.ops.iter().all(|o| o.threads == 4),
         "a node without 4 shares"
     );
+    // Each thread's waits inside its shares (mul_mat's, ...) and between them, as the events
+    // themselves place them, are what the analysis counts as each.
+    for t in &a.threads {
+        assert_eq!(
+            [(t.inner_waits, t.inner_wait_ns), (t.waits, t.wait_ns)],
+            s.waits.get(&t.thread_id).copied().unwrap_or_default(),
+            "{}: thread {}'s waits inside and between shares",
+            how.name,
+            t.thread_id
+        );
+    }
     let shares_total: usize = s.spans.values().map(Vec::len).sum();
     assert_eq!(shares_total, 4 * a.ops.len());
 

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use clap::{Args, ValueEnum};
 use ggml_viz_reader::Layout;
-use ggml_viz_reader::{GroupBy, OpAnalysis, OpCollector, OpGroups, OpSample, Phase};
+use ggml_viz_reader::{GroupBy, OpAnalysis, OpCollector, OpGroups, OpSample, Phase, ThreadTotals};
 
 use crate::Failure;
 use crate::dump::parse_layout;
@@ -23,7 +23,8 @@ use crate::input::{Input, ReadStop};
 /// to last thread's end), and the table adds the threads' summed time, the imbalance (of the
 /// time the threads that had work spent in the node, the share they waited for the slowest)
 /// and the share of barrier waits after it; `--by thread` shows each thread's time in nodes
-/// and in waits. Elsewhere (`sched` mode) each node is computed and synchronized on its own
+/// (and how much of it went to waits at barriers inside ops, such as mul_mat's) and in waits
+/// between nodes. Elsewhere (`sched` mode) each node is computed and synchronized on its own
 /// by the scheduler's eval callback, which adds a synchronization per node and disables
 /// ggml's op fusion.
 #[derive(Args)]
@@ -163,16 +164,17 @@ fn write_header(out: &mut impl Write, a: &OpAnalysis, t: &Tables) -> io::Result<
         fmt_ns(a.timed_graph_ns as f64)
     )?;
     if t.threaded {
-        let wait_ns = a
-            .threads
-            .iter()
-            .fold(0u64, |t, w| t.saturating_add(w.wait_ns));
+        let sum = |of: fn(&ThreadTotals) -> u64| {
+            a.threads.iter().fold(0u64, |t, w| t.saturating_add(of(w)))
+        };
         writeln!(
             out,
-            "{} threads: {} in their shares of nodes, {} waiting at barriers",
+            "{} threads: {} in their shares of nodes ({} of it waiting at barriers inside ops), \
+             {} waiting at barriers between nodes",
             a.threads.len(),
             fmt_ns(t.all.thread_ns() as f64),
-            fmt_ns(wait_ns as f64)
+            fmt_ns(sum(|w| w.inner_wait_ns) as f64),
+            fmt_ns(sum(|w| w.wait_ns) as f64)
         )?;
     }
     Ok(())
@@ -182,8 +184,8 @@ fn write_header(out: &mut impl Write, a: &OpAnalysis, t: &Tables) -> io::Result<
 fn write_threads(out: &mut impl Write, a: &OpAnalysis) -> io::Result<()> {
     writeln!(
         out,
-        "\n{:<10} {:>8} {:>11} {:>8} {:>11} {:>7}",
-        "thread", "shares", "in shares", "waits", "waiting", "wait %"
+        "\n{:<10} {:>8} {:>11} {:>11} {:>8} {:>11} {:>7}",
+        "thread", "shares", "in shares", "inner wait", "waits", "waiting", "wait %"
     )?;
     for t in &a.threads {
         let total = t.share_ns.saturating_add(t.wait_ns);
@@ -194,10 +196,11 @@ fn write_threads(out: &mut impl Write, a: &OpAnalysis) -> io::Result<()> {
         };
         writeln!(
             out,
-            "{:<10} {:>8} {:>11} {:>8} {:>11} {:>6.1}%",
+            "{:<10} {:>8} {:>11} {:>11} {:>8} {:>11} {:>6.1}%",
             t.thread_id,
             t.shares,
             fmt_ns(t.share_ns as f64),
+            fmt_ns(t.inner_wait_ns as f64),
             t.waits,
             fmt_ns(t.wait_ns as f64),
             wait_share

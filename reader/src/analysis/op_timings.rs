@@ -104,8 +104,13 @@ pub struct ThreadTotals {
     pub thread_id: u32,
     pub shares: u64,
     pub share_ns: u64,
+    /// Waits between shares (after a node).
     pub waits: u64,
     pub wait_ns: u64,
+    /// Waits inside a share, at the barriers ggml's ops have within them (mul_mat's, once it
+    /// has shared out its work): part of `share_ns`.
+    pub inner_waits: u64,
+    pub inner_wait_ns: u64,
 }
 
 /// One thread's share of a node, before joining.
@@ -291,13 +296,19 @@ impl OpCollector {
                 if label == b"ggml_barrier" =>
             {
                 let totals = thread_totals(&mut self.a.threads, e.thread_id);
-                totals.waits += 1;
-                totals.wait_ns = totals.wait_ns.saturating_add(value);
-                let share = t
-                    .last_share
-                    .and_then(|id| self.shares.binary_search_by_key(&id, |s| s.read_at).ok());
-                if let Some(i) = share {
-                    self.shares[i].wait_ns = self.shares[i].wait_ns.saturating_add(value);
+                if t.open_op.is_some() {
+                    // Inside the thread's open share: part of its time, not a wait after a node.
+                    totals.inner_waits += 1;
+                    totals.inner_wait_ns = totals.inner_wait_ns.saturating_add(value);
+                } else {
+                    totals.waits += 1;
+                    totals.wait_ns = totals.wait_ns.saturating_add(value);
+                    let share = t
+                        .last_share
+                        .and_then(|id| self.shares.binary_search_by_key(&id, |s| s.read_at).ok());
+                    if let Some(i) = share {
+                        self.shares[i].wait_ns = self.shares[i].wait_ns.saturating_add(value);
+                    }
                 }
             }
             _ => {}
@@ -911,6 +922,31 @@ mod tests {
         assert_eq!((a.threads[0].thread_id, a.threads[0].share_ns), (7, 400));
         assert_eq!((a.threads[0].waits, a.threads[0].wait_ns), (2, 250));
         assert_eq!((a.threads[1].shares, a.threads[1].share_ns), (2, 620));
+    }
+
+    /// ggml's ops wait at barriers inside themselves (mul_mat once it has shared out its
+    /// work): such a wait lies inside the thread's share of the node, so it is neither a wait
+    /// after the share before (where it was counted) nor time of its own beside the shares (the
+    /// thread's shares and waits added up to more than its time).
+    #[test]
+    fn a_wait_inside_a_share_is_part_of_it_not_a_wait_after_the_share_before() {
+        let events = vec![
+            op_event(true, 100, 7, 0xA0),
+            barrier(150, 7, 30),
+            op_event(false, 400, 7, 0xA0),
+            barrier(450, 7, 50),
+            op_event(true, 1000, 7, 0xB0),
+            barrier(1040, 7, 20),
+            op_event(false, 1100, 7, 0xB0),
+            barrier(1300, 7, 200),
+        ];
+        let a = OpAnalysis::collect(events.into_iter().map(Ok));
+        let waits: Vec<_> = a.ops.iter().map(|o| (o.thread_ns, o.wait_ns)).collect();
+        assert_eq!(waits, [(300, 50), (100, 200)]);
+        let t = &a.threads[0];
+        assert_eq!((t.shares, t.share_ns), (2, 400));
+        assert_eq!((t.waits, t.wait_ns), (2, 250));
+        assert_eq!((t.inner_waits, t.inner_wait_ns), (2, 50));
     }
 
     fn graph(begin: bool, ts: u64, thread: u32) -> Event<'static> {
