@@ -255,6 +255,11 @@ fn every_worker_records_its_share_of_every_node(how: &Run<'_>) {
             t.thread_id
         );
     }
+    // The nodes carry the waits inside their shares.
+    assert_eq!(
+        a.ops.iter().map(|o| o.inner_wait_ns).sum::<u64>(),
+        s.waits.values().map(|w| w[0].1).sum::<u64>()
+    );
     let shares_total: usize = s.spans.values().map(Vec::len).sum();
     assert_eq!(shares_total, 4 * a.ops.len());
 

@@ -59,6 +59,9 @@ pub struct OpSample {
     pub slowest_ns: u64,
     /// Barrier waits of its threads after it (threads mode).
     pub wait_ns: u64,
+    /// Barrier waits of its threads inside it (ggml's ops have barriers of their own: mul_mat's,
+    /// once it has shared out its work): part of `thread_ns`.
+    pub inner_wait_ns: u64,
     pub flops: Option<u64>,
     /// Bytes of the result (`ggml_nbytes`).
     pub bytes: u64,
@@ -128,6 +131,7 @@ struct Share {
     bytes: u64,
     phase: Option<Phase>,
     wait_ns: u64,
+    inner_wait_ns: u64,
     /// The graph compute its start lies in (an index into the sorted windows; `u32::MAX`:
     /// none).
     window: u32,
@@ -138,6 +142,8 @@ struct Thread {
     /// Begin of the op being timed: time, tensor pointer, tensor name (an index), its op,
     /// backend and FLOPs, result bytes.
     open_op: Option<(u64, u64, u32, Named, u64)>,
+    /// Its barrier waits so far.
+    open_inner_wait_ns: u64,
     /// The share this thread ended last (its `read_at`), for its barrier waits.
     last_share: Option<u64>,
     graph_depth: u32,
@@ -270,6 +276,7 @@ impl OpCollector {
                     (tensor, op_type, backend_ptr),
                 );
                 t.open_op = Some((e.timestamp_ns, tensor_ptr, tensor, named, op_size));
+                t.open_inner_wait_ns = 0;
                 t.graph_has_ops = true;
             }
             (Some(EventType::OpComputeEnd), _) => {
@@ -288,6 +295,7 @@ impl OpCollector {
                     bytes,
                     phase: t.phase,
                     wait_ns: 0,
+                    inner_wait_ns: std::mem::take(&mut t.open_inner_wait_ns),
                     window: u32::MAX,
                 });
             }
@@ -300,6 +308,7 @@ impl OpCollector {
                     // Inside the thread's open share: part of its time, not a wait after a node.
                     totals.inner_waits += 1;
                     totals.inner_wait_ns = totals.inner_wait_ns.saturating_add(value);
+                    t.open_inner_wait_ns = t.open_inner_wait_ns.saturating_add(value);
                 } else {
                     totals.waits += 1;
                     totals.wait_ns = totals.wait_ns.saturating_add(value);
@@ -559,6 +568,9 @@ fn sample_of(node: &[Share], tensors: &[Text]) -> OpSample {
         working_threads,
         slowest_ns,
         wait_ns: node.iter().fold(0u64, |a, s| a.saturating_add(s.wait_ns)),
+        inner_wait_ns: node
+            .iter()
+            .fold(0u64, |a, s| a.saturating_add(s.inner_wait_ns)),
         flops,
         bytes: node.iter().map(|s| s.bytes).max().unwrap_or(0),
         phase: node.iter().find_map(|s| s.phase),
@@ -645,7 +657,8 @@ pub struct OpGroup {
     /// Of the time the threads that had work spent in these nodes (as long as the slowest of
     /// each), the share they were done and waited for the slowest.
     pub imbalance: f64,
-    /// Of the threads' time in these nodes and the barrier waits after them, the waits' share.
+    /// Of the threads' time in these nodes and the barrier waits after them, the share spent
+    /// waiting at barriers (after the nodes, and inside them: mul_mat's, …).
     pub wait_share: f64,
 }
 
@@ -678,6 +691,7 @@ struct GroupSums {
     /// Per node, the slowest share times the threads that had work.
     working_ns: u64,
     wait_ns: u64,
+    inner_wait_ns: u64,
 }
 
 impl OpGroups {
@@ -708,6 +722,7 @@ impl OpGroups {
         g.idle_ns = g.idle_ns.saturating_add(o.idle_ns);
         g.working_ns = g.working_ns.saturating_add(o.working_ns());
         g.wait_ns = g.wait_ns.saturating_add(o.wait_ns);
+        g.inner_wait_ns = g.inner_wait_ns.saturating_add(o.inner_wait_ns);
     }
 
     /// Whether no node was added.
@@ -760,7 +775,10 @@ impl OpGroups {
                 },
                 thread_ns: g.thread_ns,
                 imbalance: imbalance(g.idle_ns, g.working_ns),
-                wait_share: ratio(g.wait_ns, g.thread_ns.saturating_add(g.wait_ns)),
+                wait_share: ratio(
+                    g.wait_ns.saturating_add(g.inner_wait_ns),
+                    g.thread_ns.saturating_add(g.wait_ns),
+                ),
             })
             .collect();
         rows.sort_by(|a, b| b.total_ns.cmp(&a.total_ns).then_with(|| a.key.cmp(&b.key)));
@@ -799,6 +817,7 @@ mod tests {
             working_threads: 1,
             slowest_ns: ns,
             wait_ns: 0,
+            inner_wait_ns: 0,
             flops,
             bytes: 1000,
             phase: None,
@@ -941,8 +960,17 @@ mod tests {
             barrier(1300, 7, 200),
         ];
         let a = OpAnalysis::collect(events.into_iter().map(Ok));
-        let waits: Vec<_> = a.ops.iter().map(|o| (o.thread_ns, o.wait_ns)).collect();
-        assert_eq!(waits, [(300, 50), (100, 200)]);
+        let waits: Vec<_> = a
+            .ops
+            .iter()
+            .map(|o| (o.thread_ns, o.inner_wait_ns, o.wait_ns))
+            .collect();
+        assert_eq!(waits, [(300, 30, 50), (100, 20, 200)]);
+        // The waits inside the nodes and after them, of the threads' time in and after them.
+        let groups = group_ops(&a.ops, GroupBy::Op);
+        assert_eq!(groups.len(), 1);
+        let g = &groups[0];
+        assert!((g.wait_share - (50.0 + 250.0) / (400.0 + 250.0)).abs() < 1e-12);
         let t = &a.threads[0];
         assert_eq!((t.shares, t.share_ns), (2, 400));
         assert_eq!((t.waits, t.wait_ns), (2, 250));

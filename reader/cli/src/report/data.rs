@@ -879,6 +879,7 @@ mod tests {
             working_threads: 3,
             slowest_ns: 100,
             wait_ns: 0,
+            inner_wait_ns: 0,
             flops: None,
             bytes: 0,
             phase: None,
