@@ -23,9 +23,9 @@ use crate::input::{Input, ReadStop};
 /// to last thread's end), and the table adds the threads' summed time, the imbalance (of the
 /// time the threads that had work spent in the node, the share they waited for the slowest)
 /// and the share of the threads' time spent waiting at barriers (inside the op, at the barriers
-/// ggml's ops have, such as mul_mat's, and after it); `--by thread` shows each thread's time in nodes
-/// (and how much of it went to waits at barriers inside ops, such as mul_mat's) and in waits
-/// between nodes. Elsewhere (`sched` mode) each node is computed and synchronized on its own
+/// ggml's ops have, such as mul_mat's, and after it); `--by thread` shows each thread's time in
+/// nodes (and how much of it went to waits at barriers inside ops) and in waits between nodes.
+/// Elsewhere (`sched` mode) each node is computed and synchronized on its own
 /// by the scheduler's eval callback, which adds a synchronization per node and disables
 /// ggml's op fusion.
 #[derive(Args)]

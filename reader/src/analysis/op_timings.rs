@@ -142,7 +142,7 @@ struct Thread {
     /// Begin of the op being timed: time, tensor pointer, tensor name (an index), its op,
     /// backend and FLOPs, result bytes.
     open_op: Option<(u64, u64, u32, Named, u64)>,
-    /// Its barrier waits so far.
+    /// The barrier waits inside that op so far.
     open_inner_wait_ns: u64,
     /// The share this thread ended last (its `read_at`), for its barrier waits.
     last_share: Option<u64>,
