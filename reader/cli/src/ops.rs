@@ -5,6 +5,7 @@ use std::path::PathBuf;
 
 use clap::{Args, ValueEnum};
 use ggml_viz_reader::Layout;
+use ggml_viz_reader::telemetry::export::summary::csv_cell;
 use ggml_viz_reader::{GroupBy, OpAnalysis, OpCollector, OpGroups, OpSample, Phase, ThreadTotals};
 
 use crate::Failure;
@@ -30,7 +31,7 @@ use crate::input::{Input, ReadStop};
 /// ggml's op fusion.
 #[derive(Args)]
 #[command(
-    after_help = "Examples:\n  ggml-viz ops trace.ggmlviz\n  ggml-viz ops --by layer --top 5 trace.ggmlviz\n  ggml-viz ops --by name trace.ggmlviz\n  ggml-viz ops --by thread trace.ggmlviz"
+    after_help = "Examples:\n  ggml-viz ops trace.ggmlviz\n  ggml-viz ops --by layer --top 5 trace.ggmlviz\n  ggml-viz ops --by name trace.ggmlviz\n  ggml-viz ops --by thread trace.ggmlviz\n  ggml-viz ops --csv trace.ggmlviz > ops.csv"
 )]
 pub struct OpsArgs {
     /// Trace file, or - for standard input.
@@ -45,6 +46,11 @@ pub struct OpsArgs {
     /// Read with this event layout instead of detecting it.
     #[arg(long, value_parser = parse_layout)]
     layout: Option<Layout>,
+    /// Write CSV instead of the tables, for a spreadsheet or a script: a row per phase and group
+    /// (every group: --top does not apply), times in nanoseconds, imbalance and wait as fractions;
+    /// with --by thread, a row per thread.
+    #[arg(long)]
+    csv: bool,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -84,6 +90,26 @@ impl Tables {
         }
         self.all.add(o);
     }
+
+    /// The tables to show: prefill and generation apart where the trace has llama_decode spans
+    /// (a phase without ops, such as `llama-bench -p 0`'s prefill, has none), else all nodes in
+    /// one (`None`).
+    fn shown(&self) -> Vec<(Option<Phase>, &OpGroups)> {
+        let phases = [
+            (Some(Phase::Prefill), &self.prefill),
+            (Some(Phase::Generation), &self.generation),
+        ];
+        if phases.iter().any(|(_, groups)| !groups.is_empty()) {
+            phases
+                .into_iter()
+                .filter(|(_, groups)| !groups.is_empty())
+                .collect()
+        } else if self.all.is_empty() {
+            Vec::new()
+        } else {
+            vec![(None, &self.all)]
+        }
+    }
 }
 
 pub fn run(args: OpsArgs) -> Result<(), Failure> {
@@ -105,24 +131,23 @@ pub fn run(args: OpsArgs) -> Result<(), Failure> {
     })?;
     let analysis = collector.finish_each(|_, o| tables.add(&o));
     let mut out = io::stdout().lock();
-    write_header(&mut out, &analysis, &tables)?;
-    if matches!(args.by, By::Thread) {
-        write_threads(&mut out, &analysis)?;
-    } else if !tables.prefill.is_empty() || !tables.generation.is_empty() {
-        // A phase the trace has no ops of (`llama-bench -p 0` prefills nothing) gets no table.
-        for (phase, groups) in [
-            (Phase::Prefill, &tables.prefill),
-            (Phase::Generation, &tables.generation),
-        ]
-        .into_iter()
-        .filter(|(_, groups)| !groups.is_empty())
-        {
-            writeln!(out, "\n{} ({} ops)", phase.name(), groups.nodes())?;
-            write_table(&mut out, groups, args.top, tables.threaded)?;
+    match (args.csv, args.by) {
+        (true, By::Thread) => write_threads_csv(&mut out, &analysis)?,
+        (true, _) => write_csv(&mut out, &tables)?,
+        (false, By::Thread) => {
+            write_header(&mut out, &analysis, &tables)?;
+            write_threads(&mut out, &analysis)?;
         }
-    } else if !tables.all.is_empty() {
-        writeln!(out)?;
-        write_table(&mut out, &tables.all, args.top, tables.threaded)?;
+        (false, _) => {
+            write_header(&mut out, &analysis, &tables)?;
+            for (phase, groups) in tables.shown() {
+                match phase {
+                    Some(phase) => writeln!(out, "\n{} ({} ops)", phase.name(), groups.nodes())?,
+                    None => writeln!(out)?,
+                }
+                write_table(&mut out, groups, args.top, tables.threaded)?;
+            }
+        }
     }
     out.flush()?;
     if analysis.late_shares > 0 {
@@ -267,6 +292,55 @@ fn write_table(
     }
     if shown < rows.len() {
         writeln!(out, "… {} more (use --top 0 for all)", rows.len() - shown)?;
+    }
+    Ok(())
+}
+
+/// The tables as CSV: a row per phase (`all` without llama_decode spans) and group, every group.
+fn write_csv(out: &mut impl Write, tables: &Tables) -> io::Result<()> {
+    writeln!(
+        out,
+        "phase,group,count,total_ns,mean_ns,p50_ns,p99_ns,max_ns,gflop_per_s,gb_per_s,thread_ns,\
+         imbalance,wait_share"
+    )?;
+    for (phase, groups) in tables.shown() {
+        for g in groups.rows() {
+            let d = &g.durations;
+            writeln!(
+                out,
+                "{},{},{},{},{:.1},{},{},{},{},{:.6},{},{:.6},{:.6}",
+                phase.map_or("all", Phase::name),
+                csv_cell(&g.key),
+                g.count,
+                g.total_ns,
+                d.mean_ns,
+                d.p50_ns,
+                d.p99_ns,
+                d.max_ns,
+                g.flops_per_s
+                    .map_or_else(String::new, |f| format!("{:.3}", f / 1e9)),
+                g.bytes_per_s / 1e9,
+                g.thread_ns,
+                g.imbalance,
+                g.wait_share
+            )?;
+        }
+    }
+    Ok(())
+}
+
+/// `--by thread` as CSV: a row per thread.
+fn write_threads_csv(out: &mut impl Write, a: &OpAnalysis) -> io::Result<()> {
+    writeln!(
+        out,
+        "thread,shares,share_ns,inner_waits,inner_wait_ns,waits,wait_ns"
+    )?;
+    for t in &a.threads {
+        writeln!(
+            out,
+            "{},{},{},{},{},{},{}",
+            t.thread_id, t.shares, t.share_ns, t.inner_waits, t.inner_wait_ns, t.waits, t.wait_ns
+        )?;
     }
     Ok(())
 }

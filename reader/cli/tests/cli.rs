@@ -518,3 +518,110 @@ fn ops_leaves_out_a_phase_without_ops() {
     assert!(text.contains("\ngeneration (3 ops)\n"), "{text}");
     assert!(!text.contains("prefill"), "{text}");
 }
+
+/// `ops --csv` and `ops --by thread --csv`: the numbers of a two-thread trace built here, worked
+/// out by hand from its events.
+#[test]
+fn ops_csv_has_the_numbers_of_the_nodes_and_threads() {
+    use ggml_viz_reader::format::ext::SpanBoundary;
+    use ggml_viz_reader::format::{ExtensionKind, encode_event, encode_header, ext};
+    let mut bytes = Vec::new();
+    encode_header(&mut bytes);
+    let prefill = SpanBoundary {
+        name: "llama_decode".into(),
+        n_tokens: Some(4),
+        ..Default::default()
+    };
+    let graph = |type_code: u8, ts: u64| Event {
+        type_code,
+        timestamp_ns: ts,
+        thread_id: 1,
+        payload: Payload::Graph {
+            graph_ptr: 0x100,
+            n_nodes: 2,
+            n_threads: 2,
+            backend_ptr: 0,
+        },
+        label: Some(b"ggml_graph_compute"[..].into()),
+    };
+    let op = |type_code: u8, ts: u64, thread_id: u32, tensor_ptr: u64| Event {
+        type_code,
+        timestamp_ns: ts,
+        thread_id,
+        payload: Payload::Op {
+            tensor_ptr,
+            op_type: 29,
+            op_size: 0,
+            backend_ptr: 0,
+        },
+        label: None,
+    };
+    // A wait is stamped at its end and says how long it was.
+    let wait = |ts: u64, thread_id: u32, waited: u64| Event {
+        type_code: 6,
+        timestamp_ns: ts,
+        thread_id,
+        payload: Payload::Thread {
+            object_ptr: 0,
+            thread_index: thread_id - 1,
+            n_threads: 2,
+            value: waited,
+        },
+        label: Some(b"ggml_barrier"[..].into()),
+    };
+    ext::encode_extension(&mut bytes, Layout::Packed, ExtensionKind::SpanBegin, 0, 1, &prefill);
+    // Thread 1: node A 100..400 with a 30 ns wait inside, 50 after; node B 500..600, 100 after.
+    for e in [
+        graph(0, 10),
+        op(2, 100, 1, 0xA0),
+        wait(150, 1, 30),
+        op(3, 400, 1, 0xA0),
+        wait(450, 1, 50),
+        op(2, 500, 1, 0xB0),
+        op(3, 600, 1, 0xB0),
+        wait(700, 1, 100),
+        graph(1, 800),
+        // Thread 2: A 120..410, B 510..590.
+        op(2, 120, 2, 0xA0),
+        op(3, 410, 2, 0xA0),
+        op(2, 510, 2, 0xB0),
+        op(3, 590, 2, 0xB0),
+    ] {
+        encode_event(&mut bytes, Layout::Packed, &e);
+    }
+    ext::encode_extension(&mut bytes, Layout::Packed, ExtensionKind::SpanEnd, 900, 1, &prefill);
+    let trace = temp_file("two-threads.ggmlviz", &bytes);
+    let csv = |args: &[&str]| {
+        let out = ggml_viz(&[&["ops", "--csv"], args, &[trace.to_str().unwrap()]].concat());
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let table = csv(&[]);
+    let rows: Vec<Vec<&str>> = table.lines().map(|l| l.split(',').collect()).collect();
+    assert_eq!(rows.len(), 2, "{table}");
+    let field = |name: &str| {
+        let at = rows[0].iter().position(|h| *h == name).unwrap();
+        rows[1][at]
+    };
+    assert_eq!(
+        [field("phase"), field("group"), field("count"), field("total_ns")],
+        ["prefill", "op 29", "2", &(310 + 100).to_string()]
+    );
+    assert_eq!(field("max_ns"), "310");
+    assert_eq!(field("thread_ns"), (300 + 290 + 100 + 80).to_string());
+    let fraction = |name: &str| field(name).parse::<f64>().unwrap();
+    // Idle: A's second thread 10 ns short of 300, B's 20 short of 100; of 2 x 300 + 2 x 100.
+    assert!((fraction("imbalance") - 30.0 / 800.0).abs() < 1e-6, "{table}");
+    // Waits inside (30) and after (150), of the threads' time (770) and the waits after.
+    assert!((fraction("wait_share") - 180.0 / 920.0).abs() < 1e-6, "{table}");
+    assert_eq!(
+        csv(&["--by", "thread"]),
+        "thread,shares,share_ns,inner_waits,inner_wait_ns,waits,wait_ns\n\
+         1,2,400,1,30,2,150\n\
+         2,2,370,0,0,0,0\n"
+    );
+}
