@@ -569,7 +569,14 @@ fn ops_csv_has_the_numbers_of_the_nodes_and_threads() {
         },
         label: Some(b"ggml_barrier"[..].into()),
     };
-    ext::encode_extension(&mut bytes, Layout::Packed, ExtensionKind::SpanBegin, 0, 1, &prefill);
+    ext::encode_extension(
+        &mut bytes,
+        Layout::Packed,
+        ExtensionKind::SpanBegin,
+        0,
+        1,
+        &prefill,
+    );
     // Thread 1: node A 100..400 with a 30 ns wait inside, 50 after; node B 500..600, 100 after.
     for e in [
         graph(0, 10),
@@ -589,7 +596,14 @@ fn ops_csv_has_the_numbers_of_the_nodes_and_threads() {
     ] {
         encode_event(&mut bytes, Layout::Packed, &e);
     }
-    ext::encode_extension(&mut bytes, Layout::Packed, ExtensionKind::SpanEnd, 900, 1, &prefill);
+    ext::encode_extension(
+        &mut bytes,
+        Layout::Packed,
+        ExtensionKind::SpanEnd,
+        900,
+        1,
+        &prefill,
+    );
     let trace = temp_file("two-threads.ggmlviz", &bytes);
     let csv = |args: &[&str]| {
         let out = ggml_viz(&[&["ops", "--csv"], args, &[trace.to_str().unwrap()]].concat());
@@ -608,16 +622,27 @@ fn ops_csv_has_the_numbers_of_the_nodes_and_threads() {
         rows[1][at]
     };
     assert_eq!(
-        [field("phase"), field("group"), field("count"), field("total_ns")],
+        [
+            field("phase"),
+            field("group"),
+            field("count"),
+            field("total_ns")
+        ],
         ["prefill", "op 29", "2", &(310 + 100).to_string()]
     );
     assert_eq!(field("max_ns"), "310");
     assert_eq!(field("thread_ns"), (300 + 290 + 100 + 80).to_string());
     let fraction = |name: &str| field(name).parse::<f64>().unwrap();
     // Idle: A's second thread 10 ns short of 300, B's 20 short of 100; of 2 x 300 + 2 x 100.
-    assert!((fraction("imbalance") - 30.0 / 800.0).abs() < 1e-6, "{table}");
+    assert!(
+        (fraction("imbalance") - 30.0 / 800.0).abs() < 1e-6,
+        "{table}"
+    );
     // Waits inside (30) and after (150), of the threads' time (770) and the waits after.
-    assert!((fraction("wait_share") - 180.0 / 920.0).abs() < 1e-6, "{table}");
+    assert!(
+        (fraction("wait_share") - 180.0 / 920.0).abs() < 1e-6,
+        "{table}"
+    );
     assert_eq!(
         csv(&["--by", "thread"]),
         "thread,shares,share_ns,inner_waits,inner_wait_ns,waits,wait_ns\n\

@@ -27,6 +27,9 @@ struct Bucket {
     batch_sequences: u64,
     /// Per generated token: the time since the same sequence's previous token.
     token_ns: Histogram,
+    /// The trace's own time its events span: the first's and the last's timestamps.
+    first_ns: Option<u64>,
+    last_ns: u64,
 }
 
 /// Running totals and the rolling window.
@@ -92,6 +95,10 @@ pub struct Snapshot {
     pub p99_token_ns: Option<u64>,
     /// Wall time the window covers.
     pub window: Duration,
+    /// Trace time the window's events span, and the batches per second of it (a trace read at
+    /// once, after its program ended, spans seconds in a millisecond of wall time).
+    pub window_trace_ns: u64,
+    pub window_batches_per_s: f64,
 }
 
 impl LiveStats {
@@ -120,6 +127,9 @@ impl LiveStats {
         self.events += 1;
         self.current.events += 1;
         let ts = e.timestamp_ns;
+        let first = self.current.first_ns.get_or_insert(ts);
+        *first = (*first).min(ts);
+        self.current.last_ns = self.current.last_ns.max(ts);
         match (e.event_type(), e.payload) {
             (_, Payload::Extension(x)) => match x.kind {
                 ExtensionKind::Counters => {
@@ -258,6 +268,9 @@ impl LiveStats {
                 slot.1 += n;
             }
         }
+        let first_ns = self.closed.iter().filter_map(|b| b.first_ns).min();
+        let last_ns = self.closed.iter().map(|b| b.last_ns).max();
+        let window_trace_ns = first_ns.zip(last_ns).map_or(0, |(f, l)| l.saturating_sub(f));
         let all: u64 = op_ns.values().map(|v| v.0).sum();
         let mut top_ops: Vec<TopOp> = op_ns
             .into_iter()
@@ -297,6 +310,12 @@ impl LiveStats {
             p50_token_ns: (token_ns.count() > 0).then(|| token_ns.quantile(0.5)),
             p99_token_ns: (token_ns.count() > 0).then(|| token_ns.quantile(0.99)),
             window: self.closed.iter().map(|b| b.wall).sum(),
+            window_trace_ns,
+            window_batches_per_s: if window_trace_ns > 0 {
+                batches as f64 / (window_trace_ns as f64 / 1e9)
+            } else {
+                0.0
+            },
         }
     }
 }
@@ -436,6 +455,26 @@ mod tests {
         // Tokens of sequence 0 at 30, 50, 100 (after its prefill at 10); of sequence 1 at 50.
         assert_eq!(snap.p50_token_ns, Some(20));
         assert_eq!(snap.p99_token_ns, Some(50));
+    }
+
+    /// A finished trace read at once (the view started after the program ended): the window's
+    /// span and the batch rate of the end line are over the trace's own time, not the
+    /// millisecond the reading took (before: "19 batches (3008.6/s)" and "last 0 s" for
+    /// llama-bench's 171 ms, 19-batch trace).
+    #[test]
+    fn a_trace_read_at_once_has_its_window_over_its_own_time() {
+        let mut s = LiveStats::new(2);
+        for i in 0..4u64 {
+            let t = i * 500_000_000;
+            s.add(&decode(t, true, &[(0, 1)]));
+            s.add(&decode(t + 100_000_000, false, &[]));
+        }
+        s.tick(Duration::from_millis(1));
+        let snap = s.snapshot(5);
+        assert_eq!(snap.window_trace_ns, 1_600_000_000);
+        assert!((snap.window_batches_per_s - 4.0 / 1.6).abs() < 1e-9);
+        // The refresh's own rate stays over the wall time it covered.
+        assert_eq!(snap.batches_per_s, 4000.0);
     }
 
     /// A trace cut off in the middle of a graph and an op (the writer killed): the view's totals

@@ -368,14 +368,13 @@ fn top_three(s: &Snapshot) -> String {
 }
 
 /// A batching server's figures, where the trace has its batches: `12 batches (3.0/s), 3.82
-/// sequences per batch, token latency p50 649.005 µs p99 18.559 ms` (the rate over the last
-/// refresh, the rest over the window).
-fn serving(s: &Snapshot) -> Option<String> {
+/// sequences per batch, token latency p50 649.005 µs p99 18.559 ms` (the rate `per_s`, the rest
+/// over the window).
+fn serving(s: &Snapshot, per_s: f64) -> Option<String> {
     (s.batches > 0).then(|| {
         format!(
-            "{} batches ({:.1}/s), {} sequences per batch, token latency p50 {} p99 {}",
+            "{} batches ({per_s:.1}/s), {} sequences per batch, token latency p50 {} p99 {}",
             s.batches,
-            s.batches_per_s,
             s.sequences_per_batch
                 .map_or("-".into(), |v| format!("{v:.2}")),
             opt_ns(s.p50_token_ns),
@@ -452,7 +451,7 @@ impl Screen {
 
     fn draw_line(&self, out: &mut impl Write, s: &Snapshot, state: &str) -> io::Result<()> {
         let top = top_three(s);
-        let serving = serving(s).map_or_else(String::new, |f| format!(" | {f}"));
+        let serving = serving(s, s.batches_per_s).map_or_else(String::new, |f| format!(" | {f}"));
         writeln!(
             out,
             "live {:>5.1}s {state}: graphs {} ({:.1}/s) latest {} p50 {} p99 {} | events {} ({:.0}/s) lost {}{serving} | top {}",
@@ -560,14 +559,17 @@ impl Screen {
         }
         let why = exited.map_or_else(|| why.to_string(), |e| format!("{why} ({e})"));
         let top = top_three(s);
-        let serving = serving(s).map_or_else(String::new, |f| format!("; {f}"));
+        // Over the trace's own time: a trace read at once, after its program ended, covers
+        // seconds of it in a moment of the view's.
+        let serving =
+            serving(s, s.window_batches_per_s).map_or_else(String::new, |f| format!("; {f}"));
         eprintln!(
-            "ggml-viz: live view ended: {why}; {} events, {} graph computes, {} op spans, {} lost; last {:.0} s: graph p50 {} p99 {}, top ops {}{serving}",
+            "ggml-viz: live view ended: {why}; {} events, {} graph computes, {} op spans, {} lost; last {} of the trace: graph p50 {} p99 {}, top ops {}{serving}",
             s.events,
             s.graphs,
             s.ops,
             s.lost,
-            s.window.as_secs_f64().min(self.window as f64),
+            fmt_ns(s.window_trace_ns as f64),
             opt_ns(s.p50_graph_ns),
             opt_ns(s.p99_graph_ns),
             top
