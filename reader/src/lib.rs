@@ -43,7 +43,7 @@ pub mod telemetry;
 
 pub use analysis::op_timings::{
     GroupBy, OpAnalysis, OpCollector, OpGroup, OpGroups, OpSample, Phase, ThreadTotals, group_ops,
-    imbalance, op_timing_mode, op_timing_note,
+    imbalance, op_timing_mode, op_timing_note, wait_share,
 };
 pub use analysis::stats::{DurationSummary, MemoryStats, TraceStats};
 pub use format::{

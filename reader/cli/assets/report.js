@@ -291,8 +291,9 @@
 
   // ---- bars: time per op type, backend, tensor ----
   // Rows of spans have a self time (less their children's), rows of nodes (op timings, each
-  // node once however many threads computed it) their threads' time and imbalance (of the
-  // working threads' time, the share spent done and waiting for the slowest): a column each,
+  // node once however many threads computed it) their threads' time, imbalance (of the
+  // working threads' time, the share spent done and waiting for the slowest) and wait (of the
+  // threads' time in and after the nodes, the share spent at barriers): a column each,
   // where any row has it ('-' in a row without).
   function bars(id, rows, note) {
     const host = document.getElementById(id);
@@ -310,7 +311,7 @@
     const t = el('table', 'bars');
     const head = el('tr');
     const heads = ['name', 'count', 'total'].concat(hasSelf ? ['self'] : [],
-      hasThreads ? ['thread time', 'imbal.'] : [], ['mean', 'share', '']);
+      hasThreads ? ['thread time', 'imbal.', 'wait'] : [], ['mean', 'share', '']);
     for (const h of heads) head.appendChild(el('th', '', h));
     t.appendChild(head);
     const max = rows[0].total_ns || 1;
@@ -327,6 +328,7 @@
       if (hasThreads) {
         tr.appendChild(el('td', '', ns(r.thread_ns)));
         tr.appendChild(el('td', '', r.imbalance === null ? '-' : (100 * r.imbalance).toFixed(1) + '%'));
+        tr.appendChild(el('td', '', r.wait_share === null ? '-' : (100 * r.wait_share).toFixed(1) + '%'));
       }
       tr.appendChild(el('td', '', fmtNs(r.total_ns / Math.max(1, r.count))));
       tr.appendChild(el('td', '', (100 * r.total_ns / all).toFixed(1) + '%'));

@@ -775,10 +775,7 @@ impl OpGroups {
                 },
                 thread_ns: g.thread_ns,
                 imbalance: imbalance(g.idle_ns, g.working_ns),
-                wait_share: ratio(
-                    g.wait_ns.saturating_add(g.inner_wait_ns),
-                    g.thread_ns.saturating_add(g.wait_ns),
-                ),
+                wait_share: wait_share(g.thread_ns, g.wait_ns, g.inner_wait_ns),
             })
             .collect();
         rows.sort_by(|a, b| b.total_ns.cmp(&a.total_ns).then_with(|| a.key.cmp(&b.key)));
@@ -791,6 +788,15 @@ impl OpGroups {
 /// ([`OpSample::idle_ns`], summed): the imbalance `ggml-viz ops` shows.
 pub fn imbalance(idle_ns: u64, working_ns: u64) -> f64 {
     ratio(idle_ns, working_ns)
+}
+
+/// Of nodes' threads' time (`thread_ns`, which holds the waits inside them, `inner_wait_ns`) and
+/// the barrier waits after them (`after_ns`), the share spent waiting at barriers.
+pub fn wait_share(thread_ns: u64, after_ns: u64, inner_wait_ns: u64) -> f64 {
+    ratio(
+        after_ns.saturating_add(inner_wait_ns),
+        thread_ns.saturating_add(after_ns),
+    )
 }
 
 fn ratio(part: u64, whole: u64) -> f64 {

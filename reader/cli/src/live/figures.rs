@@ -270,7 +270,9 @@ impl LiveStats {
         }
         let first_ns = self.closed.iter().filter_map(|b| b.first_ns).min();
         let last_ns = self.closed.iter().map(|b| b.last_ns).max();
-        let window_trace_ns = first_ns.zip(last_ns).map_or(0, |(f, l)| l.saturating_sub(f));
+        let window_trace_ns = first_ns
+            .zip(last_ns)
+            .map_or(0, |(f, l)| l.saturating_sub(f));
         let all: u64 = op_ns.values().map(|v| v.0).sum();
         let mut top_ops: Vec<TopOp> = op_ns
             .into_iter()

@@ -12,7 +12,7 @@ use std::collections::HashMap;
 use serde::Serialize;
 
 use ggml_viz_reader::telemetry::{Arg, Record, RecordSink, Span};
-use ggml_viz_reader::{GroupBy, OpSample, imbalance};
+use ggml_viz_reader::{GroupBy, OpSample, imbalance, wait_share};
 
 use super::sequences::{SequenceRow, SequenceTable};
 use super::series::{Latency, Series, TopKind, TopSpan, latency, memory};
@@ -137,11 +137,19 @@ pub struct Aggregate {
     /// Of the row's nodes, the share of their working threads' time spent done and waiting for
     /// the slowest (`ggml-viz ops`' imbalance; `None`: the row has only spans).
     pub imbalance: Option<f64>,
-    /// Its parts, summed over the row's nodes.
+    /// Of the row's nodes' threads' time and the barrier waits after the nodes, the share spent
+    /// waiting at barriers, inside the nodes and after them (`ggml-viz ops`' wait; `None`: the
+    /// row has only spans).
+    pub wait_share: Option<f64>,
+    /// Their parts, summed over the row's nodes.
     #[serde(skip)]
     idle_ns: u64,
     #[serde(skip)]
     working_ns: u64,
+    #[serde(skip)]
+    wait_ns: u64,
+    #[serde(skip)]
+    inner_wait_ns: u64,
 }
 
 /// Rows by op type, tensor and backend, of one input: its op spans, or its nodes.
@@ -169,6 +177,8 @@ impl OpRows {
             a.thread_ns = sum(a.thread_ns, Some(node.thread_ns));
             a.idle_ns = a.idle_ns.saturating_add(node.idle_ns);
             a.working_ns = a.working_ns.saturating_add(node.working_ns());
+            a.wait_ns = a.wait_ns.saturating_add(node.wait_ns);
+            a.inner_wait_ns = a.inner_wait_ns.saturating_add(node.inner_wait_ns);
         }
     }
 }
@@ -269,6 +279,8 @@ fn merge(map: &mut HashMap<String, Aggregate>, rows: HashMap<String, Aggregate>)
         a.thread_ns = sum(a.thread_ns, r.thread_ns);
         a.idle_ns = a.idle_ns.saturating_add(r.idle_ns);
         a.working_ns = a.working_ns.saturating_add(r.working_ns);
+        a.wait_ns = a.wait_ns.saturating_add(r.wait_ns);
+        a.inner_wait_ns = a.inner_wait_ns.saturating_add(r.inner_wait_ns);
     }
 }
 
@@ -276,6 +288,9 @@ fn sorted(map: HashMap<String, Aggregate>) -> Vec<Aggregate> {
     let mut v: Vec<Aggregate> = map.into_values().collect();
     for a in &mut v {
         a.imbalance = a.thread_ns.map(|_| imbalance(a.idle_ns, a.working_ns));
+        a.wait_share = a
+            .thread_ns
+            .map(|thread_ns| wait_share(thread_ns, a.wait_ns, a.inner_wait_ns));
     }
     v.sort_by(|a, b| b.total_ns.cmp(&a.total_ns).then(a.name.cmp(&b.name)));
     v
@@ -878,8 +893,8 @@ mod tests {
             idle_ns: 60,
             working_threads: 3,
             slowest_ns: 100,
-            wait_ns: 0,
-            inner_wait_ns: 0,
+            wait_ns: 30,
+            inner_wait_ns: 20,
             flops: None,
             bytes: 0,
             phase: None,
@@ -898,6 +913,8 @@ mod tests {
         // as slow as the slowest, 100 ns).
         assert_eq!((row.self_ns, row.thread_ns), (Some(50), Some(240)));
         assert_eq!(row.imbalance, Some(60.0 / 300.0));
+        // Waits: 20 ns inside the node's shares, 30 after them, of 240 + 30.
+        assert_eq!(row.wait_share, Some(50.0 / 270.0));
         assert_eq!(data.by_tensor[0].count, 1);
         assert!(
             data.by_op_source.starts_with("nodes"),

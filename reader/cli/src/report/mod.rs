@@ -24,8 +24,8 @@ use page::write_html;
 
 /// Write one HTML file that opens offline (everything inlined, no network): a zoomable timeline
 /// per thread with op spans under their graphs, time per op type / tensor / backend (of a trace
-/// with op timings: per node, as `ggml-viz ops` counts them, with the threads' time and
-/// imbalance), per-call
+/// with op timings: per node, as `ggml-viz ops` counts them, with the threads' time, imbalance
+/// and wait), per-call
 /// latency (prefill and generation apart), a batching server's sequences (requests and tokens per
 /// slot) and live bytes per buffer type.
 ///
