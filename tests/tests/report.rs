@@ -143,43 +143,9 @@ fn report_of_a_real_llama_trace_works_in_chromium() {
     assert!(r["timeline_ink_px"].as_u64().unwrap() > 1000, "{r}");
     assert!(r["tooltip"].as_str().unwrap().contains("duration:"), "{r}");
 
-    // The per-op table's wait share of MUL_MAT, against the events' own: per thread, the waits
-    // while a MUL_MAT share is open and those right after one, of its shares' time and the
-    // waits after.
-    let mut names = ext::NameTables::default();
-    let (mut thread_ns, mut inner, mut after) = (0u64, 0u64, 0u64);
-    // Per thread: the open share (begin, MUL_MAT?), and whether the last share was a MUL_MAT.
-    let mut open: HashMap<u32, (u64, bool)> = HashMap::new();
-    let mut last_mul_mat: HashMap<u32, bool> = HashMap::new();
-    for e in &events {
-        match (e.event_type(), e.payload) {
-            (_, Payload::Extension(x)) if x.kind == ExtensionKind::OpNames => {
-                names.take(x.kind, e.label.as_deref().unwrap());
-            }
-            (Some(EventType::OpComputeBegin), Payload::Op { op_type, .. }) => {
-                let mul_mat = names.op(None, op_type) == "MUL_MAT";
-                open.insert(e.thread_id, (e.timestamp_ns, mul_mat));
-            }
-            (Some(EventType::OpComputeEnd), _) => {
-                let (begin, mul_mat) = open.remove(&e.thread_id).unwrap();
-                if mul_mat {
-                    thread_ns += e.timestamp_ns - begin;
-                }
-                last_mul_mat.insert(e.thread_id, mul_mat);
-            }
-            (Some(EventType::BarrierWait), Payload::Thread { value, .. })
-                if e.label.as_deref() == Some(b"ggml_barrier") =>
-            {
-                match open.get(&e.thread_id) {
-                    Some(&(_, true)) => inner += value,
-                    Some(_) => {}
-                    None if last_mul_mat.get(&e.thread_id) == Some(&true) => after += value,
-                    None => {}
-                }
-            }
-            _ => {}
-        }
-    }
+    // The per-op table's wait share of MUL_MAT, against the events' own: the waits while a
+    // MUL_MAT share is open and those right after one, of its shares' time and the waits after.
+    let (thread_ns, inner, after) = crate::threads::shares(&events).mul_mat_ns;
     assert!(inner > 0 && after > 0, "{inner} {after}");
     let html = std::fs::read_to_string(&page).unwrap();
     let data: Value = html

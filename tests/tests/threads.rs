@@ -2,7 +2,7 @@
 //! driven through ctypes: the run is unchanged, every worker thread records its share of every
 //! node, and the nodes are exactly the ones ggml computes.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -26,24 +26,29 @@ pub(crate) fn settings(events: &[Event<'_>]) -> serde_json::Map<String, serde_js
 
 /// Per thread: its op spans (begin, end) in order, checked not to overlap; and the barrier waits'
 /// (thread index, thread count) per thread. Per MUL_MAT share, the barrier waits inside it. Per
-/// thread, its waits inside its shares and between them: (count, time) of each.
-struct Shares {
+/// thread, its waits inside its shares and between them: (count, time) of each. Of all MUL_MAT
+/// shares, their time, the waits inside them and the waits right after them.
+pub(crate) struct Shares {
     spans: BTreeMap<u32, Vec<(u64, u64)>>,
     barriers: BTreeMap<u32, BTreeSet<(u32, u32)>>,
     mul_mat_waits: Vec<usize>,
     waits: BTreeMap<u32, [(u64, u64); 2]>,
+    pub(crate) mul_mat_ns: (u64, u64, u64),
 }
 
-fn shares(events: &[Event<'_>]) -> Shares {
-    // Per thread, its open share: when it began, its op type, the waits inside it so far (a
-    // thread's events come in the order it recorded them).
-    let mut open: HashMap<u32, (u64, u32, usize)> = HashMap::new();
+pub(crate) fn shares(events: &[Event<'_>]) -> Shares {
+    // Per thread, its open share: when it began, whether it is a MUL_MAT's, the waits inside it
+    // so far (a thread's events come in the order it recorded them); and the threads whose last
+    // share was a MUL_MAT's.
+    let mut open: HashMap<u32, (u64, bool, usize)> = HashMap::new();
+    let mut after_mul_mat: HashSet<u32> = HashSet::new();
     let mut names = ext::NameTables::default();
     let mut s = Shares {
         spans: BTreeMap::new(),
         barriers: BTreeMap::new(),
         mul_mat_waits: Vec::new(),
         waits: BTreeMap::new(),
+        mul_mat_ns: (0, 0, 0),
     };
     for e in events {
         match (e.event_type(), e.payload) {
@@ -51,20 +56,25 @@ fn shares(events: &[Event<'_>]) -> Shares {
                 names.take(x.kind, e.label.as_deref().unwrap());
             }
             (Some(EventType::OpComputeBegin), Payload::Op { op_type, .. }) => {
+                let mul_mat = names.op(None, op_type) == "MUL_MAT";
                 assert!(
-                    open.insert(e.thread_id, (e.timestamp_ns, op_type, 0))
+                    open.insert(e.thread_id, (e.timestamp_ns, mul_mat, 0))
                         .is_none(),
                     "two shares open at once on thread {}",
                     e.thread_id
                 );
             }
             (Some(EventType::OpComputeEnd), _) => {
-                let (begin, op_type, waits) =
+                let (begin, mul_mat, waits) =
                     open.remove(&e.thread_id).expect("an end without a begin");
-                if names.op(None, op_type) == "MUL_MAT" {
-                    s.mul_mat_waits.push(waits);
-                }
                 assert!(e.timestamp_ns >= begin);
+                if mul_mat {
+                    s.mul_mat_waits.push(waits);
+                    s.mul_mat_ns.0 += e.timestamp_ns - begin;
+                    after_mul_mat.insert(e.thread_id);
+                } else {
+                    after_mul_mat.remove(&e.thread_id);
+                }
                 s.spans
                     .entry(e.thread_id)
                     .or_default()
@@ -79,11 +89,19 @@ fn shares(events: &[Event<'_>]) -> Shares {
                     ..
                 },
             ) if e.label.as_deref() == Some(b"ggml_barrier") => {
-                let inside = open.get_mut(&e.thread_id).map(|(_, _, waits)| *waits += 1);
+                let inside = open.get_mut(&e.thread_id).map(|(_, mul_mat, waits)| {
+                    *waits += 1;
+                    *mul_mat
+                });
                 let (count, ns) =
                     &mut s.waits.entry(e.thread_id).or_default()[usize::from(inside.is_none())];
                 *count += 1;
                 *ns += value;
+                match inside {
+                    Some(true) => s.mul_mat_ns.1 += value,
+                    None if after_mul_mat.contains(&e.thread_id) => s.mul_mat_ns.2 += value,
+                    _ => {}
+                }
                 s.barriers
                     .entry(e.thread_id)
                     .or_default()
