@@ -27,6 +27,22 @@ fn temp_file(name: &str, bytes: &[u8]) -> PathBuf {
     path
 }
 
+/// An op event of op type 29 (`type_code` 2 begins it, 3 ends it), unlabelled.
+fn op(type_code: u8, ts: u64, thread_id: u32, tensor_ptr: u64, backend_ptr: u64) -> Event<'static> {
+    Event {
+        type_code,
+        timestamp_ns: ts,
+        thread_id,
+        payload: Payload::Op {
+            tensor_ptr,
+            op_type: 29,
+            op_size: 0,
+            backend_ptr,
+        },
+        label: None,
+    }
+}
+
 fn jsonl(out: &Output) -> Vec<serde_json::Map<String, Value>> {
     String::from_utf8(out.stdout.clone())
         .unwrap()
@@ -437,23 +453,19 @@ fn info_says_which_ops_of_a_threads_trace_the_eval_callback_timed() {
         0,
         &metadata,
     );
-    let op = |type_code: u8, ts: u64, backend_ptr: u64| Event {
-        type_code,
-        timestamp_ns: ts,
-        thread_id: 1,
-        payload: Payload::Op {
-            tensor_ptr: 0x10 + backend_ptr,
-            op_type: 29,
-            op_size: 0,
-            backend_ptr,
-        },
-        label: None,
-    };
     // Two ops on a worker thread (no backend), three through the eval callback (a backend).
     for (i, backend) in [0, 0, 0xb0, 0xb0, 0xb0].into_iter().enumerate() {
         let ts = 100 * i as u64;
-        encode_event(&mut bytes, Layout::Packed, &op(2, ts, backend));
-        encode_event(&mut bytes, Layout::Packed, &op(3, ts + 50, backend));
+        encode_event(
+            &mut bytes,
+            Layout::Packed,
+            &op(2, ts, 1, 0x10 + backend, backend),
+        );
+        encode_event(
+            &mut bytes,
+            Layout::Packed,
+            &op(3, ts + 50, 1, 0x10 + backend, backend),
+        );
     }
     let trace = temp_file("mixed-op-timing.ggmlviz", &bytes);
     let out = ggml_viz(&["info", trace.to_str().unwrap()]);
@@ -488,23 +500,11 @@ fn ops_leaves_out_a_phase_without_ops() {
         ext::encode_extension(&mut record, Layout::Packed, kind, ts, 1, &boundary);
         record
     };
-    let op = |type_code: u8, ts: u64| Event {
-        type_code,
-        timestamp_ns: ts,
-        thread_id: 1,
-        payload: Payload::Op {
-            tensor_ptr: 0x10,
-            op_type: 29,
-            op_size: 0,
-            backend_ptr: 0,
-        },
-        label: None,
-    };
     for step in 0..3u64 {
         let t = 1000 * step;
         bytes.extend(span(ExtensionKind::SpanBegin, t));
-        encode_event(&mut bytes, Layout::Packed, &op(2, t + 10));
-        encode_event(&mut bytes, Layout::Packed, &op(3, t + 60));
+        encode_event(&mut bytes, Layout::Packed, &op(2, t + 10, 1, 0x10, 0));
+        encode_event(&mut bytes, Layout::Packed, &op(3, t + 60, 1, 0x10, 0));
         bytes.extend(span(ExtensionKind::SpanEnd, t + 100));
     }
     let trace = temp_file("generation-only.ggmlviz", &bytes);
@@ -544,18 +544,6 @@ fn ops_csv_has_the_numbers_of_the_nodes_and_threads() {
         },
         label: Some(b"ggml_graph_compute"[..].into()),
     };
-    let op = |type_code: u8, ts: u64, thread_id: u32, tensor_ptr: u64| Event {
-        type_code,
-        timestamp_ns: ts,
-        thread_id,
-        payload: Payload::Op {
-            tensor_ptr,
-            op_type: 29,
-            op_size: 0,
-            backend_ptr: 0,
-        },
-        label: None,
-    };
     // A wait is stamped at its end and says how long it was.
     let wait = |ts: u64, thread_id: u32, waited: u64| Event {
         type_code: 6,
@@ -580,19 +568,19 @@ fn ops_csv_has_the_numbers_of_the_nodes_and_threads() {
     // Thread 1: node A 100..400 with a 30 ns wait inside, 50 after; node B 500..600, 100 after.
     for e in [
         graph(0, 10),
-        op(2, 100, 1, 0xA0),
+        op(2, 100, 1, 0xA0, 0),
         wait(150, 1, 30),
-        op(3, 400, 1, 0xA0),
+        op(3, 400, 1, 0xA0, 0),
         wait(450, 1, 50),
-        op(2, 500, 1, 0xB0),
-        op(3, 600, 1, 0xB0),
+        op(2, 500, 1, 0xB0, 0),
+        op(3, 600, 1, 0xB0, 0),
         wait(700, 1, 100),
         graph(1, 800),
         // Thread 2: A 120..410, B 510..590.
-        op(2, 120, 2, 0xA0),
-        op(3, 410, 2, 0xA0),
-        op(2, 510, 2, 0xB0),
-        op(3, 590, 2, 0xB0),
+        op(2, 120, 2, 0xA0, 0),
+        op(3, 410, 2, 0xA0, 0),
+        op(2, 510, 2, 0xB0, 0),
+        op(3, 590, 2, 0xB0, 0),
     ] {
         encode_event(&mut bytes, Layout::Packed, &e);
     }
