@@ -1,7 +1,7 @@
 //! What differs between operating systems, below the capture path: thread ids and names, the
 //! host name, the clocks, opening the trace exclusively, process-wide exit/fork handlers,
-//! zeroed memory for large tables, and pages backed ahead of their first write. Everything above this module is the same on Linux, macOS and
-//! Windows.
+//! zeroed memory for large tables, and pages backed ahead of their first write. Everything above
+//! this module is the same on Linux, macOS and Windows.
 
 use std::fs::File;
 use std::io;
