@@ -5,6 +5,7 @@
 //! a llama.cpp build; `scripts/test.sh` does both.
 
 use std::collections::HashMap;
+use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::sync::OnceLock;
@@ -79,10 +80,10 @@ pub fn llama_dl_bin() -> PathBuf {
 }
 
 /// Runs the model generator `script` (a Python fixture) writing `outputs`.
-fn generate(script: &str, outputs: &[&Path]) {
+fn generate(script: &str, args: &[&OsStr]) {
     let out = Command::new("python3")
         .arg(fixture(script))
-        .args(outputs)
+        .args(args)
         .output()
         .unwrap();
     assert!(
@@ -114,7 +115,10 @@ pub fn tiny_whisper() -> (PathBuf, PathBuf) {
         .get_or_init(|| {
             let dir = scratch("whisper-model");
             let (model, audio) = (dir.join("tiny-whisper.bin"), dir.join("tones.wav"));
-            generate("make_tiny_whisper.py", &[&model, &audio]);
+            generate(
+                "make_tiny_whisper.py",
+                &[model.as_os_str(), audio.as_os_str()],
+            );
             (model, audio)
         })
         .clone()
@@ -191,10 +195,33 @@ fn remove_ended_scratch() {
 /// The tiny random-weight llama model, generated once per test process.
 pub fn tiny_model() -> PathBuf {
     static MODEL: OnceLock<PathBuf> = OnceLock::new();
-    MODEL
+    tiny_variant(&MODEL, "tiny-llama.gguf", &[])
+}
+
+/// The tiny model with a mixture of 4 experts, 2 used per token, in place of each feed-forward
+/// block (its experts' products are MUL_MAT_ID nodes).
+pub fn tiny_moe_model() -> PathBuf {
+    static MODEL: OnceLock<PathBuf> = OnceLock::new();
+    tiny_variant(&MODEL, "tiny-moe.gguf", &["--n-expert", "4"])
+}
+
+/// The tiny model with its vocabulary padded to 272 tokens, as converters pad real models':
+/// quantized, its output projection (the graph's last node) can be repacked for the CPU, whose
+/// kernels take rows in groups of 8.
+pub fn tiny_padded_model() -> PathBuf {
+    static MODEL: OnceLock<PathBuf> = OnceLock::new();
+    tiny_variant(&MODEL, "tiny-padded.gguf", &["--pad-vocab", "8"])
+}
+
+/// `make_tiny_llama.py` with `options`, into `file` in a scratch directory of its own, once per
+/// test process (`model` holds it).
+fn tiny_variant(model: &OnceLock<PathBuf>, file: &str, options: &[&str]) -> PathBuf {
+    model
         .get_or_init(|| {
-            let path = scratch("model").join("tiny-llama.gguf");
-            generate("make_tiny_llama.py", &[&path]);
+            let path = scratch(file).join(file);
+            let mut args = vec![path.as_os_str()];
+            args.extend(options.iter().map(OsStr::new));
+            generate("make_tiny_llama.py", &args);
             path
         })
         .clone()

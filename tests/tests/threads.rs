@@ -25,28 +25,28 @@ pub(crate) fn settings(events: &[Event<'_>]) -> serde_json::Map<String, serde_js
 }
 
 /// Per thread: its op spans (begin, end) in order, checked not to overlap; and the barrier waits'
-/// (thread index, thread count) per thread. Per MUL_MAT share, the barrier waits inside it. Per
-/// thread, its waits inside its shares and between them: (count, time) of each. Of all MUL_MAT
-/// shares, their time, the waits inside them and the waits right after them.
+/// (thread index, thread count) per thread. Per op name, per share, the barrier waits inside it.
+/// Per thread, its waits inside its shares and between them: (count, time) of each. Of all
+/// MUL_MAT shares, their time, the waits inside them and the waits right after them.
 pub(crate) struct Shares {
     spans: BTreeMap<u32, Vec<(u64, u64)>>,
     barriers: BTreeMap<u32, BTreeSet<(u32, u32)>>,
-    mul_mat_waits: Vec<usize>,
+    waits_inside: BTreeMap<String, Vec<usize>>,
     waits: BTreeMap<u32, [(u64, u64); 2]>,
     pub(crate) mul_mat_ns: (u64, u64, u64),
 }
 
 pub(crate) fn shares(events: &[Event<'_>]) -> Shares {
-    // Per thread, its open share: when it began, whether it is a MUL_MAT's, the waits inside it
-    // so far (a thread's events come in the order it recorded them); and the threads whose last
-    // share was a MUL_MAT's.
-    let mut open: HashMap<u32, (u64, bool, usize)> = HashMap::new();
+    // Per thread, its open share: when it began, its op's name, the waits inside it so far (a
+    // thread's events come in the order it recorded them); and the threads whose last share was a
+    // MUL_MAT's.
+    let mut open: HashMap<u32, (u64, String, usize)> = HashMap::new();
     let mut after_mul_mat: HashSet<u32> = HashSet::new();
     let mut names = ext::NameTables::default();
     let mut s = Shares {
         spans: BTreeMap::new(),
         barriers: BTreeMap::new(),
-        mul_mat_waits: Vec::new(),
+        waits_inside: BTreeMap::new(),
         waits: BTreeMap::new(),
         mul_mat_ns: (0, 0, 0),
     };
@@ -56,20 +56,19 @@ pub(crate) fn shares(events: &[Event<'_>]) -> Shares {
                 names.take(x.kind, e.label.as_deref().unwrap());
             }
             (Some(EventType::OpComputeBegin), Payload::Op { op_type, .. }) => {
-                let mul_mat = names.op(None, op_type) == "MUL_MAT";
+                let op = names.op(None, op_type).to_string();
                 assert!(
-                    open.insert(e.thread_id, (e.timestamp_ns, mul_mat, 0))
-                        .is_none(),
+                    open.insert(e.thread_id, (e.timestamp_ns, op, 0)).is_none(),
                     "two shares open at once on thread {}",
                     e.thread_id
                 );
             }
             (Some(EventType::OpComputeEnd), _) => {
-                let (begin, mul_mat, waits) =
-                    open.remove(&e.thread_id).expect("an end without a begin");
+                let (begin, op, waits) = open.remove(&e.thread_id).expect("an end without a begin");
                 assert!(e.timestamp_ns >= begin);
+                let mul_mat = op == "MUL_MAT";
+                s.waits_inside.entry(op).or_default().push(waits);
                 if mul_mat {
-                    s.mul_mat_waits.push(waits);
                     s.mul_mat_ns.0 += e.timestamp_ns - begin;
                     after_mul_mat.insert(e.thread_id);
                 } else {
@@ -89,9 +88,9 @@ pub(crate) fn shares(events: &[Event<'_>]) -> Shares {
                     ..
                 },
             ) if e.label.as_deref() == Some(b"ggml_barrier") => {
-                let inside = open.get_mut(&e.thread_id).map(|(_, mul_mat, waits)| {
+                let inside = open.get_mut(&e.thread_id).map(|(_, op, waits)| {
                     *waits += 1;
-                    *mul_mat
+                    op == "MUL_MAT"
                 });
                 let (count, ns) =
                     &mut s.waits.entry(e.thread_id).or_default()[usize::from(inside.is_none())];
@@ -124,13 +123,15 @@ pub(crate) fn nodes_by_op(events: &[Event<'_>]) -> BTreeMap<String, usize> {
     by_op
 }
 
-/// How llama-simple runs in a check: its build, its model, and the directory of another
-/// libggml-cpu to load first (ggml's own thread pool instead of OpenMP), if any.
+/// How llama-simple runs in a check: its build, its model, the directory of another
+/// libggml-cpu to load first (ggml's own thread pool instead of OpenMP), if any, and the ops
+/// whose every node waits for its threads inside (and which the model must have).
 struct Run<'a> {
     name: &'a str,
     bin: PathBuf,
     model: &'a Path,
     libs: Option<&'a Path>,
+    waiting_ops: &'a [&'a str],
 }
 
 impl Run<'_> {
@@ -148,8 +149,8 @@ impl Run<'_> {
 
 /// llama-simple (ggml's default 4 threads) traced in threads mode: the output is unchanged,
 /// every node ggml computes is there once with a share from each of the 4 threads, fused pairs
-/// are one node, each thread waits at barriers with an index of its own.
-fn every_worker_records_its_share_of_every_node(how: &Run<'_>) {
+/// are one node, each thread waits at barriers with an index of its own. Returns the shares.
+fn every_worker_records_its_share_of_every_node(how: &Run<'_>) -> Shares {
     let dir = scratch(&format!("threads-{}", how.name));
     let plain = run(how.simple());
     assert!(plain.status.success(), "{}", text(&plain.stderr));
@@ -204,29 +205,55 @@ fn every_worker_records_its_share_of_every_node(how: &Run<'_>) {
         indices.insert(ith);
     }
     assert_eq!(indices, (0..4).collect());
-    // The waits inside an op are there too: ggml's mul_mat waits once it has shared out its
-    // chunks (ggml-cpu.c), in each thread's share of every MUL_MAT.
-    assert!(!s.mul_mat_waits.is_empty());
-    assert!(
-        s.mul_mat_waits.iter().all(|&n| n >= 1),
-        "MUL_MAT shares without a wait inside: {} of {}",
-        s.mul_mat_waits.iter().filter(|&&n| n == 0).count(),
-        s.mul_mat_waits.len()
-    );
+    // The waits inside an op are there too, in each thread's share of every node of the ops
+    // that wait for their threads (ggml-cpu.c: mul_mat once it has shared out its chunks,
+    // mul_mat_id once they have converted its input).
+    for op in how.waiting_ops {
+        let waits = s.waits_inside.get(*op).map_or(&[][..], Vec::as_slice);
+        assert!(!waits.is_empty(), "{}: no {op} share", how.name);
+        assert!(
+            waits.iter().all(|&n| n >= 1),
+            "{}: {op} shares without a wait inside: {} of {}",
+            how.name,
+            waits.iter().filter(|&&n| n == 0).count(),
+            waits.len()
+        );
+    }
 
-    // The main thread's shares lie inside its graph computes.
+    // Every thread's shares lie inside the main thread's outermost graph computes, begin and
+    // end: the share of a graph's last node ends at the barrier after the graph's nodes.
     let main = threads
         .iter()
         .find(|e| e.event_type() == Some(EventType::GraphComputeBegin))
         .unwrap()
         .thread_id;
+    let mut graphs = Vec::new();
     let mut depth = 0;
     for e in threads.iter().filter(|e| e.thread_id == main) {
         match e.event_type() {
-            Some(EventType::GraphComputeBegin) => depth += 1,
-            Some(EventType::GraphComputeEnd) => depth -= 1,
-            Some(EventType::OpComputeBegin) => assert!(depth > 0, "a share outside its graph"),
+            Some(EventType::GraphComputeBegin) => {
+                depth += 1;
+                if depth == 1 {
+                    graphs.push((e.timestamp_ns, u64::MAX));
+                }
+            }
+            Some(EventType::GraphComputeEnd) => {
+                depth -= 1;
+                if depth == 0 {
+                    graphs.last_mut().unwrap().1 = e.timestamp_ns;
+                }
+            }
             _ => {}
+        }
+    }
+    for (tid, spans) in &s.spans {
+        for &(begin, end) in spans {
+            let graph = graphs.partition_point(|&(start, _)| start <= begin);
+            assert!(
+                graph > 0 && end <= graphs[graph - 1].1,
+                "{}: a share of thread {tid} ({begin}..{end}) outside its graph",
+                how.name
+            );
         }
     }
 
@@ -298,6 +325,7 @@ fn every_worker_records_its_share_of_every_node(how: &Run<'_>) {
             "{tid}: {by_thread}"
         );
     }
+    s
 }
 
 #[test]
@@ -307,6 +335,7 @@ fn openmp_workers_record_their_share_of_every_node_and_nothing_changes() {
         bin: llama_bin(),
         model: &tiny_model(),
         libs: None,
+        waiting_ops: &["MUL_MAT"],
     });
 }
 
@@ -320,6 +349,7 @@ fn ggml_thread_pool_workers_record_their_share_of_every_node() {
         bin: llama_bin(),
         model: &tiny_model(),
         libs: Some(&libs),
+        waiting_ops: &["MUL_MAT"],
     });
 }
 
@@ -339,19 +369,83 @@ fn a_cpu_backend_loaded_with_dlopen_is_timed_per_thread() {
         bin,
         model: &tiny_model(),
         libs: None,
+        waiting_ops: &["MUL_MAT"],
     });
 }
 
-/// A Q4_0 model (llama-quantize of the same build): its weights are repacked for the CPU
-/// (`CPU_REPACK`) and multiplied without any `ggml_compute_forward_*` call; the MUL_MATs are
-/// there all the same.
+/// A mixture-of-experts model: its experts' products are MUL_MAT_ID nodes, which ggml computes
+/// in a function no wrapper reaches (`ggml_compute_forward_mul_mat_id` is static in ggml-cpu.c)
+/// and which waits at a barrier inside, once the threads have converted its input. Each thread's
+/// share of such a node still runs from the node's start to the barrier after it, with that wait
+/// inside it, and the other nodes are as in a dense model.
+#[test]
+fn mixture_of_experts_nodes_are_timed_whole() {
+    let s = every_worker_records_its_share_of_every_node(&Run {
+        name: "moe",
+        bin: llama_bin(),
+        model: &tiny_moe_model(),
+        libs: None,
+        waiting_ops: &["MUL_MAT", "MUL_MAT_ID"],
+    });
+    // mul_mat_id has one barrier (ggml-cpu.c); the one after the node is not in the share.
+    let waits = &s.waits_inside["MUL_MAT_ID"];
+    assert!(
+        waits.iter().all(|&n| n == 1),
+        "waits inside MUL_MAT_ID shares: {waits:?}"
+    );
+
+    // At one thread its barrier waits for no one, and a share of the node still holds the
+    // products: the MUL_MAT_ID nodes' time is about what the eval callback measures, which times
+    // each node whole (ended at the barrier inside, the shares held 4 % of it).
+    let dir = scratch("threads-moe-1");
+    let mul_mat_id_ns = |mode: &str| {
+        let path = dir.join(format!("{mode}.ggmlviz"));
+        let mut bench = Command::new(llama_bin().join("llama-bench"));
+        bench.arg("-m").arg(tiny_moe_model());
+        bench.args(["-t", "1", "-p", "8", "-n", "32", "-r", "1"]);
+        let out = run(with_hook(
+            bench,
+            &[
+                ("GGML_VIZ_OUTPUT", path.to_str().unwrap()),
+                ("GGML_VIZ_OP_TIMING", mode),
+            ],
+        ));
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        let events = read_trace(&path).0;
+        let a = OpAnalysis::collect(events.iter().cloned().map(Ok));
+        let nodes: Vec<u64> = a
+            .ops
+            .iter()
+            .filter(|o| &*o.op == "MUL_MAT_ID")
+            .map(|o| o.duration_ns)
+            .collect();
+        // 2 layers, 3 products each, in the graphs of the prompt, 32 generation steps and
+        // llama-bench's two warm-up runs (a prompt's and a step's).
+        assert_eq!(nodes.len(), 6 * 35, "{mode}");
+        nodes.iter().sum::<u64>() as f64
+    };
+    let ratio = mul_mat_id_ns("threads") / mul_mat_id_ns("sched");
+    assert!(
+        ratio > 0.5,
+        "MUL_MAT_ID at one thread: {ratio:.3} of the eval callback's time"
+    );
+}
+
+/// A Q4_0 model (llama-quantize of the same build, every weight Q4_0): its weights are
+/// repacked for the CPU (`CPU_REPACK`) and multiplied without any `ggml_compute_forward_*`
+/// call; the MUL_MATs are there all the same. Its output projection, the graph's last node, is
+/// repacked too (the vocabulary is padded for it): its shares end at the barrier after the
+/// graph's nodes, though no per-op call computed the node.
 #[test]
 fn repacked_quantized_weights_are_timed_too() {
     let dir = scratch("threads-q4");
     let model = dir.join("tiny-q4_0.gguf");
     let quantize = run({
         let mut c = Command::new(llama_bin().join("llama-quantize"));
-        c.arg(tiny_model()).arg(&model).arg("Q4_0");
+        c.arg("--pure")
+            .arg(tiny_padded_model())
+            .arg(&model)
+            .arg("Q4_0");
         c
     });
     assert!(quantize.status.success(), "{}", text(&quantize.stderr));
@@ -370,6 +464,7 @@ fn repacked_quantized_weights_are_timed_too() {
         bin: llama_bin(),
         model: &model,
         libs: None,
+        waiting_ops: &["MUL_MAT"],
     });
 }
 

@@ -22,13 +22,17 @@
 //!   per computed node, at the top of ggml's dispatcher: it also computes the repacked
 //!   quantized weights, which call no per-op function) or, where that is not called (a fused
 //!   call, an older ggml), by the outermost per-op call for another tensor; ended at the
-//!   thread's next `ggml_barrier`, which follows every node. Calls nested in an op (`mul_mat`
-//!   calling `mul_mat_tiled`, `unary` tail-calling `abs`) are not spans of their own;
+//!   `ggml_barrier` that follows the node in ggml's graph loop: the thread's next one once a
+//!   call computed the node, else the next one from a call site known to follow nodes (a
+//!   barrier before any such call lies inside an op whose function is static, `mul_mat_id`).
+//!   Calls nested in an op (`mul_mat` calling `mul_mat_tiled`, `unary` tail-calling `abs`) are
+//!   not spans of their own;
 //! - a fused call (`ggml_compute_forward_rms_norm_mul_fused`) is one span on the node it
 //!   computed last, named for both ops (`RMS_NORM+MUL`);
 //! - each `ggml_barrier` as a `BARRIER_WAIT` with the thread's index and count (read from
 //!   ggml's `struct ggml_compute_params`, whose first two `int`s are `ith` and `nth`), when
-//!   there is more than one thread; the barriers inside an op (`mul_mat`'s) are inside its span.
+//!   there is more than one thread; the barriers inside an op (`mul_mat`'s, `mul_mat_id`'s)
+//!   are inside its span.
 //!
 //! A tail call (`unary` jumping to `abs`) reaches a wrapper with a return address inside our
 //! own trampoline; the trampoline passes 0 then, and the thread's outermost call site stands in
@@ -36,7 +40,7 @@
 
 use std::cell::Cell;
 use std::ffi::{CStr, c_void};
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use super::eval_callback::node_info;
 use super::exports::say_no_function;
@@ -398,11 +402,17 @@ unsafe extern "C" fn common() {
         "cmp rax, [rbx + {open}]",
         "jne 20f",
         "mov [rbx + {outer}], r13",
+        "mov byte ptr [rbx + {computed}], 1",
         "40:",
         "inc dword ptr [rbx + {depth}]",
         "call r10",
         "6:",
         "dec dword ptr [rbx + {depth}]",
+        // The marker says whether it computed the node (repacked weights): a bool, in al.
+        "cmp r12d, {marker}",
+        "jne 61f",
+        "mov byte ptr [rbx + {computed}], al",
+        "61:",
         "pop r13",
         "pop r12",
         "pop rbx",
@@ -416,10 +426,12 @@ unsafe extern "C" fn common() {
         "jne 51f",
         "cmp qword ptr [rbx + {open}], 0",
         "je 51f",
-        // The barrier after a node, of one thread: the share ends (end_share), then ggml's
-        // barrier, with the argument registers as they came (it takes no float).
+        // A barrier of one thread with a share open: end_share(worker, site) ends it if the
+        // barrier follows its node, then ggml's barrier, with the argument registers as they
+        // came (it takes no float).
         push_arguments!(),
         "mov rdi, rbx",
+        "mov rsi, r13",
         "call {end_share}",
         pop_arguments!(),
         "51:",
@@ -427,12 +439,14 @@ unsafe extern "C" fn common() {
         "pop r12",
         "pop rbx",
         "jmp r10",
-        // A barrier of several threads: wait_begins ends the share if one is open and says
-        // whether the wait is recorded; if so, ggml's barrier is called from here and exit
-        // records the wait after it (a barrier returns nothing; rax is kept all the same).
+        // A barrier of several threads: wait_begins(worker, site) ends the share if one is
+        // open and the barrier follows its node, and says whether the wait is recorded; if so,
+        // ggml's barrier is called from here and exit records the wait after it (a barrier
+        // returns nothing; rax is kept all the same).
         "52:",
         push_arguments!(),
         "mov rdi, rbx",
+        "mov rsi, r13",
         "call {wait_begins}",
         pop_arguments!(),
         "test al, al",
@@ -576,6 +590,7 @@ unsafe extern "C" fn common() {
         depth = const std::mem::offset_of!(Worker, depth),
         open = const std::mem::offset_of!(Worker, open_tensor),
         outer = const std::mem::offset_of!(Worker, outer_site),
+        computed = const std::mem::offset_of!(Worker, node_computed),
         nth = const std::mem::offset_of!(Worker, nth),
         passthrough = const std::mem::offset_of!(Worker, passthrough),
         thread_ops_now = sym record::THREAD_OPS_NOW,
@@ -595,6 +610,10 @@ struct Worker {
     node: Cell<Option<(OpInfo, &'static Recorder)>>,
     /// The tensor of `node` (0: none), where `common`'s fast path can read it.
     open_tensor: Cell<usize>,
+    /// A call computed `node` on this thread: its per-op function, or the dispatcher's marker
+    /// (repacked weights). Before that, a barrier lies inside an op whose function no wrapper
+    /// reaches (see [`Worker::barrier_follows_node`]).
+    node_computed: Cell<bool>,
     /// Nothing will be timed on this thread ([`record::thread_ops_never`]): `common` sends
     /// every call from a resolved site straight to ggml.
     passthrough: Cell<bool>,
@@ -671,6 +690,28 @@ impl CachedInfo {
             op_size: self.op_size,
             backend: self.backend as Ptr,
             tensor_id: self.tensor_id,
+        }
+    }
+}
+
+/// The return addresses of the `ggml_barrier` calls that follow nodes in ggml's graph loops,
+/// learned (see [`Worker::barrier_follows_node`]): two per ggml copy, 0 where none yet. With
+/// more copies than this holds, a node whose function is not wrapped ends its shares at its
+/// first barrier, as before the sites were known.
+static AFTER_NODE_SITES: [AtomicUsize; 8] = [const { AtomicUsize::new(0) }; 8];
+
+/// Adds `site` to [`AFTER_NODE_SITES`] unless it is there or the table is full; a load only,
+/// once it is there (every node), so that threads do not write the line they all read.
+fn learn_after_node_site(site: usize) {
+    for slot in &AFTER_NODE_SITES {
+        match slot.load(Ordering::Relaxed) {
+            known if known == site => return,
+            0 => match slot.compare_exchange(0, site, Ordering::Relaxed, Ordering::Relaxed) {
+                Ok(_) => return,
+                Err(known) if known == site => return,
+                Err(_) => {}
+            },
+            _ => {}
         }
     }
 }
@@ -845,14 +886,37 @@ impl Worker {
         }
     }
 
-    fn open_node(&self, op: OpInfo, r: &'static Recorder) {
+    /// Opens this thread's share of the node of `op`; `computed` when the call that opens it
+    /// computes the node (a per-op call, not the marker).
+    fn open_node(&self, op: OpInfo, r: &'static Recorder, computed: bool) {
         self.open_tensor.set(op.tensor as usize);
+        self.node_computed.set(computed);
         self.node.set(Some((op, r)));
     }
 
     fn take_node(&self) -> Option<(OpInfo, &'static Recorder)> {
         self.open_tensor.set(0);
         self.node.take()
+    }
+
+    /// Whether a `ggml_barrier` called at depth 0 from `site` follows the node this thread's
+    /// share is open for (ggml's graph loop has one after each node and one after the last),
+    /// and so ends the share, or lies inside the node's op, in a function no wrapper reaches:
+    /// `mul_mat_id` (MoE models' experts) is static in ggml-cpu.c and waits for its threads
+    /// once they have converted its input, before its products. A barrier after a computed call
+    /// follows the node; its site is learned, for the nodes whose function is not wrapped.
+    fn barrier_follows_node(&self, site: usize) -> bool {
+        if self.open_tensor.get() == 0 {
+            return false;
+        }
+        if self.node_computed.get() {
+            learn_after_node_site(site);
+            return true;
+        }
+        site != 0
+            && AFTER_NODE_SITES
+                .iter()
+                .any(|known| known.load(Ordering::Relaxed) == site)
     }
 
     /// Whether a call of a function of `kind` computes the node this thread's share is open
@@ -871,6 +935,7 @@ thread_local! {
             outer_site: Cell::new(0),
             node: Cell::new(None),
             open_tensor: Cell::new(0),
+            node_computed: Cell::new(false),
             passthrough: Cell::new(false),
             ith: Cell::new(0),
             nth: Cell::new(0),
@@ -953,7 +1018,7 @@ extern "C" fn enter(row: usize, arg0: Ptr, arg1: Ptr, arg2: Ptr, site: usize) ->
         worker: w as *const Worker,
     };
     if f.kind == Kind::Barrier {
-        return if timed_wait(w) {
+        return if timed_wait(w, site) {
             worker
         } else {
             Next::untraced(resolved.real)
@@ -991,6 +1056,8 @@ fn outermost_call(w: &Worker, kind: Kind, resolved: &Resolved, site: usize, args
     w.outer_site.set(site);
     if !w.continues_node(kind, args[1], args[2]) {
         contained(|| node_begins(w, kind, resolved.helpers, args[0], args[1], args[2]));
+    } else if kind != Kind::Marker {
+        w.node_computed.set(true);
     }
 }
 
@@ -1026,27 +1093,31 @@ extern "C" fn begin_share(
     true
 }
 
-/// `common`'s fast path at the barrier after a node, of one thread: this thread's share of the
-/// node ends (what [`enter`] would do there, whether or not per-thread timing goes on).
-extern "C" fn end_share(worker: *const Worker) {
+/// `common`'s fast path at a barrier of one thread, called from `site` with a share open: the
+/// share ends if the barrier follows its node (what [`enter`] would do there, whether or not
+/// per-thread timing goes on).
+extern "C" fn end_share(worker: *const Worker, site: usize) {
     // SAFETY: `common` passes this thread's own `WORKER` (from its TLS slot), which lives as
     // long as the thread, and only this thread uses it.
     let w = unsafe { &*worker };
-    contained(|| end_node(w));
+    if w.barrier_follows_node(site) {
+        contained(|| end_node(w));
+    }
 }
 
-/// `common`'s fast path at a barrier of several threads: what [`enter`] would do there (the
-/// share ends; the wait begins if it is recorded, and then [`exit`] follows the call).
-extern "C" fn wait_begins(worker: *const Worker) -> bool {
+/// `common`'s fast path at a barrier of several threads, called from `site`: what [`enter`]
+/// would do there (the share ends if the barrier follows its node; the wait begins if it is
+/// recorded, and then [`exit`] follows the call).
+extern "C" fn wait_begins(worker: *const Worker, site: usize) -> bool {
     // SAFETY: `common` passes this thread's own `WORKER` (from its TLS slot), which lives as
     // long as the thread, and only this thread uses it.
     let w = unsafe { &*worker };
-    threads_timed(w) && timed_wait(w)
+    threads_timed(w) && timed_wait(w, site)
 }
 
-/// A barrier call while threads are timed: whether its wait is recorded.
-fn timed_wait(w: &Worker) -> bool {
-    contained(|| barrier_begins(w)) == Some(true)
+/// A barrier call from `site` while threads are timed: whether its wait is recorded.
+fn timed_wait(w: &Worker, site: usize) -> bool {
+    contained(|| barrier_begins(w, site)) == Some(true)
 }
 
 /// After a recorded barrier wait, on the thread whose `worker` [`enter`] returned (after any
@@ -1096,7 +1167,7 @@ fn node_begins(w: &Worker, kind: Kind, h: &'static Helpers, params: Ptr, arg1: P
         }
     };
     record::thread_op(w.this_thread(), r, true, &op);
-    w.open_node(op, r);
+    w.open_node(op, r, kind != Kind::Marker);
 }
 
 /// The node a call of a function of `kind` computes (its last, for a fused call).
@@ -1138,11 +1209,12 @@ unsafe fn fused_info(h: &Helpers, r: &Recorder, first: Ptr, last: Ptr) -> OpInfo
     op
 }
 
-/// Whether the wait is recorded (else nothing is to be done when it ends).
-fn barrier_begins(w: &Worker) -> bool {
-    // The node before this barrier is done, on this thread (barriers inside an op are calls
-    // nested in its per-op function).
-    let ended = if w.depth.get() == 0 {
+/// A barrier called from `site`: whether its wait is recorded (else nothing is to be done when
+/// it ends).
+fn barrier_begins(w: &Worker, site: usize) -> bool {
+    // The node before this barrier is done, on this thread, unless the barrier is inside its
+    // op: a call nested in its per-op function, or one from a function no wrapper reaches.
+    let ended = if w.depth.get() == 0 && w.barrier_follows_node(site) {
         end_node(w)
     } else {
         None
