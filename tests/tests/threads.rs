@@ -149,8 +149,9 @@ impl Run<'_> {
 
 /// llama-simple (ggml's default 4 threads) traced in threads mode: the output is unchanged,
 /// every node ggml computes is there once with a share from each of the 4 threads, fused pairs
-/// are one node, each thread waits at barriers with an index of its own. Returns the shares.
-fn every_worker_records_its_share_of_every_node(how: &Run<'_>) -> Shares {
+/// are one node, each thread waits at barriers with an index of its own. Returns the shares and
+/// the threads-mode trace's events.
+fn every_worker_records_its_share_of_every_node(how: &Run<'_>) -> (Shares, Vec<Event<'static>>) {
     let dir = scratch(&format!("threads-{}", how.name));
     let plain = run(how.simple());
     assert!(plain.status.success(), "{}", text(&plain.stderr));
@@ -325,7 +326,7 @@ fn every_worker_records_its_share_of_every_node(how: &Run<'_>) -> Shares {
             "{tid}: {by_thread}"
         );
     }
-    s
+    (s, threads)
 }
 
 #[test]
@@ -380,7 +381,7 @@ fn a_cpu_backend_loaded_with_dlopen_is_timed_per_thread() {
 /// inside it, and the other nodes are as in a dense model.
 #[test]
 fn mixture_of_experts_nodes_are_timed_whole() {
-    let s = every_worker_records_its_share_of_every_node(&Run {
+    let (s, events) = every_worker_records_its_share_of_every_node(&Run {
         name: "moe",
         bin: llama_bin(),
         model: &tiny_moe_model(),
@@ -393,12 +394,30 @@ fn mixture_of_experts_nodes_are_timed_whole() {
         waits.iter().all(|&n| n == 1),
         "waits inside MUL_MAT_ID shares: {waits:?}"
     );
+    // Their work: each token's 2 experts multiply by a 64×128 matrix (gate, up) or a 128×64 one
+    // (down), 2 flops per multiply-add.
+    let mut products = 0;
+    for e in &events {
+        if let Payload::Extension(x) = e.payload
+            && x.kind == ExtensionKind::TensorInfo
+        {
+            let info: ext::TensorInfo = ext::parse_payload(e.label.as_deref().unwrap()).unwrap();
+            if info.op_name.as_deref() == Some("MUL_MAT_ID") {
+                let tokens = info.ne[2] as u64;
+                assert_eq!(info.ne[1], 2, "{info:?}");
+                assert_eq!(info.flops, Some(2 * 64 * 128 * 2 * tokens), "{info:?}");
+                products += 1;
+            }
+        }
+    }
+    assert!(products >= 6, "{products} MUL_MAT_ID tensor infos");
 
     // At one thread its barrier waits for no one, and a share of the node still holds the
-    // products: the MUL_MAT_ID nodes' time is about what the eval callback measures, which times
-    // each node whole (ended at the barrier inside, the shares held 4 % of it).
+    // products: a MUL_MAT_ID node's median time is about what the eval callback measures, which
+    // times each node whole (ended at the barrier inside, the shares held 5 % of it). Medians:
+    // with the other tests running, a node now and then waits for a core.
     let dir = scratch("threads-moe-1");
-    let mul_mat_id_ns = |mode: &str| {
+    let mul_mat_id_median = |mode: &str| {
         let path = dir.join(format!("{mode}.ggmlviz"));
         let mut bench = Command::new(llama_bin().join("llama-bench"));
         bench.arg("-m").arg(tiny_moe_model());
@@ -413,7 +432,7 @@ fn mixture_of_experts_nodes_are_timed_whole() {
         assert!(out.status.success(), "{}", text(&out.stderr));
         let events = read_trace(&path).0;
         let a = OpAnalysis::collect(events.iter().cloned().map(Ok));
-        let nodes: Vec<u64> = a
+        let mut nodes: Vec<u64> = a
             .ops
             .iter()
             .filter(|o| &*o.op == "MUL_MAT_ID")
@@ -422,12 +441,13 @@ fn mixture_of_experts_nodes_are_timed_whole() {
         // 2 layers, 3 products each, in the graphs of the prompt, 32 generation steps and
         // llama-bench's two warm-up runs (a prompt's and a step's).
         assert_eq!(nodes.len(), 6 * 35, "{mode}");
-        nodes.iter().sum::<u64>() as f64
+        nodes.sort_unstable();
+        nodes[nodes.len() / 2] as f64
     };
-    let ratio = mul_mat_id_ns("threads") / mul_mat_id_ns("sched");
+    let ratio = mul_mat_id_median("threads") / mul_mat_id_median("sched");
     assert!(
-        ratio > 0.5,
-        "MUL_MAT_ID at one thread: {ratio:.3} of the eval callback's time"
+        ratio > 0.4,
+        "MUL_MAT_ID at one thread: {ratio:.3} of the eval callback's median"
     );
 }
 

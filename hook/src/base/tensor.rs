@@ -229,8 +229,9 @@ pub unsafe fn read_tensor(h: &Helpers, tensor: Ptr, fused_first: Option<Ptr>) ->
     info.op_name = Some(&op_name);
     info.type_name = &type_name;
     info.ne = ne;
-    // SAFETY: a live MUL_MAT tensor (its op description says so) whose layout was checked.
-    if fused_first.is_none() && desc == "MUL_MAT" {
+    // SAFETY: a live MUL_MAT or MUL_MAT_ID tensor (its op description says so) whose layout
+    // was checked.
+    if fused_first.is_none() && (desc == "MUL_MAT" || desc == "MUL_MAT_ID") {
         info.flops = unsafe { mul_mat_flops(tensor, ne) };
     }
     TensorInfo {
@@ -242,10 +243,12 @@ pub unsafe fn read_tensor(h: &Helpers, tensor: Ptr, fused_first: Option<Ptr>) ->
     }
 }
 
-/// 2·K·M·N for `dst = src0ᵀ·src1` (src0: K×M, src1: K×N), when the shapes agree.
+/// 2·K·M·N for `dst = src0ᵀ·src1` (src0: K×M, src1: K×N), when the shapes agree. The same for
+/// MUL_MAT_ID, whose `src0` holds the experts' K×M matrices and whose result has M rows for each
+/// expert used by each token: 2·K per element of the result.
 ///
 /// # Safety
-/// `tensor` is a live MUL_MAT tensor whose layout was checked.
+/// `tensor` is a live MUL_MAT or MUL_MAT_ID tensor whose layout was checked.
 unsafe fn mul_mat_flops(tensor: Ptr, ne: [i64; 4]) -> Option<u64> {
     // SAFETY: per the contract; sources of a live node are live tensors.
     let (src0, src1): (Ptr, Ptr) = unsafe { (field(tensor, SRC_AT), field(tensor, SRC_AT + 8)) };

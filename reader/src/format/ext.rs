@@ -319,7 +319,8 @@ pub struct TensorInfo {
     #[serde(rename = "type")]
     pub type_name: String,
     pub ne: [i64; 4],
-    /// Floating-point operations, where well defined (MUL_MAT: 2·K·M·N).
+    /// Floating-point operations, where well defined (MUL_MAT: 2·K·M·N; MUL_MAT_ID: 2·K per
+    /// element of the result).
     pub flops: Option<u64>,
 }
 
