@@ -2,6 +2,7 @@
 
 use std::path::PathBuf;
 
+use ggml_viz_reader::telemetry::{Format, detect};
 use ggml_viz_reader::{Damage, Event, Layout, LayoutChoice, StreamError, StreamReader, TraceFile};
 
 /// One input: a mapped regular file, or a stream (standard input, a pipe, a device) read as it
@@ -51,6 +52,20 @@ impl Input {
         let meta = std::fs::metadata(path).map_err(|err| format!("cannot open {name}: {err}"))?;
         if meta.is_dir() {
             return Err(format!("{name} is a directory, not a trace"));
+        }
+        // A file that is something else fails at once, before any output (an empty one is a
+        // trace whose writer has not written its header yet: reading it says so).
+        if meta.is_file() && meta.len() > 0 {
+            match detect(path) {
+                Ok(Format::Ggmlviz) => {}
+                Ok(format) => {
+                    return Err(format!(
+                        "{name} is {format}, not a GGMLVIZ trace (`ggml-viz summary`, `export` \
+                         and `report` read it)"
+                    ));
+                }
+                Err(e) => return Err(e.0),
+            }
         }
         if streamed || !meta.is_file() || being_written(path) {
             // Streamed with read(): a mapped file that shrinks faults the reader.

@@ -46,7 +46,8 @@ enum Command {
 /// Why a command failed; each maps to an exit status.
 #[derive(Debug)]
 pub enum Failure {
-    /// The file is corrupt or unreadable (exit 2). What could be read was already printed.
+    /// The file is corrupt or unreadable (exit 2). What could be read was already printed; an
+    /// input that is no trace at all fails the command before anything is printed or written.
     Data(String),
     /// Writing the output failed (exit 2); a closed pipe is not a failure.
     Output(io::Error),

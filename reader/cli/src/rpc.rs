@@ -6,8 +6,8 @@ use std::io::{self, Write};
 use std::path::PathBuf;
 
 use clap::Args;
-use ggml_viz_reader::telemetry::Ids;
 use ggml_viz_reader::telemetry::rpc::{RpcAnalysis, RpcParts, analyse};
+use ggml_viz_reader::telemetry::{Format, Ids};
 
 use crate::Failure;
 use crate::info::fmt_ns;
@@ -35,6 +35,7 @@ pub struct RpcArgs {
 }
 
 pub fn run(args: RpcArgs) -> Result<(), Failure> {
+    args.input.check(&args.files, Some(Format::Ggmlviz))?;
     let mut parts = RpcParts::default();
     let mut reading = Reading::unaligned(&args.files, &args.input);
     let mut ids = Ids::default();

@@ -12,7 +12,7 @@ use ggml_viz_reader::telemetry::export::parquet::ParquetWriter;
 use ggml_viz_reader::telemetry::export::summary::{Row, Summary, csv_cell};
 use ggml_viz_reader::telemetry::export::telemetry_v2;
 use ggml_viz_reader::telemetry::{ChromeJsonWriter, PerfettoWriter};
-use ggml_viz_reader::telemetry::{Format, RecordSink, Text};
+use ggml_viz_reader::telemetry::{Format, RecordSink, Text, detect};
 
 use crate::Failure;
 use crate::dump::parse_layout;
@@ -40,6 +40,31 @@ pub struct InputOpts {
 
 fn parse_format(s: &str) -> Result<Format, String> {
     s.parse()
+}
+
+impl InputOpts {
+    /// Before any output: every input opens and is of a format these commands read (by its
+    /// first bytes, unless `--format` says which), and of `only` where given. A wrong file (a
+    /// model, a report, a README) fails the command at once, with nothing printed or written;
+    /// damage further in is found by reading, after what came before it was delivered.
+    pub fn check(&self, paths: &[PathBuf], only: Option<Format>) -> Result<(), Failure> {
+        for path in paths {
+            let format = match self.format {
+                Some(format) => File::open(path)
+                    .map(|_| format)
+                    .map_err(|e| format!("cannot read {}: {e}", path.display())),
+                None => detect(path).map_err(|e| e.0),
+            }
+            .map_err(Failure::Data)?;
+            if let Some(only) = only.filter(|&only| only != format) {
+                return Err(Failure::Data(format!(
+                    "{} is {format}: this takes {only} only",
+                    path.display()
+                )));
+            }
+        }
+        Ok(())
+    }
 }
 
 /// Imports every input into `sink`; warnings go to stderr. The first corrupt input fails the
@@ -87,6 +112,7 @@ pub struct SummaryArgs {
 }
 
 pub fn summary(args: SummaryArgs) -> Result<(), Failure> {
+    args.input.check(&args.files, None)?;
     let mut s = Summary::default();
     let result = import_all(&args.files, &args.input, &mut s);
     say_warnings(&s.warnings);
@@ -176,6 +202,7 @@ pub struct DiffArgs {
 }
 
 pub fn diff(args: DiffArgs) -> Result<(), Failure> {
+    args.input.check(&[args.a.clone(), args.b.clone()], None)?;
     let mut a = Summary::default();
     let mut b = Summary::default();
     let ra = import_all(std::slice::from_ref(&args.a), &args.input, &mut a);
@@ -279,6 +306,8 @@ pub fn export(args: ExportArgs) -> Result<(), Failure> {
             "--no-compress applies to --to perfetto only".into(),
         ));
     }
+    let only = matches!(args.to, Target::TelemetryV2).then_some(Format::Ggmlviz);
+    args.input.check(&args.files, only)?;
     if let Target::Parquet = args.to {
         return parquet(&args);
     }

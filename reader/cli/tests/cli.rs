@@ -638,3 +638,94 @@ fn ops_csv_has_the_numbers_of_the_nodes_and_threads() {
          2,2,370,0,0,0,0\n"
     );
 }
+
+/// A file that is no trace (a README, a model, a report given by mistake), or a GGMLVIZ file of
+/// a version this reader does not know, fails every command before any output: exit 2, one
+/// error line naming the file, nothing on stdout, no file written. Before, each command printed
+/// its empty tables (or wrote an empty export or report) and only then the error.
+#[test]
+fn a_file_that_is_no_trace_fails_before_any_output() {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("cli-no-trace");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let text = dir.join("README.md");
+    std::fs::write(&text, b"# ggml-viz\n\nNot a trace.\n").unwrap();
+    let mut version_2 = b"GGMLVIZ1".to_vec();
+    version_2.extend_from_slice(&2u32.to_le_bytes());
+    version_2.extend_from_slice(&[0; 64]);
+    let newer = dir.join("newer.ggmlviz");
+    std::fs::write(&newer, &version_2).unwrap();
+    let out_file = |name: &str| dir.join(name).to_str().unwrap().to_string();
+    for (input, says) in [
+        (&text, "format not recognised"),
+        (&newer, "unsupported GGMLVIZ version 2"),
+    ] {
+        let input = input.to_str().unwrap();
+        let commands: [Vec<String>; 9] = [
+            vec!["ops".into(), input.into()],
+            vec!["info".into(), input.into()],
+            vec!["dump".into(), input.into()],
+            vec!["summary".into(), input.into()],
+            vec!["diff".into(), input.into(), input.into()],
+            vec!["rpc".into(), input.into()],
+            ["export", "--to", "chrome-json", input, "-o"]
+                .map(String::from)
+                .into_iter()
+                .chain([out_file("out.json")])
+                .collect(),
+            ["export", "--to", "parquet", input, "-o"]
+                .map(String::from)
+                .into_iter()
+                .chain([out_file("parquet")])
+                .collect(),
+            ["report", input, "-o"]
+                .map(String::from)
+                .into_iter()
+                .chain([out_file("out.html")])
+                .collect(),
+        ];
+        for args in &commands {
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            let out = ggml_viz(&args);
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+            assert_eq!(String::from_utf8_lossy(&out.stdout), "", "{args:?}");
+            let lines: Vec<&str> = stderr.lines().collect();
+            assert!(
+                lines.len() == 1
+                    && lines[0].starts_with("ggml-viz: error: ")
+                    && lines[0].contains(input)
+                    && lines[0].contains(says),
+                "{args:?}: {stderr}"
+            );
+        }
+    }
+    let left: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(left.len(), 2, "files written: {left:?}");
+
+    // Another format our telemetry commands read is named, with where to take it.
+    let ge_log = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../../shared/samples/ada-pa/pytorch_acl.log");
+    let ge_log = ge_log.to_str().unwrap();
+    let out = ggml_viz(&["ops", ge_log]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&out.stderr)
+            .contains("is a GE profiling log, not a GGMLVIZ trace (`ggml-viz summary`"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = ggml_viz(&["export", "--to", "telemetry-v2", ge_log]);
+    assert_eq!(out.status.code(), Some(2));
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "");
+    assert!(
+        String::from_utf8_lossy(&out.stderr)
+            .contains("is a GE profiling log: this takes a GGMLVIZ trace only"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    std::fs::remove_dir_all(dir).unwrap();
+}

@@ -56,6 +56,7 @@ fn file_name(p: &Path) -> String {
 }
 
 pub fn run(args: ReportArgs) -> Result<(), Failure> {
+    args.input.check(&args.files, None)?;
     let output = args.output.clone().unwrap_or_else(|| {
         let stem = args.files[0]
             .file_stem()

@@ -28,6 +28,18 @@ pub enum Format {
     Comma,
 }
 
+impl std::fmt::Display for Format {
+    /// What a file of the format is, for messages: `… is a GE profiling log`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Format::Ggmlviz => "a GGMLVIZ trace",
+            Format::GeLog => "a GE profiling log",
+            Format::TelemetryV2 => "TelemetryEvent v2 JSON",
+            Format::Comma => "CoMMA NCCL JSON",
+        })
+    }
+}
+
 impl std::str::FromStr for Format {
     type Err = String;
     fn from_str(s: &str) -> Result<Format, String> {
@@ -55,6 +67,9 @@ pub fn detect(path: &std::path::Path) -> Result<Format, ImportError> {
     let head = &head[..n];
     Ok(
         if head.starts_with(&crate::format::MAGIC[..head.len().min(8)]) && !head.is_empty() {
+            // A version this reader cannot read is no trace to it.
+            crate::format::check_header(head)
+                .map_err(|damage| ImportError(format!("{name}: {damage}")))?;
             Format::Ggmlviz
         } else if ge_log::looks_like(
             String::from_utf8_lossy(head)
