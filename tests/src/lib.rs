@@ -79,7 +79,8 @@ pub fn llama_dl_bin() -> PathBuf {
     PathBuf::from(build).join("bin")
 }
 
-/// Runs the model generator `script` (a Python fixture) writing `outputs`.
+/// Runs the model generator `script` (a Python fixture) with `args`: the files it writes, then
+/// its options.
 fn generate(script: &str, args: &[&OsStr]) {
     let out = Command::new("python3")
         .arg(fixture(script))

@@ -24,6 +24,15 @@ pub(crate) fn report(inputs: &[&Path], out: &Path) -> String {
     text(&o.stderr)
 }
 
+/// The data a written report's page carries (its `ggml-viz-data` script), parsed.
+pub(crate) fn page_data(page: &Path) -> Value {
+    let html = std::fs::read_to_string(page).unwrap();
+    html.split_once(r#"id="ggml-viz-data">"#)
+        .and_then(|(_, rest)| rest.split_once("</script>"))
+        .map(|(json, _)| serde_json::from_str(json).unwrap())
+        .expect("the page's data")
+}
+
 /// Runs the browser check; returns what it measured.
 pub(crate) fn check_in_browser(page: &Path, screenshot: &str, extra: &[&str]) -> Value {
     let shot = artifacts().join(screenshot);
@@ -147,12 +156,7 @@ fn report_of_a_real_llama_trace_works_in_chromium() {
     // MUL_MAT share is open and those right after one, of its shares' time and the waits after.
     let (thread_ns, inner, after) = crate::threads::shares(&events).mul_mat_ns;
     assert!(inner > 0 && after > 0, "{inner} {after}");
-    let html = std::fs::read_to_string(&page).unwrap();
-    let data: Value = html
-        .split_once(r#"id="ggml-viz-data">"#)
-        .and_then(|(_, rest)| rest.split_once("</script>"))
-        .map(|(json, _)| serde_json::from_str(json).unwrap())
-        .expect("the page's data");
+    let data = page_data(&page);
     let mul_mat = data["by_op"]
         .as_array()
         .unwrap()

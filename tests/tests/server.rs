@@ -13,7 +13,7 @@ use ggml_viz_e2e::*;
 use ggml_viz_reader::telemetry::{Arg, Collected, Ids, Span, import_path};
 use serde_json::Value;
 
-use crate::report::{check_in_browser, report};
+use crate::report::{check_in_browser, page_data, report};
 
 /// A loopback port nobody listens on now.
 pub(crate) fn free_port() -> u16 {
@@ -302,12 +302,7 @@ fn llama_server_under_concurrent_load_decodes_what_it_reports() {
     // before the load). Its data, and the page in Chromium.
     let page = dir.join("server.html");
     report(&[&trace], &page);
-    let html = std::fs::read_to_string(&page).unwrap();
-    let data = html
-        .split_once(r#"id="ggml-viz-data">"#)
-        .and_then(|(_, rest)| rest.split_once("</script>"))
-        .map(|(json, _)| serde_json::from_str::<Value>(json).unwrap())
-        .expect("the page's data");
+    let data = page_data(&page);
     let rows = data["sequences"].as_array().unwrap();
     assert_eq!(rows.len(), served.len(), "{rows:?}");
     let mut start_up = 0;
