@@ -655,38 +655,26 @@ fn a_file_that_is_no_trace_fails_before_any_output() {
     version_2.extend_from_slice(&[0; 64]);
     let newer = dir.join("newer.ggmlviz");
     std::fs::write(&newer, &version_2).unwrap();
-    let out_file = |name: &str| dir.join(name).to_str().unwrap().to_string();
+    let [json, parquet, html] = ["out.json", "parquet", "out.html"]
+        .map(|name| dir.join(name).to_str().unwrap().to_string());
     for (input, says) in [
         (&text, "format not recognised"),
         (&newer, "unsupported GGMLVIZ version 2"),
     ] {
         let input = input.to_str().unwrap();
-        let commands: [Vec<String>; 9] = [
-            vec!["ops".into(), input.into()],
-            vec!["info".into(), input.into()],
-            vec!["dump".into(), input.into()],
-            vec!["summary".into(), input.into()],
-            vec!["diff".into(), input.into(), input.into()],
-            vec!["rpc".into(), input.into()],
-            ["export", "--to", "chrome-json", input, "-o"]
-                .map(String::from)
-                .into_iter()
-                .chain([out_file("out.json")])
-                .collect(),
-            ["export", "--to", "parquet", input, "-o"]
-                .map(String::from)
-                .into_iter()
-                .chain([out_file("parquet")])
-                .collect(),
-            ["report", input, "-o"]
-                .map(String::from)
-                .into_iter()
-                .chain([out_file("out.html")])
-                .collect(),
+        let commands: [&[&str]; 9] = [
+            &["ops", input],
+            &["info", input],
+            &["dump", input],
+            &["summary", input],
+            &["diff", input, input],
+            &["rpc", input],
+            &["export", "--to", "chrome-json", input, "-o", &json],
+            &["export", "--to", "parquet", input, "-o", &parquet],
+            &["report", input, "-o", &html],
         ];
-        for args in &commands {
-            let args: Vec<&str> = args.iter().map(String::as_str).collect();
-            let out = ggml_viz(&args);
+        for args in commands {
+            let out = ggml_viz(args);
             let stderr = String::from_utf8_lossy(&out.stderr);
             assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
             assert_eq!(String::from_utf8_lossy(&out.stdout), "", "{args:?}");
