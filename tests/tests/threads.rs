@@ -124,14 +124,17 @@ pub(crate) fn nodes_by_op(events: &[Event<'_>]) -> BTreeMap<String, usize> {
 }
 
 /// How llama-simple runs in a check: its build, its model, the directory of another
-/// libggml-cpu to load first (ggml's own thread pool instead of OpenMP), if any, and the ops
-/// whose every node waits for its threads inside (and which the model must have).
+/// libggml-cpu to load first (ggml's own thread pool instead of OpenMP), if any, the ops
+/// whose every node waits for its threads inside (and which the model must have), and its
+/// threads: ggml's default 4, or fewer under `OMP_THREAD_LIMIT` (OpenMP builds), which ggml
+/// takes as the thread count of every graph.
 struct Run<'a> {
     name: &'a str,
     bin: PathBuf,
     model: &'a Path,
     libs: Option<&'a Path>,
     waiting_ops: &'a [&'a str],
+    threads: u32,
 }
 
 impl Run<'_> {
@@ -143,14 +146,17 @@ impl Run<'_> {
         if let Some(libs) = self.libs {
             cmd.env("LD_LIBRARY_PATH", libs);
         }
+        if self.threads != 4 {
+            cmd.env("OMP_THREAD_LIMIT", self.threads.to_string());
+        }
         cmd
     }
 }
 
-/// llama-simple (ggml's default 4 threads) traced in threads mode: the output is unchanged,
-/// every node ggml computes is there once with a share from each of the 4 threads, fused pairs
-/// are one node, each thread waits at barriers with an index of its own. Returns the shares and
-/// the threads-mode trace's events.
+/// llama-simple traced in threads mode: the output is unchanged, every node ggml computes is
+/// there once with a share from each of its threads, fused pairs are one node, each thread waits
+/// at barriers with an index of its own (one thread waits for no one). Returns the shares and the
+/// threads-mode trace's events.
 fn every_worker_records_its_share_of_every_node(how: &Run<'_>) -> (Shares, Vec<Event<'static>>) {
     let dir = scratch(&format!("threads-{}", how.name));
     let plain = run(how.simple());
@@ -191,10 +197,11 @@ fn every_worker_records_its_share_of_every_node(how: &Run<'_>) -> (Shares, Vec<E
 
     // Every thread that computed waits at barriers as one index of 4, and the 4 indices are
     // there (OpenMP keeps 4 threads; ggml's own pool without a persistent pool makes new workers
-    // for each graph).
+    // for each graph). One thread records no wait.
     let s = shares(&threads);
+    let n = how.threads;
     assert!(
-        s.spans.len() >= 4,
+        s.spans.len() >= n as usize,
         "threads with shares: {:?}",
         s.spans.keys()
     );
@@ -202,10 +209,14 @@ fn every_worker_records_its_share_of_every_node(how: &Run<'_>) -> (Shares, Vec<E
     for (tid, seen) in &s.barriers {
         assert_eq!(seen.len(), 1, "thread {tid} waited as {seen:?}");
         let (ith, nth) = *seen.iter().next().unwrap();
-        assert_eq!(nth, 4);
+        assert_eq!(nth, n);
         indices.insert(ith);
     }
-    assert_eq!(indices, (0..4).collect());
+    if n > 1 {
+        assert_eq!(indices, (0..n).collect());
+    } else {
+        assert_eq!(s.barriers.len(), 0, "waits at one thread: {:?}", s.barriers);
+    }
     // The waits inside an op are there too, in each thread's share of every node of the ops
     // that wait for their threads (ggml-cpu.c: mul_mat once it has shared out its chunks,
     // mul_mat_id once they have converted its input).
@@ -287,8 +298,8 @@ fn every_worker_records_its_share_of_every_node(how: &Run<'_>) -> (Shares, Vec<E
     );
     let a = OpAnalysis::collect(threads.iter().cloned().map(Ok));
     assert!(
-        a.ops.iter().all(|o| o.threads == 4),
-        "a node without 4 shares"
+        a.ops.iter().all(|o| o.threads == n),
+        "a node without {n} shares"
     );
     // Each thread's waits inside its shares (mul_mat's, ...) and between them, as the events
     // themselves place them, are what the analysis counts as each.
@@ -307,7 +318,7 @@ fn every_worker_records_its_share_of_every_node(how: &Run<'_>) -> (Shares, Vec<E
         s.waits.values().map(|w| w[0].1).sum::<u64>()
     );
     let shares_total: usize = s.spans.values().map(Vec::len).sum();
-    assert_eq!(shares_total, 4 * a.ops.len());
+    assert_eq!(shares_total, n as usize * a.ops.len());
 
     // `ggml-viz ops` says the mode and shows the threads' time; `--by thread` lists them.
     let ops = |args: &[&str]| {
@@ -315,8 +326,9 @@ fn every_worker_records_its_share_of_every_node(how: &Run<'_>) -> (Shares, Vec<E
     };
     let table = ops(&["--top", "0"]);
     assert!(table.contains("op timing: threads"), "{table}");
-    assert!(
+    assert_eq!(
         table.contains("thread time") && table.contains("imbal"),
+        n > 1,
         "{table}"
     );
     let by_thread = ops(&["--by", "thread"]);
@@ -337,7 +349,26 @@ fn openmp_workers_record_their_share_of_every_node_and_nothing_changes() {
         model: &tiny_model(),
         libs: None,
         waiting_ops: &["MUL_MAT"],
+        threads: 4,
     });
+}
+
+/// ggml linked into llama-simple itself (an OpenMP build): the compiler inlined `ggml_barrier`
+/// into ggml's graph loop, which calls OpenMP's `GOMP_barrier` directly after each node (at
+/// several threads; at one, nothing). Each share still ends at the barrier after its node,
+/// inside its graph, and the nodes are the scheduler's, at 4 threads and at one.
+#[test]
+fn a_static_executable_records_every_workers_share_of_every_node() {
+    for threads in [4, 1] {
+        every_worker_records_its_share_of_every_node(&Run {
+            name: &format!("static-{threads}"),
+            bin: llama_static_bin(),
+            model: &tiny_model(),
+            libs: None,
+            waiting_ops: if threads > 1 { &["MUL_MAT"] } else { &[] },
+            threads,
+        });
+    }
 }
 
 #[test]
@@ -351,6 +382,7 @@ fn ggml_thread_pool_workers_record_their_share_of_every_node() {
         model: &tiny_model(),
         libs: Some(&libs),
         waiting_ops: &["MUL_MAT"],
+        threads: 4,
     });
 }
 
@@ -371,6 +403,7 @@ fn a_cpu_backend_loaded_with_dlopen_is_timed_per_thread() {
         model: &tiny_model(),
         libs: None,
         waiting_ops: &["MUL_MAT"],
+        threads: 4,
     });
 }
 
@@ -387,6 +420,7 @@ fn mixture_of_experts_nodes_are_timed_whole() {
         model: &tiny_moe_model(),
         libs: None,
         waiting_ops: &["MUL_MAT", "MUL_MAT_ID"],
+        threads: 4,
     });
     // mul_mat_id has one barrier (ggml-cpu.c); the one after the node is not in the share.
     let waits = &s.waits_inside["MUL_MAT_ID"];
@@ -485,6 +519,7 @@ fn repacked_quantized_weights_are_timed_too() {
         model: &model,
         libs: None,
         waiting_ops: &["MUL_MAT"],
+        threads: 4,
     });
 }
 

@@ -34,6 +34,12 @@
 //!   there is more than one thread; the barriers inside an op (`mul_mat`'s, `mul_mat_id`'s)
 //!   are inside its span.
 //!
+//! Where ggml is linked into the executable, its per-op functions get inline hooks to these
+//! wrappers (`install::static_exe`), and the compiler may have inlined `ggml_barrier` into the
+//! graph loop: in an OpenMP build the loop then calls OpenMP's `GOMP_barrier`, wrapped here as
+//! well (see [`Kind::OmpBarrier`]); at one thread it calls nothing, and the graph compute's
+//! return ends the last share ([`graph_compute_returned`]).
+//!
 //! A tail call (`unary` jumping to `abs`) reaches a wrapper with a return address inside our
 //! own trampoline; the trampoline passes 0 then, and the thread's outermost call site stands in
 //! for resolving it.
@@ -68,6 +74,13 @@ enum Kind {
     Marker,
     /// `ggml_barrier(threadpool)`.
     Barrier,
+    /// `GOMP_barrier()`, OpenMP's barrier (GCC's libgomp), which ggml's barrier calls in an
+    /// OpenMP build: where the compiler inlined `ggml_barrier` (a ggml linked into the
+    /// executable), ggml's graph loop and `mul_mat` call it directly. A barrier of ggml's where
+    /// it follows a node or lies inside one; nothing otherwise (called from inside our
+    /// `ggml_barrier` wrapper's call, or by OpenMP code outside any node: ggml's `omp single`
+    /// before a graph's first node).
+    OmpBarrier,
 }
 
 struct Function {
@@ -86,7 +99,8 @@ struct Function {
 /// since the CPU backend's split (ggml's history, November 2024 to v0.21.0: `map_unary`,
 /// `map_binary`, `map_custom{1,2,3}_f32`, and `view`, `reshape`, `permute`, `transpose`, which
 /// those versions' dispatchers still called for no-op nodes), all with the node second; a name
-/// that the running ggml lacks is never called.
+/// that the running ggml lacks is never called. And OpenMP's `GOMP_barrier`, which ggml's
+/// barrier is where the compiler inlined it (see [`Kind::OmpBarrier`]).
 macro_rules! cpu_functions {
     ($($name:ident: $kind:ident,)*) => {
         #[allow(non_camel_case_types, clippy::enum_variant_names)]
@@ -105,6 +119,9 @@ macro_rules! cpu_functions {
         /// Each row's [`Kind`], for `common`'s fast path.
         static KINDS: [Kind; [$(stringify!($name)),*].len()] = [$(Kind::$kind,)*];
 
+        // Each row has a resolver code of its own (64 + row, below the RPC methods' 240).
+        const _: () = assert!(KINDS.len() <= 240 - 64);
+
         $(
             #[doc = concat!("`", stringify!($name), "`, timed per thread.\n\n# Safety\nggml's own contract.")]
             #[unsafe(naked)]
@@ -122,6 +139,7 @@ macro_rules! cpu_functions {
 }
 
 cpu_functions! {
+    GOMP_barrier: OmpBarrier,
     ggml_barrier: Barrier,
     ggml_cpu_extra_compute_forward: Marker,
     ggml_compute_forward_abs: Second,
@@ -384,6 +402,18 @@ unsafe extern "C" fn common() {
         "cmp qword ptr [rbx + {open}], 0",
         "je 51f",
         "53:",
+        // OpenMP's barrier: ggml's, unless it is called inside our ggml_barrier wrapper's call
+        // (a wait is open) or outside any node (depth 0, no share open): then straight on.
+        "cmp r12d, {omp_barrier}",
+        "jne 54f",
+        "cmp qword ptr [rbx + {barrier_start}], 0",
+        "jne 51f",
+        "cmp dword ptr [rbx + {depth}], 0",
+        "jne 50f",
+        "cmp qword ptr [rbx + {open}], 0",
+        "je 51f",
+        "jmp 50f",
+        "54:",
         "cmp r12d, {barrier}",
         "je 50f",
         "cmp r12d, {marker}",
@@ -541,11 +571,11 @@ unsafe extern "C" fn common() {
         "je 5f",
         "call r11",
         "2:",
-        // After any call but a barrier's, only the depth goes down.
+        // After any call but a barrier's (ggml's or OpenMP's), only the depth goes down.
         "mov r10, [rsp + 48]",
         "lea r11, [rip + {kinds}]",
         "cmp byte ptr [r11 + r10], {barrier}",
-        "je 8f",
+        "jae 8f",
         "mov r10, [rsp + 56]",
         "dec dword ptr [r10 + {depth}]",
         "leave",
@@ -578,6 +608,8 @@ unsafe extern "C" fn common() {
         kinds = sym KINDS,
         marker = const Kind::Marker as u8,
         barrier = const Kind::Barrier as u8,
+        omp_barrier = const Kind::OmpBarrier as u8,
+        barrier_start = const std::mem::offset_of!(Worker, barrier_start),
         mix = const SITE_MIX,
         shift = const SITE_SET_SHIFT,
         set_size = const std::mem::size_of::<[SiteSlot; SITE_WAYS]>(),
@@ -919,6 +951,13 @@ impl Worker {
                 .any(|known| known.load(Ordering::Relaxed) == site)
     }
 
+    /// Whether a call of OpenMP's barrier is ggml's: not inside our `ggml_barrier` wrapper's call
+    /// (whose wait is open), and after or inside a node (see [`Kind::OmpBarrier`]). `common`'s
+    /// fast path asks the same.
+    fn omp_barrier_is_ggmls(&self) -> bool {
+        self.barrier_start.get() == 0 && (self.depth.get() > 0 || self.open_tensor.get() != 0)
+    }
+
     /// Whether a call of a function of `kind` computes the node this thread's share is open
     /// for: the dispatcher's per-op call for the node its marker began.
     fn continues_node(&self, kind: Kind, arg1: Ptr, arg2: Ptr) -> bool {
@@ -1017,7 +1056,10 @@ extern "C" fn enter(row: usize, arg0: Ptr, arg1: Ptr, arg2: Ptr, site: usize) ->
         real: resolved.real,
         worker: w as *const Worker,
     };
-    if f.kind == Kind::Barrier {
+    if f.kind == Kind::OmpBarrier && !w.omp_barrier_is_ggmls() {
+        return Next::untraced(resolved.real);
+    }
+    if matches!(f.kind, Kind::Barrier | Kind::OmpBarrier) {
         return if timed_wait(w, site) {
             worker
         } else {
@@ -1168,6 +1210,18 @@ fn node_begins(w: &Worker, kind: Kind, h: &'static Helpers, params: Ptr, arg1: P
     };
     record::thread_op(w.this_thread(), r, true, &op);
     w.open_node(op, r, kind != Kind::Marker);
+}
+
+/// A graph compute returned on this thread: a share still open here ends with it. ggml's graph
+/// loop ends each share at its barrier after the node, but where the compiler inlined that
+/// barrier into the loop (a ggml linked into the executable), a graph of one thread calls none,
+/// and its last node's share would run on into the next graph compute.
+pub fn graph_compute_returned() {
+    WORKER.with(|w| {
+        if w.depth.get() == 0 {
+            contained(|| end_node(w));
+        }
+    });
 }
 
 /// The node a call of a function of `kind` computes (its last, for a fused call).

@@ -216,6 +216,8 @@ fn traced_graph(
         guarded(|| record::graph_begin(entry, |r| describe(real.helpers, r))).flatten()
     };
     let status = call(real, scope.as_ref());
+    #[cfg(all(target_os = "linux", target_arch = "x86_64"))]
+    super::cpu_ops::graph_compute_returned();
     if let Some(scope) = scope {
         guarded(|| record::graph_end(scope));
     }
