@@ -232,32 +232,35 @@ fn every_worker_records_its_share_of_every_node(how: &Run<'_>) -> (Shares, Vec<E
         );
     }
 
-    // Every thread's shares lie inside the main thread's outermost graph computes, begin and
-    // end: the share of a graph's last node ends at the barrier after the graph's nodes.
+    // Every thread's shares lie inside the main thread's innermost graph computes (the CPU
+    // backend's, inside the scheduler's), begin and end: the share of a graph's last node ends
+    // at the barrier after the graph's nodes.
     let main = threads
         .iter()
         .find(|e| e.event_type() == Some(EventType::GraphComputeBegin))
         .unwrap()
         .thread_id;
     let mut graphs = Vec::new();
-    let mut depth = 0;
+    // Per open graph compute: its begin, and whether another began inside it.
+    let mut open: Vec<(u64, bool)> = Vec::new();
     for e in threads.iter().filter(|e| e.thread_id == main) {
         match e.event_type() {
             Some(EventType::GraphComputeBegin) => {
-                depth += 1;
-                if depth == 1 {
-                    graphs.push((e.timestamp_ns, u64::MAX));
+                if let Some(outer) = open.last_mut() {
+                    outer.1 = true;
                 }
+                open.push((e.timestamp_ns, false));
             }
             Some(EventType::GraphComputeEnd) => {
-                depth -= 1;
-                if depth == 0 {
-                    graphs.last_mut().unwrap().1 = e.timestamp_ns;
+                let (begin, outer) = open.pop().unwrap();
+                if !outer {
+                    graphs.push((begin, e.timestamp_ns));
                 }
             }
             _ => {}
         }
     }
+    assert!(!graphs.is_empty());
     for (tid, spans) in &s.spans {
         for &(begin, end) in spans {
             let graph = graphs.partition_point(|&(start, _)| start <= begin);
