@@ -108,6 +108,64 @@ fn each_call_site_is_resolved_once_even_past_the_cache() {
 /// CPU took turns a whole chunk long). Measured with three busy loops beside it: 4-10
 /// of 40 forks in 250-site chunks fell inside, 1-11 of 20 in 500-site ones; so the program
 /// runs again until 5 forks in all did.
+/// An OpenMP program that never calls ggml: its `GOMP_barrier` calls reach the hook's wrapper
+/// (which ggml's inlined barriers need, see the threads tests), bound there by the dynamic
+/// loader, and go on to OpenMP's: the program computes what it computes without the hook, says
+/// nothing more, and no trace is written.
+#[test]
+fn an_openmp_program_that_never_calls_ggml_keeps_its_barriers() {
+    let dir = scratch("openmp");
+    // Each round, each thread writes its slot, waits, reads its neighbour's, waits: a barrier
+    // that did not wait would read a slot of another round. Waiting threads sleep rather than
+    // spin (4 threads on the 2 cores, beside the other tests).
+    let rounds: u64 = 2000;
+    let source = format!(
+        "#include <stdio.h>\n#include <omp.h>\nint main(void) {{\n  \
+         volatile long slot[4] = {{0}}; long total = 0; int threads = 0;\n  \
+         #pragma omp parallel num_threads(4) reduction(+:total)\n  {{\n    \
+         int t = omp_get_thread_num(), n = omp_get_num_threads();\n    \
+         if (t == 0) threads = n;\n    \
+         for (long i = 0; i < {rounds}; i++) {{\n      slot[t] = i * (t + 1);\n      \
+         #pragma omp barrier\n      total += slot[(t + 1) % n];\n      \
+         #pragma omp barrier\n    }}\n  }}\n  \
+         printf(\"threads=%d total=%ld\\n\", threads, total);\n  return 0;\n}}\n"
+    );
+    let exe = build_c(&dir, "barriers", &source, &["-fopenmp".to_string()]);
+    let traces = dir.join("traces");
+    std::fs::create_dir(&traces).unwrap();
+    let hooked = run(with_hook(
+        Command::new(&exe),
+        &[
+            ("GGML_VIZ_OUTPUT", traces.join("t.ggmlviz").to_str().unwrap()),
+            ("OMP_WAIT_POLICY", "passive"),
+            ("LD_DEBUG", "bindings"),
+            ("LD_DEBUG_OUTPUT", dir.join("bindings").to_str().unwrap()),
+        ],
+    ));
+    assert!(hooked.status.success(), "{}", text(&hooked.stderr));
+    // Each of the 4 threads reads, every round, i * (its neighbour's index + 1): the indices
+    // 1..=4 once each.
+    let expected = (0..rounds).sum::<u64>() * (1..=4).sum::<u64>();
+    assert_eq!(
+        text(&hooked.stdout),
+        format!("threads=4 total={expected}\n")
+    );
+    assert_eq!(text(&hooked.stderr), "");
+    assert_eq!(std::fs::read_dir(&traces).unwrap().count(), 0, "a trace");
+    let bindings: String = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.file_name().unwrap().to_string_lossy().starts_with("bindings"))
+        .map(|p| std::fs::read_to_string(p).unwrap())
+        .collect();
+    assert!(
+        bindings.lines().any(|l| l.contains("libggml_viz_hook")
+            && l.contains("`GOMP_barrier'")
+            && l.contains(exe.file_name().unwrap().to_str().unwrap())),
+        "GOMP_barrier is not bound to the hook"
+    );
+}
+
 #[test]
 fn children_forked_while_another_thread_resolves_never_hang() {
     let dir = scratch("fork-resolving");
