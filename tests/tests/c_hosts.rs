@@ -136,7 +136,10 @@ fn an_openmp_program_that_never_calls_ggml_keeps_its_barriers() {
     let hooked = run(with_hook(
         Command::new(&exe),
         &[
-            ("GGML_VIZ_OUTPUT", traces.join("t.ggmlviz").to_str().unwrap()),
+            (
+                "GGML_VIZ_OUTPUT",
+                traces.join("t.ggmlviz").to_str().unwrap(),
+            ),
             ("OMP_WAIT_POLICY", "passive"),
             ("LD_DEBUG", "bindings"),
             ("LD_DEBUG_OUTPUT", dir.join("bindings").to_str().unwrap()),
@@ -155,7 +158,12 @@ fn an_openmp_program_that_never_calls_ggml_keeps_its_barriers() {
     let bindings: String = std::fs::read_dir(&dir)
         .unwrap()
         .map(|e| e.unwrap().path())
-        .filter(|p| p.file_name().unwrap().to_string_lossy().starts_with("bindings"))
+        .filter(|p| {
+            p.file_name()
+                .unwrap()
+                .to_string_lossy()
+                .starts_with("bindings")
+        })
         .map(|p| std::fs::read_to_string(p).unwrap())
         .collect();
     assert!(
