@@ -60,7 +60,7 @@ use crate::record::{self, OpInfo, Recorder, ThisThread};
 type Ptr = *mut c_void;
 
 /// What a wrapped function's arguments hold. The numbers are `common`'s: below `Marker`, a call
-/// may take its fast path.
+/// may take its fast path; from `Barrier` on, it is a barrier.
 #[derive(Clone, Copy, PartialEq, Eq)]
 #[repr(u8)]
 enum Kind {
