@@ -349,13 +349,22 @@ fn looks_like(var: &str, known: &str) -> Option<usize> {
     } else {
         (known, var)
     };
-    let edits = edit_distance(var, known);
-    let suffixed = long.starts_with(short) && long.len() - short.len() <= 3;
-    (short.len() >= 4 && (edits <= 2 || suffixed)).then_some(edits)
+    if short.len() < 4 {
+        return None;
+    }
+    // At least this many edits; exactly this many when `long` is `short` with a suffix added.
+    let apart = long.len() - short.len();
+    let suffixed = long.starts_with(short) && apart <= 3;
+    if suffixed {
+        return Some(apart);
+    }
+    // The hook checks every `GGML_VIZ_*` variable that is no setting's against every setting
+    // when it starts: only those of about the same length need the distance.
+    (apart <= 2).then(|| edits_within(var, known, 2)).flatten()
 }
 
-/// Levenshtein distance.
-fn edit_distance(a: &[u8], b: &[u8]) -> usize {
+/// The Levenshtein distance of `a` and `b` if it is at most `most`.
+fn edits_within(a: &[u8], b: &[u8], most: usize) -> Option<usize> {
     let mut row: Vec<usize> = (0..=b.len()).collect();
     for (i, &x) in a.iter().enumerate() {
         let mut diagonal = row[0];
@@ -367,8 +376,13 @@ fn edit_distance(a: &[u8], b: &[u8]) -> usize {
                 .min(diagonal + usize::from(x != y));
             diagonal = above;
         }
+        // A row's least value never falls in the rows below it: once past `most`, so is the
+        // distance.
+        if row.iter().all(|&d| d > most) {
+            return None;
+        }
     }
-    row[b.len()]
+    Some(row[b.len()]).filter(|&d| d <= most)
 }
 
 impl Config {
