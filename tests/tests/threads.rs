@@ -359,7 +359,8 @@ fn openmp_workers_record_their_share_of_every_node_and_nothing_changes() {
 /// ggml linked into llama-simple itself (an OpenMP build): the compiler inlined `ggml_barrier`
 /// into ggml's graph loop, which calls OpenMP's `GOMP_barrier` directly after each node (at
 /// several threads; at one, nothing). Each share still ends at the barrier after its node,
-/// inside its graph, and the nodes are the scheduler's, at 4 threads and at one.
+/// inside its graph, and the nodes are the scheduler's, at 4 threads and at one, and for a
+/// mixture-of-experts model (whose `mul_mat_id` calls `ggml_barrier` itself).
 #[test]
 fn a_static_executable_records_every_workers_share_of_every_node() {
     for threads in [4, 1] {
@@ -372,6 +373,19 @@ fn a_static_executable_records_every_workers_share_of_every_node() {
             threads,
         });
     }
+    let (s, _) = every_worker_records_its_share_of_every_node(&Run {
+        name: "static-moe",
+        bin: llama_static_bin(),
+        model: &tiny_moe_model(),
+        libs: None,
+        waiting_ops: &["MUL_MAT", "MUL_MAT_ID"],
+        threads: 4,
+    });
+    let waits = &s.waits_inside["MUL_MAT_ID"];
+    assert!(
+        waits.iter().all(|&n| n == 1),
+        "waits inside MUL_MAT_ID shares: {waits:?}"
+    );
 }
 
 #[test]
