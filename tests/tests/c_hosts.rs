@@ -133,8 +133,10 @@ fn an_openmp_program_that_never_calls_ggml_keeps_its_barriers() {
     let exe = build_c(&dir, "barriers", &source, &["-fopenmp".to_string()]);
     let traces = dir.join("traces");
     std::fs::create_dir(&traces).unwrap();
+    let mut program = Command::new(&exe);
+    program.env_remove("OMP_THREAD_LIMIT");
     let hooked = run(with_hook(
-        Command::new(&exe),
+        program,
         &[
             (
                 "GGML_VIZ_OUTPUT",

@@ -146,7 +146,9 @@ impl Run<'_> {
         if let Some(libs) = self.libs {
             cmd.env("LD_LIBRARY_PATH", libs);
         }
-        if self.threads != 4 {
+        if self.threads == 4 {
+            cmd.env_remove("OMP_THREAD_LIMIT");
+        } else {
             cmd.env("OMP_THREAD_LIMIT", self.threads.to_string());
         }
         cmd
