@@ -375,19 +375,7 @@ fn a_static_executable_records_every_workers_share_of_every_node() {
             threads,
         });
     }
-    let (s, _) = every_worker_records_its_share_of_every_node(&Run {
-        name: "static-moe",
-        bin: llama_static_bin(),
-        model: &tiny_moe_model(),
-        libs: None,
-        waiting_ops: &["MUL_MAT", "MUL_MAT_ID"],
-        threads: 4,
-    });
-    let waits = &s.waits_inside["MUL_MAT_ID"];
-    assert!(
-        waits.iter().all(|&n| n == 1),
-        "waits inside MUL_MAT_ID shares: {waits:?}"
-    );
+    moe_shares_wait_once_inside("static-moe", llama_static_bin());
 }
 
 #[test]
@@ -433,20 +421,7 @@ fn a_cpu_backend_loaded_with_dlopen_is_timed_per_thread() {
 /// inside it, and the other nodes are as in a dense model.
 #[test]
 fn mixture_of_experts_nodes_are_timed_whole() {
-    let (s, events) = every_worker_records_its_share_of_every_node(&Run {
-        name: "moe",
-        bin: llama_bin(),
-        model: &tiny_moe_model(),
-        libs: None,
-        waiting_ops: &["MUL_MAT", "MUL_MAT_ID"],
-        threads: 4,
-    });
-    // mul_mat_id has one barrier (ggml-cpu.c); the one after the node is not in the share.
-    let waits = &s.waits_inside["MUL_MAT_ID"];
-    assert!(
-        waits.iter().all(|&n| n == 1),
-        "waits inside MUL_MAT_ID shares: {waits:?}"
-    );
+    let events = moe_shares_wait_once_inside("moe", llama_bin());
     // Their work: each token's 2 experts multiply by a 64×128 matrix (gate, up) or a 128×64 one
     // (down), 2 flops per multiply-add.
     let mut products = 0;
@@ -502,6 +477,26 @@ fn mixture_of_experts_nodes_are_timed_whole() {
         ratio > 0.4,
         "MUL_MAT_ID at one thread: {ratio:.3} of the eval callback's median"
     );
+}
+
+/// The threads-mode check of llama-simple from `bin` on the mixture-of-experts model, whose
+/// MUL_MAT_ID shares each hold one barrier wait: mul_mat_id's own (ggml-cpu.c); the one after
+/// the node is not in the share. Returns the trace's events.
+fn moe_shares_wait_once_inside(name: &str, bin: PathBuf) -> Vec<Event<'static>> {
+    let (s, events) = every_worker_records_its_share_of_every_node(&Run {
+        name,
+        bin,
+        model: &tiny_moe_model(),
+        libs: None,
+        waiting_ops: &["MUL_MAT", "MUL_MAT_ID"],
+        threads: 4,
+    });
+    let waits = &s.waits_inside["MUL_MAT_ID"];
+    assert!(
+        waits.iter().all(|&n| n == 1),
+        "{name}: waits inside MUL_MAT_ID shares: {waits:?}"
+    );
+    events
 }
 
 /// A Q4_0 model (llama-quantize of the same build, every weight Q4_0): its weights are
