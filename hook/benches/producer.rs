@@ -27,6 +27,7 @@ fn start() {
         config: Config::load(&Sources::from_process_env()),
         ggml_version: None,
         cpu_functions: Err("a benchmark of the recording core".into()),
+        prepare_op_timing: |_| {},
     });
 }
 

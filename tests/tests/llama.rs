@@ -543,7 +543,9 @@ fn nm_size(file: &Path, symbol: &str) -> u64 {
 /// the size of the `GGML_OP_NAME` table in the symbol table of the file that defines
 /// `ggml_op_name` (the shared library, or a static executable), and from its version when the
 /// library is stripped; `verbose` says which. Expected: `nm -S`'s size of that table over 8
-/// (before: any op below 128 was looked up, while this ggml has 101).
+/// (before: any op below 128 was looked up, while this ggml has 101). With op timing on (each
+/// mode here), it is read as tracing starts, before the trace is opened ("tracing to"), not by
+/// the first graph compute's worker threads inside it (before: after).
 #[test]
 fn the_op_count_comes_from_the_op_name_table_or_the_version() {
     let dir = scratch("op-count");
@@ -571,20 +573,23 @@ fn the_op_count_comes_from_the_op_name_table_or_the_version() {
         .unwrap()
         .trim_start_matches("libggml-base.so.")
         .to_string();
-    for (bin, library_path, said) in [
+    for (bin, library_path, mode, said) in [
         (
             llama_bin(),
             None,
+            "threads",
             format!("this ggml has {ops} ops (the size of its GGML_OP_NAME table)"),
         ),
         (
             llama_static_bin(),
             None,
+            "sched",
             format!("this ggml has {ops} ops (the size of its GGML_OP_NAME table)"),
         ),
         (
             llama_bin(),
             Some(&stripped),
+            "auto",
             format!("this ggml has {ops} ops (ggml {version})"),
         ),
     ] {
@@ -596,7 +601,7 @@ fn the_op_count_comes_from_the_op_name_table_or_the_version() {
             cmd,
             &[
                 ("GGML_VIZ_OUTPUT", dir.join("t.ggmlviz").to_str().unwrap()),
-                ("GGML_VIZ_OP_TIMING", "sched"),
+                ("GGML_VIZ_OP_TIMING", mode),
                 ("GGML_VIZ_VERBOSE", "1"),
             ],
         ));
@@ -605,6 +610,12 @@ fn the_op_count_comes_from_the_op_name_table_or_the_version() {
         let counts: Vec<&String> = lines.iter().filter(|l| l.contains(" ops (")).collect();
         assert_eq!(counts.len(), 1, "{}: {lines:#?}", bin.display());
         assert!(counts[0].ends_with(&said), "{}: {counts:?}", bin.display());
+        let at = |text: &str| lines.iter().position(|l| l.contains(text));
+        assert!(
+            at(" ops (") < at("tracing to "),
+            "{} {mode}: {lines:#?}",
+            bin.display()
+        );
     }
 }
 

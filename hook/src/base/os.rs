@@ -52,6 +52,15 @@ impl<T> Zeroed<T> {
     }
 }
 
+impl<T> Zeroed<T> {
+    /// Has the pages backed for writing now (see [`populate_for_writing`]): their first write
+    /// then faults no more, and a read before it maps no shared zero page that a write would
+    /// have to replace (a second fault, which flushes the TLBs of the process's other CPUs).
+    pub fn back_for_writing(&self) {
+        populate_for_writing(self.ptr.as_ptr().cast(), std::mem::size_of_val(&**self));
+    }
+}
+
 impl<T> Deref for Zeroed<T> {
     type Target = [T];
     fn deref(&self) -> &[T] {
@@ -257,6 +266,25 @@ mod unix {
         }
         #[cfg(not(target_os = "linux"))]
         let _ = (start, len);
+    }
+
+    /// Which of the pages wholly inside the `len` bytes from `start` are backed by memory
+    /// (`mincore`): for the tests of what backs pages ahead of their use.
+    #[cfg(all(test, target_os = "linux"))]
+    pub fn backed_pages(start: *const u8, len: usize) -> Vec<bool> {
+        // SAFETY: reads a constant of the process.
+        let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as usize;
+        let from = (start as usize).next_multiple_of(page);
+        let to = (start as usize + len) / page * page;
+        if to <= from {
+            return Vec::new();
+        }
+        let mut pages = vec![0u8; (to - from) / page];
+        // SAFETY: a page-aligned range of the caller's memory, one byte of `pages` per page.
+        let done =
+            unsafe { libc::mincore(from as *mut libc::c_void, to - from, pages.as_mut_ptr()) };
+        assert_eq!(done, 0, "mincore: {}", io::Error::last_os_error());
+        pages.iter().map(|p| p & 1 == 1).collect()
     }
 
     /// `bytes` of fresh anonymous pages, which the kernel gives zeroed.

@@ -309,20 +309,13 @@ mod tests {
         }
     }
 
-    /// Which of the pages wholly inside `slots` of `ring` are backed by memory (`mincore`).
+    /// Which of the pages wholly inside `slots` of `ring` are backed by memory.
     #[cfg(all(target_os = "linux", not(loom)))]
     fn backed(ring: &Ring, slots: std::ops::Range<usize>) -> Vec<bool> {
-        // SAFETY: reads a constant of the process.
-        let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as usize;
         let at = |i: usize| ring.slots[i].with(|slot| slot as usize);
-        let from = at(slots.start).next_multiple_of(page);
-        let to = (at(slots.end - 1) + size_of::<RawEvent>()) / page * page;
-        let mut pages = vec![0u8; (to - from) / page];
-        // SAFETY: a page-aligned range inside the ring's slots, one byte of `pages` per page.
-        let done =
-            unsafe { libc::mincore(from as *mut libc::c_void, to - from, pages.as_mut_ptr()) };
-        assert_eq!(done, 0, "mincore: {}", std::io::Error::last_os_error());
-        pages.iter().map(|p| p & 1 == 1).collect()
+        let from = at(slots.start);
+        let to = at(slots.end - 1) + size_of::<RawEvent>();
+        crate::base::os::backed_pages(from as *const u8, to - from)
     }
 
     /// `populate_ahead` backs the pages the producer will write next and no further: for a fresh

@@ -183,9 +183,28 @@ pub fn start_tracing() {
                 config: Config::load(&sources),
                 ggml_version: first_helpers().and_then(|h| h.version()),
                 cpu_functions: cpu_functions_reachable(),
+                prepare_op_timing,
             }
         })
     });
+}
+
+/// Before the first timed graph compute, on the thread that starts tracing: what that compute
+/// would otherwise do inside its span, on its worker threads at once.
+/// - The op count of the ggml that calls go to, which every node description needs: read from
+///   the symbol table of its file (an ELF file mapped and parsed), by each worker thread that
+///   described a node before it was known.
+/// - Per thread: the call-site cache's pages backed ([`super::route::back_call_site_cache`]).
+fn prepare_op_timing(per_thread: bool) {
+    if let Some(h) = first_helpers() {
+        h.op_count();
+    }
+    #[cfg(all(target_os = "linux", target_arch = "x86_64"))]
+    if per_thread {
+        super::route::back_call_site_cache();
+    }
+    #[cfg(not(all(target_os = "linux", target_arch = "x86_64")))]
+    let _ = per_thread;
 }
 
 /// Said once when no loaded library defines a function we wrap.

@@ -135,7 +135,7 @@ impl Recorder {
             reserved: AtomicU64::new(0),
             over_max_events: AtomicU64::new(0),
             op_timed_graphs: AtomicU64::new(0),
-            tensors: Tensors::new(),
+            tensors: Tensors::new(op_mode != OpMode::Off),
             graphs_begun: AtomicU64::new(0),
             writer: Mutex::new(writer),
             flusher: OnceLock::new(),

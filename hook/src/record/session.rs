@@ -38,6 +38,10 @@ pub struct Setup {
     /// Whether the CPU backend's per-op functions and `ggml_barrier` reach the front end's
     /// wrappers (threads-mode op timing); `Err` says why not.
     pub cpu_functions: Result<(), String>,
+    /// Called once the op-timing mode is chosen, when ops will be timed (`true`: per thread, on
+    /// ggml's worker threads), before tracing starts: the front end's one-time work that the
+    /// first timed graph compute would otherwise do inside its span.
+    pub prepare_op_timing: fn(per_thread: bool),
 }
 
 /// Starts tracing if this is the first call of the process (or of a child since its fork);
@@ -147,6 +151,9 @@ fn start(setup: Setup) -> Option<Box<Recorder>> {
     };
     let descriptor = os::descriptor(&file);
     let (op_mode, why) = OpMode::choose(config.op_timing, &setup.cpu_functions);
+    if op_mode != OpMode::Off {
+        (setup.prepare_op_timing)(op_mode == OpMode::Threads);
+    }
     if config.verbose || (op_mode == OpMode::Sched && config.op_timing == OpTiming::Threads) {
         say(format_args!("op timing: {}: {why}", op_mode.name()));
     }

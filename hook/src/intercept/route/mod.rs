@@ -11,7 +11,9 @@ use crate::base::ggml::Helpers;
 #[cfg(target_os = "linux")]
 mod linux;
 #[cfg(all(target_os = "linux", target_arch = "x86_64"))]
-pub use linux::{Callee, cpu_functions_reachable, fallback_callee, resolve_callee};
+pub use linux::{
+    Callee, back_call_site_cache, cpu_functions_reachable, fallback_callee, resolve_callee,
+};
 #[cfg(target_os = "linux")]
 pub use linux::{describe_route, fallback, resolve};
 #[cfg(target_os = "macos")]
