@@ -87,7 +87,10 @@ impl Tensors {
     }
 
     /// The id of `info` (key `key`), adding it on first sight; 0 (counted) when the table is
-    /// full, which then costs a lookup and no lock.
+    /// full, which then costs a lookup and no lock. `info` is made before the lock is taken, so
+    /// that threads meeting new tensors together (ggml's worker threads, each node of a graph's
+    /// first timed compute) do not wait for each other's descriptions; two that describe the
+    /// same tensor get the first one's id (the second description is dropped).
     pub fn intern(&self, key: u64, info: impl FnOnce() -> TensorInfo) -> u16 {
         let (Some(slots), Some(infos)) = (&self.slots, &self.infos) else {
             self.refused.fetch_add(1, Ordering::Relaxed);
@@ -100,6 +103,7 @@ impl Tensors {
             self.refused.fetch_add(1, Ordering::Relaxed);
             return 0;
         }
+        let mut info = info();
         let mut groups = self.adding.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some(id) = Tensors::find(slots, key) {
             return id;
@@ -108,7 +112,6 @@ impl Tensors {
         if n >= MAX_TENSORS {
             return 0;
         }
-        let mut info = info();
         let next = groups.len() as u32;
         info.group = *groups
             .entry((info.name.clone(), info.op_type))
@@ -152,6 +155,52 @@ mod tests {
             backed_pages(slots.as_ptr().cast(), size_of_val(&**slots)),
             backed_pages(infos.as_ptr().cast(), size_of_val(&**infos)),
         ]
+    }
+
+    fn info(name: &str) -> TensorInfo {
+        TensorInfo {
+            json: Vec::new(),
+            name: name.into(),
+            op_type: Some(1),
+            op_name: "ADD".into(),
+            group: 0,
+        }
+    }
+
+    /// A thread describing a new tensor holds up no other thread's: one interns another tensor
+    /// while the first is inside its description (before: the description ran under the lock,
+    /// and the second waited for it), and a third describes the first's tensor meanwhile and
+    /// gets the id the first one gets.
+    #[test]
+    fn a_description_keeps_no_other_thread_waiting() {
+        use std::sync::mpsc::channel;
+        use std::time::Duration;
+        let tensors = &Tensors::new(false);
+        let (inside, describing) = channel();
+        let (done, others_done) = channel();
+        std::thread::scope(|s| {
+            let first = s.spawn(move || {
+                tensors.intern(1 << 20, || {
+                    inside.send(()).unwrap();
+                    // Waits for the other two (at most 10 s each: a failure is not a hang).
+                    let others = (0..2)
+                        .filter(|_| others_done.recv_timeout(Duration::from_secs(10)).is_ok())
+                        .count();
+                    assert_eq!(others, 2, "the other threads waited for this description");
+                    info("first")
+                })
+            });
+            describing.recv().unwrap();
+            let other = tensors.intern(2 << 20, || info("other"));
+            done.send(()).unwrap();
+            let same = s.spawn(|| tensors.intern(1 << 20, || info("first, again")));
+            let same = same.join().unwrap();
+            done.send(()).unwrap();
+            let first = first.join().unwrap();
+            assert_eq!((other, same, first), (1, 2, 2));
+        });
+        assert_eq!(tensors.used.load(Ordering::Relaxed), 2);
+        assert_eq!(&*tensors.get(2).unwrap().name, "first, again");
     }
 
     /// A recorder that times ops has both tables backed from the start (the first timed graph
