@@ -40,8 +40,8 @@ impl Tensors {
     /// after a miss): the read of an untouched page maps the shared zero page, and the write
     /// faults again to replace it, which makes the kernel flush the TLBs of every other CPU
     /// running a thread of the process. ggml's worker threads meet a graph's nodes together,
-    /// in its first timed compute: with the tables left unbacked, that compute took 3.7 ms
-    /// instead of 2.5 ms (`llama-bench -t 2` on the 512x8 model, op timing off: 2.5 ms).
+    /// in its first timed compute: with the tables left unbacked it took 3.7 ms, backed 2.9 ms
+    /// (`llama-bench -t 2` on the 512x8 model; op timing off: 2.5 ms).
     pub fn new(back: bool) -> Tensors {
         // SAFETY: a zeroed atomic integer or pointer is a valid one.
         let (slots, infos) = unsafe { (Zeroed::new(TENSOR_SLOTS), Zeroed::new(MAX_TENSORS)) };
@@ -90,7 +90,7 @@ impl Tensors {
     /// full, which then costs a lookup and no lock. `info` is made before the lock is taken, so
     /// that threads meeting new tensors together (ggml's worker threads, each node of a graph's
     /// first timed compute) do not wait for each other's descriptions; two that describe the
-    /// same tensor get the first one's id (the second description is dropped).
+    /// same tensor get one id, the first insert's (the other description is dropped).
     pub fn intern(&self, key: u64, info: impl FnOnce() -> TensorInfo) -> u16 {
         let (Some(slots), Some(infos)) = (&self.slots, &self.infos) else {
             self.refused.fetch_add(1, Ordering::Relaxed);
@@ -169,8 +169,8 @@ mod tests {
 
     /// A thread describing a new tensor holds up no other thread's: one interns another tensor
     /// while the first is inside its description (before: the description ran under the lock,
-    /// and the second waited for it), and a third describes the first's tensor meanwhile and
-    /// gets the id the first one gets.
+    /// and the second waited for it), and a third describes the first's tensor meanwhile: it
+    /// inserts first, and both get its id.
     #[test]
     fn a_description_keeps_no_other_thread_waiting() {
         use std::sync::mpsc::channel;

@@ -58,6 +58,18 @@ static CACHE_USED: AtomicUsize = AtomicUsize::new(0);
 /// Indexed by [`Callee::code`].
 static PAST_LIMIT: [OnceLock<&'static Resolved>; 256] = [const { OnceLock::new() }; 256];
 
+/// Has the call-site cache's pages (256 KiB) backed for writing now, for threads-mode op
+/// timing. A slot is read before it is written (a lookup, then the insert after a miss): the
+/// read of an untouched page maps the shared zero page, and the insert faults again to replace
+/// it, which makes the kernel flush the TLBs of every other CPU running a thread of the
+/// process. ggml's worker threads meet their call sites together, in the first timed graph
+/// compute: left unbacked, the cache's pages made it 0.27 ms longer (`llama-bench -t 2` on the
+/// 512x8 model: 3.0 ms against 2.7 ms).
+#[cfg(target_arch = "x86_64")]
+pub fn back_call_site_cache() {
+    crate::base::os::populate_for_writing(CACHE.as_ptr().cast(), std::mem::size_of_val(&CACHE));
+}
+
 /// A function we wrap: an entry point, or one of the CPU backend's per-op functions (by its
 /// index in [`crate::intercept::cpu_ops`]'s table, and its name).
 #[derive(Clone, Copy)]
@@ -192,36 +204,6 @@ impl Drop for SlowGuard {
 /// points (libffi's, or any call through a function pointer), and one entry point is called from
 /// many sites. User-space addresses fit in 56 bits, so the entry goes above them; without a
 /// return address (an architecture we have no trampoline for) the entry alone is the key.
-/// Has the call-site cache's pages (256 KiB) backed for writing now, for threads-mode op
-/// timing. A slot is read before it is written (a lookup, then the insert after a miss): the
-/// read of an untouched page maps the shared zero page, and the insert faults again to replace
-/// it, which makes the kernel flush the TLBs of every other CPU running a thread of the
-/// process. ggml's worker threads meet their call sites together, in the first timed graph
-/// compute: left unbacked, the cache's pages made it 0.27 ms longer (`llama-bench -t 2` on the
-/// 512x8 model: 3.0 ms against 2.7 ms).
-#[cfg(target_arch = "x86_64")]
-pub fn back_call_site_cache() {
-    crate::base::os::populate_for_writing(CACHE.as_ptr().cast(), std::mem::size_of_val(&CACHE));
-}
-
-#[cfg(all(test, target_arch = "x86_64"))]
-mod tests {
-    use super::*;
-    use crate::base::os::backed_pages;
-
-    /// Every page of the call-site cache is backed once it is asked for (this test process
-    /// resolves few call sites: most of the cache's pages are untouched before).
-    #[test]
-    fn backing_the_call_site_cache_backs_all_of_it() {
-        let pages = || backed_pages(CACHE.as_ptr().cast(), size_of_val(&CACHE));
-        let before = pages();
-        assert!(before.len() >= 60, "{} pages", before.len());
-        assert!(before.iter().any(|&b| !b), "the cache was backed already");
-        back_call_site_cache();
-        assert!(pages().iter().all(|&b| b), "{:?}", pages());
-    }
-}
-
 fn cache_key(callee: Callee, return_address: usize) -> usize {
     (callee.code() << 56) | (return_address & ((1 << 56) - 1))
 }
@@ -583,4 +565,22 @@ fn our_base() -> usize {
 
 fn is_ours(address: usize) -> bool {
     object_of(address).is_some_and(|o| o.base == our_base())
+}
+
+#[cfg(all(test, target_arch = "x86_64"))]
+mod tests {
+    use super::*;
+    use crate::base::os::backed_pages;
+
+    /// Every page of the call-site cache is backed once it is asked for (this test process
+    /// resolves few call sites: most of the cache's pages are untouched before).
+    #[test]
+    fn backing_the_call_site_cache_backs_all_of_it() {
+        let pages = || backed_pages(CACHE.as_ptr().cast(), size_of_val(&CACHE));
+        let before = pages();
+        assert!(before.len() >= 60, "{} pages", before.len());
+        assert!(before.iter().any(|&b| !b), "the cache was backed already");
+        back_call_site_cache();
+        assert!(pages().iter().all(|&b| b), "{:?}", pages());
+    }
 }
