@@ -97,17 +97,6 @@ fn each_call_site_is_resolved_once_even_past_the_cache() {
     }
 }
 
-/// A thread resolves thousands of new call sites (the resolver's slow path, under its lock)
-/// while the main thread forks 20 children, each making a call of its own and exiting. No child
-/// may hang: the lock is taken around `fork` and released in both processes (before: most
-/// children deadlocked on a lock held by a thread that does not exist in them). The resolver
-/// works in 20 chunks of 500 new sites (about 0.8 ms each here) and starts chunk k+1 only after
-/// fork k; fork k waits, spinning, for chunk k to start; the two threads are pinned to two CPUs.
-/// On an idle machine nearly every fork falls inside the resolving (before: one burst of 10000
-/// sites, which a loaded machine finished before the first fork; and two threads left on one
-/// CPU took turns a whole chunk long). Measured with three busy loops beside it: 4-10
-/// of 40 forks in 250-site chunks fell inside, 1-11 of 20 in 500-site ones; so the program
-/// runs again until 5 forks in all did.
 /// An OpenMP program that never calls ggml: its `GOMP_barrier` calls reach the hook's wrapper
 /// (which ggml's inlined barriers need, see the threads tests), bound there by the dynamic
 /// loader, and go on to OpenMP's: the program computes what it computes without the hook, says
@@ -176,6 +165,17 @@ fn an_openmp_program_that_never_calls_ggml_keeps_its_barriers() {
     );
 }
 
+/// A thread resolves thousands of new call sites (the resolver's slow path, under its lock)
+/// while the main thread forks 20 children, each making a call of its own and exiting. No child
+/// may hang: the lock is taken around `fork` and released in both processes (before: most
+/// children deadlocked on a lock held by a thread that does not exist in them). The resolver
+/// works in 20 chunks of 500 new sites (about 0.8 ms each here) and starts chunk k+1 only after
+/// fork k; fork k waits, spinning, for chunk k to start; the two threads are pinned to two CPUs.
+/// On an idle machine nearly every fork falls inside the resolving (before: one burst of 10000
+/// sites, which a loaded machine finished before the first fork; and two threads left on one
+/// CPU took turns a whole chunk long). Measured with three busy loops beside it: 4-10
+/// of 40 forks in 250-site chunks fell inside, 1-11 of 20 in 500-site ones; so the program
+/// runs again until 5 forks in all did.
 #[test]
 fn children_forked_while_another_thread_resolves_never_hang() {
     let dir = scratch("fork-resolving");

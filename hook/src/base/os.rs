@@ -50,9 +50,7 @@ impl<T> Zeroed<T> {
             mapped: false,
         })
     }
-}
 
-impl<T> Zeroed<T> {
     /// Has the pages backed for writing now (see [`populate_for_writing`]): their first write
     /// then faults no more, and a read before it maps no shared zero page that a write would
     /// have to replace (a second fault, which flushes the TLBs of the process's other CPUs).
