@@ -197,6 +197,22 @@ fn kill_9_leaves_a_file_that_reads_cleanly_up_to_a_truncated_tail() {
     assert!(events.len() > 100);
 }
 
+/// The fixture with `nodes` nodes per graph computing `repeat` graphs on each of `threads`
+/// threads at once.
+fn parallel_fixture(bin: &Path, nodes: u32, repeat: usize, threads: usize) -> Command {
+    fixture_cmd(
+        &[bin],
+        &[
+            "--nodes",
+            &nodes.to_string(),
+            "--repeat",
+            &repeat.to_string(),
+            "--parallel",
+            &threads.to_string(),
+        ],
+    )
+}
+
 #[test]
 fn sixty_four_threads_on_tiny_rings_count_every_drop_exactly() {
     let dir = scratch("threads");
@@ -204,17 +220,7 @@ fn sixty_four_threads_on_tiny_rings_count_every_drop_exactly() {
     let bin = llama_bin();
     let (threads, repeat) = (64, 20);
     let out = run(with_hook(
-        fixture_cmd(
-            &[&bin],
-            &[
-                "--nodes",
-                "2",
-                "--repeat",
-                &repeat.to_string(),
-                "--parallel",
-                &threads.to_string(),
-            ],
-        ),
+        parallel_fixture(&bin, 2, repeat, threads),
         &[
             ("GGML_VIZ_OUTPUT", trace.to_str().unwrap()),
             ("GGML_VIZ_BUFFER_SIZE", "4"),
@@ -629,17 +635,7 @@ fn calls_that_arrive_during_start_up_are_recorded() {
     let bin = llama_bin();
     let (threads, repeat) = (16, 500);
     let out = run(with_hook(
-        fixture_cmd(
-            &[&bin],
-            &[
-                "--nodes",
-                "1",
-                "--repeat",
-                &repeat.to_string(),
-                "--parallel",
-                &threads.to_string(),
-            ],
-        ),
+        parallel_fixture(&bin, 1, repeat, threads),
         &[
             ("GGML_VIZ_OUTPUT", trace.to_str().unwrap()),
             ("GGML_VIZ_OP_TIMING", "0"),
