@@ -117,3 +117,47 @@ fn a_bad_flag_fails_before_the_program_runs() {
         "the program must not run with a bad configuration"
     );
 }
+
+/// More threads than the process has CPUs: `record`'s summary, `info` and `ops` say so, with
+/// both counts (the threads llama-bench was told to use, the CPUs this test's own process may
+/// run on); at as many threads as CPUs none of them does.
+#[test]
+fn more_threads_than_cpus_is_said_with_both_counts() {
+    let cpus = std::thread::available_parallelism().unwrap().get();
+    let dir = scratch("oversubscribed");
+    let bench = llama_bin().join("llama-bench");
+    let model = tiny_model();
+    for threads in [cpus + 2, cpus] {
+        let trace = dir.join(format!("t{threads}.ggmlviz"));
+        let t = threads.to_string();
+        let program = [
+            bench.to_str().unwrap(),
+            "-m",
+            model.to_str().unwrap(),
+            "-t",
+            &t,
+            "-p",
+            "0",
+            "-n",
+            "2",
+            "-r",
+            "1",
+        ];
+        let out = run(record(&["-o", trace.to_str().unwrap()], &program));
+        assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+        let info = cli(|c| c.arg("info").arg(&trace));
+        let ops = cli(|c| c.arg("ops").arg(&trace));
+        let said = format!("ran {threads} threads on {cpus} CPUs");
+        for (what, output) in [
+            ("record", text(&out.stderr)),
+            ("info", text(&info.stdout)),
+            ("ops", text(&ops.stdout)),
+        ] {
+            assert_eq!(
+                output.contains(&said),
+                threads > cpus,
+                "{what} at {threads} threads on {cpus} CPUs:\n{output}"
+            );
+        }
+    }
+}

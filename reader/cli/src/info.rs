@@ -195,6 +195,9 @@ fn write_extensions(out: &mut impl Write, stats: &TraceStats) -> io::Result<()> 
             m.n_cpus,
             m.cpu_model.as_deref().unwrap_or("unknown CPU")
         )?;
+        if let Some(note) = stats.oversubscription_note() {
+            writeln!(out, "note:            {note}")?;
+        }
         writeln!(
             out,
             "ggml version:    {}",

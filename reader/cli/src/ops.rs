@@ -6,7 +6,10 @@ use std::path::PathBuf;
 use clap::{Args, ValueEnum};
 use ggml_viz_reader::Layout;
 use ggml_viz_reader::telemetry::export::summary::csv_cell;
-use ggml_viz_reader::{GroupBy, OpAnalysis, OpCollector, OpGroups, OpSample, Phase, ThreadTotals};
+use ggml_viz_reader::{
+    GroupBy, OpAnalysis, OpCollector, OpGroups, OpSample, Phase, ThreadTotals,
+    oversubscription_note,
+};
 
 use crate::Failure;
 use crate::dump::parse_layout;
@@ -26,6 +29,8 @@ use crate::input::{Input, ReadStop};
 /// and the share of the threads' time spent waiting at barriers (inside the op, at the barriers
 /// ggml's ops have, such as mul_mat's, and after it); `--by thread` shows each thread's time in
 /// nodes (and how much of it went to waits at barriers inside ops) and in waits between nodes.
+/// Where the graph computes ran more threads than the process had CPUs, a note says so: each
+/// barrier then waits for a thread that waits for a core, in time that lies between nodes.
 /// Elsewhere (`sched` mode) each node is computed and synchronized on its own
 /// by the scheduler's eval callback, which adds a synchronization per node and disables
 /// ggml's op fusion.
@@ -202,6 +207,9 @@ fn write_header(out: &mut impl Write, a: &OpAnalysis, t: &Tables) -> io::Result<
             fmt_ns(sum(|w| w.inner_wait_ns) as f64),
             fmt_ns(sum(|w| w.wait_ns) as f64)
         )?;
+    }
+    if let Some(note) = oversubscription_note(a.graph_threads, a.n_cpus) {
+        writeln!(out, "note: {note}")?;
     }
     Ok(())
 }

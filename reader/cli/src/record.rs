@@ -298,6 +298,9 @@ fn summarize(path: &Path, started: std::time::SystemTime) {
             path.display()
         );
     }
+    if let Some(note) = stats.oversubscription_note() {
+        eprintln!("ggml-viz: note: {note}");
+    }
     let lost = stats.counters.map_or(0, |c| c.lost());
     eprintln!(
         "ggml-viz: {} events on {} thread(s), {lost} lost",

@@ -95,6 +95,10 @@ pub struct OpAnalysis {
     pub timing_note: Option<String>,
     /// Per thread: its shares of nodes and its barrier waits, by thread id.
     pub threads: Vec<ThreadTotals>,
+    /// The most threads a graph compute said it ran on, and the CPUs the process had (0: the
+    /// trace does not say): see [`crate::oversubscription_note`].
+    pub graph_threads: u32,
+    pub n_cpus: u32,
     pub damage: Option<Damage>,
     /// Shares read after their graph compute's nodes were handed out (streaming only; see
     /// [`OpCollector`]): each was counted as a node of its own.
@@ -184,10 +188,9 @@ pub struct OpCollector {
     pushed: u64,
     seen: u64,
     cutoff: u64,
-    /// Streaming: the capacity of a thread's ring, in events; the most threads a graph compute
-    /// said it ran on (some may not have been met yet).
+    /// Streaming: the capacity of a thread's ring, in events (the most threads a graph compute
+    /// said it ran on, some perhaps not met yet, are [`OpAnalysis::graph_threads`]).
     ring: Option<u64>,
-    graph_threads: u64,
     /// Nodes joined and not yet taken, with their start.
     ready: Vec<(u64, OpSample)>,
 }
@@ -203,7 +206,9 @@ impl OpCollector {
         }
         self.pushed += 1;
         if let Some(ring) = self.ring {
-            let threads = (self.threads.len() as u64).max(self.graph_threads).max(1);
+            let threads = (self.threads.len() as u64)
+                .max(self.a.graph_threads.into())
+                .max(1);
             let lag = 2u64.saturating_mul(ring).saturating_mul(threads);
             if self.pushed - self.seen >= lag / 8 && self.pushed > lag {
                 let mut ready = std::mem::take(&mut self.ready);
@@ -229,7 +234,7 @@ impl OpCollector {
         match (e.event_type(), e.payload) {
             (Some(EventType::GraphComputeBegin), payload) => {
                 if let Payload::Graph { n_threads, .. } = payload {
-                    self.graph_threads = self.graph_threads.max(n_threads.into());
+                    self.a.graph_threads = self.a.graph_threads.max(n_threads);
                 }
                 if t.graph_depth == 0 {
                     t.graph_begin = e.timestamp_ns;
@@ -329,6 +334,7 @@ impl OpCollector {
             ExtensionKind::Metadata => {
                 if let Some(m) = ext::parse_payload::<ext::Metadata>(label) {
                     self.a.timing_note = op_timing_note(&m.settings);
+                    self.a.n_cpus = m.n_cpus;
                     if self.ring.is_some() {
                         let size = m.settings.get("buffer_size").and_then(|v| v.as_u64());
                         let size = size.unwrap_or(DEFAULT_RING).clamp(1, 1 << 32);

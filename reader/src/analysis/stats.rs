@@ -25,6 +25,9 @@ pub struct TraceStats {
     pub graph_computes: u64,
     /// Graph pairs nested inside another on the same thread.
     pub sub_graphs: u64,
+    /// The most threads a graph compute said it ran on (ggml's CPU graph compute says its
+    /// plan's; the scheduler's and the backend's say 0).
+    pub graph_threads: u32,
     /// Durations of the outermost graph pairs, in file order.
     pub graph_durations_ns: Vec<u64>,
     pub unmatched_graph_begins: u64,
@@ -58,7 +61,26 @@ pub struct TraceStats {
     last_by_thread: HashMap<u32, u64>,
 }
 
+/// What to tell the user of a program whose graph computes ran on `graph_threads` threads where
+/// the process had `n_cpus` CPUs to run on (0: not known): `None` unless there were more
+/// threads than CPUs. ggml's threads meet at a barrier after every node; a thread that waits for
+/// a core makes the others wait for it, in time that lies between nodes.
+pub fn oversubscription_note(graph_threads: u32, n_cpus: u32) -> Option<String> {
+    (n_cpus > 0 && graph_threads > n_cpus).then(|| {
+        format!(
+            "the graph computes ran {graph_threads} threads on {n_cpus} CPUs: at the barrier \
+             after each node, threads waited for a core (time between nodes, in no op); \
+             at most {n_cpus} threads may well compute faster"
+        )
+    })
+}
+
 impl TraceStats {
+    /// [`oversubscription_note`] for this trace (the CPUs from its metadata record).
+    pub fn oversubscription_note(&self) -> Option<String> {
+        oversubscription_note(self.graph_threads, self.metadata.as_ref()?.n_cpus)
+    }
+
     /// Stats of a whole trace given as a `Result` iterator (the damage, if any, is kept).
     pub fn collect<'a>(events: impl IntoIterator<Item = Result<Event<'a>, Damage>>) -> TraceStats {
         let mut stats = TraceStats::default();
@@ -90,6 +112,9 @@ impl TraceStats {
         *self.by_code.entry(event.type_code).or_default() += 1;
         match event.event_type() {
             Some(EventType::GraphComputeBegin) => {
+                if let Payload::Graph { n_threads, .. } = event.payload {
+                    self.graph_threads = self.graph_threads.max(n_threads);
+                }
                 let open = self.open_graphs.entry(event.thread_id).or_default();
                 if open.is_empty() {
                     self.graph_computes += 1;
@@ -306,6 +331,41 @@ mod tests {
             op_type,
             op_size: 0,
             backend_ptr: 0,
+        }
+    }
+
+    #[test]
+    fn more_graph_threads_than_cpus_is_said() {
+        let graph = |n_threads| Payload::Graph {
+            graph_ptr: 1,
+            n_nodes: 2,
+            n_threads,
+            backend_ptr: 0,
+        };
+        // The scheduler's and the backend's graph computes say 0 threads, ggml's CPU one its
+        // plan's: the most is what counts.
+        let events = [0, 0, 3, 0, 0, 0].into_iter().enumerate().map(|(i, n)| {
+            let ty = if i < 3 {
+                EventType::GraphComputeBegin
+            } else {
+                EventType::GraphComputeEnd
+            };
+            Ok(event(ty, i as u64, 1, graph(n)))
+        });
+        let mut stats = TraceStats::collect(events);
+        assert_eq!(stats.graph_threads, 3);
+        // No metadata record: the CPUs are not known, nothing is said.
+        assert_eq!(stats.oversubscription_note(), None);
+        for (cpus, said) in [(2, true), (3, false), (4, false), (0, false)] {
+            stats.metadata = Some(Metadata {
+                n_cpus: cpus,
+                ..Default::default()
+            });
+            let note = stats.oversubscription_note();
+            assert_eq!(note.is_some(), said, "{cpus} CPUs: {note:?}");
+            if let Some(note) = note {
+                assert!(note.contains("3 threads on 2 CPUs"), "{note}");
+            }
         }
     }
 
