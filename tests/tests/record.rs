@@ -118,9 +118,9 @@ fn a_bad_flag_fails_before_the_program_runs() {
     );
 }
 
-/// More threads than the process has CPUs: `record`'s summary, `info` and `ops` say so, with
-/// both counts (the threads llama-bench was told to use, the CPUs this test's own process may
-/// run on); at as many threads as CPUs none of them does.
+/// More threads than the process has CPUs: `record`'s summary, `info`, `ops` and the report say
+/// so, with both counts (the threads llama-bench was told to use, the CPUs this test's own
+/// process may run on); at as many threads as CPUs none of them does.
 #[test]
 fn more_threads_than_cpus_is_said_with_both_counts() {
     let cpus = std::thread::available_parallelism().unwrap().get();
@@ -147,11 +147,15 @@ fn more_threads_than_cpus_is_said_with_both_counts() {
         assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
         let info = cli(|c| c.arg("info").arg(&trace));
         let ops = cli(|c| c.arg("ops").arg(&trace));
+        let html = dir.join(format!("t{threads}.html"));
+        let report = cli(|c| c.arg("report").arg(&trace).arg("-o").arg(&html));
+        assert!(report.status.success(), "{}", text(&report.stderr));
         let said = format!("ran {threads} threads on {cpus} CPUs");
         for (what, output) in [
             ("record", text(&out.stderr)),
             ("info", text(&info.stdout)),
             ("ops", text(&ops.stdout)),
+            ("report", std::fs::read_to_string(&html).unwrap()),
         ] {
             assert_eq!(
                 output.contains(&said),

@@ -109,6 +109,9 @@ pub fn run(args: ReportArgs) -> Result<(), Failure> {
         let format = args.input.format.map_or_else(|| detect(path).ok(), Some);
         if format == Some(Format::Ggmlviz) {
             stats.finish();
+            if let Some(note) = stats.oversubscription_note() {
+                builder.warn(format!("{name}: {note}"));
+            }
             if let Some(note) = stats
                 .metadata
                 .as_ref()
