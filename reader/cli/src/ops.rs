@@ -30,7 +30,8 @@ use crate::input::{Input, ReadStop};
 /// ggml's ops have, such as mul_mat's, and after it); `--by thread` shows each thread's time in
 /// nodes (and how much of it went to waits at barriers inside ops) and in waits between nodes.
 /// Where the graph computes ran more threads than the process had CPUs, a note says so: each
-/// barrier then waits for a thread that waits for a core, in time that lies between nodes.
+/// barrier then waits for a thread that waits for a core (with OpenMP, in time between nodes;
+/// with ggml's own thread pool, whose threads spin, inside longer nodes).
 /// Elsewhere (`sched` mode) each node is computed and synchronized on its own
 /// by the scheduler's eval callback, which adds a synchronization per node and disables
 /// ggml's op fusion.
