@@ -241,6 +241,54 @@ fn record_live_follows_llama_and_ends_with_the_program() {
         ended_totals(&stderr),
         (stats.events(), stats.graph_computes)
     );
+    // llama-simple runs ggml's default 4 threads: threads-mode op timing, each worker thread's
+    // share of a node an op event. The view counts nodes as `info` does, and its top ops are
+    // the nodes' wall time, as `ggml-viz ops` has it: the end line's three shares are those of
+    // `ops --csv`'s totals over both phases (before, the view summed the shares' own time:
+    // MUL_MAT 84.4 % of a demo trace where `ops` and the report said 57.3 %). Within 0.3
+    // points: the line prints one decimal, and a share the view read after its graph compute's
+    // nodes were joined would count as a node of its own.
+    assert!(
+        stats.nodes < stats.ops,
+        "not a threads-mode trace: {stats:?}"
+    );
+    assert!(
+        stderr.contains(&format!("{} ops ({} op spans)", stats.nodes, stats.ops)),
+        "{stderr}"
+    );
+    let csv = cli(|c| c.args(["ops", "--csv"]).arg(&trace));
+    let mut totals: Vec<(String, f64)> = Vec::new();
+    for row in text(&csv.stdout).lines().skip(1) {
+        let cols: Vec<&str> = row.split(',').collect();
+        let ns: f64 = cols[3].parse().unwrap();
+        match totals.iter_mut().find(|(g, _)| g == cols[1]) {
+            Some((_, t)) => *t += ns,
+            None => totals.push((cols[1].to_string(), ns)),
+        }
+    }
+    let all: f64 = totals.iter().map(|(_, t)| t).sum();
+    totals.sort_by(|a, b| b.1.total_cmp(&a.1));
+    let shown = stderr
+        .split("top ops ")
+        .nth(1)
+        .and_then(|rest| rest.split(';').next())
+        .unwrap_or_else(|| panic!("no top ops in {stderr}"));
+    let shown: Vec<(&str, f64)> = shown
+        .split(", ")
+        .map(|o| {
+            let (name, pct) = o.rsplit_once(' ').unwrap();
+            (name, pct.trim_end_matches('%').parse().unwrap())
+        })
+        .collect();
+    assert_eq!(shown.len(), 3, "{stderr}");
+    for ((name, pct), (group, total)) in shown.iter().zip(&totals) {
+        assert_eq!(name, group, "{stderr}\nops: {totals:?}");
+        let expected = 100.0 * total / all;
+        assert!(
+            (pct - expected).abs() <= 0.3,
+            "{name}: the view says {pct} %, ops {expected:.2} %\n{stderr}"
+        );
+    }
 }
 
 #[test]

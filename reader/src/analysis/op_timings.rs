@@ -211,11 +211,7 @@ impl OpCollector {
                 .max(1);
             let lag = 2u64.saturating_mul(ring).saturating_mul(threads);
             if self.pushed - self.seen >= lag / 8 && self.pushed > lag {
-                let mut ready = std::mem::take(&mut self.ready);
-                self.join(self.pushed - lag, &mut |begin, node| {
-                    ready.push((begin, node))
-                });
-                self.ready = ready;
+                self.hand_out(self.pushed - lag);
             }
         }
         let e = match item {
@@ -385,10 +381,32 @@ impl OpCollector {
         self.ready.drain(..).map(|(_, node)| node)
     }
 
+    /// Events taken in so far: a point to hand nodes out up to later ([`OpCollector::hand_out`]).
+    pub fn taken(&self) -> u64 {
+        self.pushed
+    }
+
+    /// Makes ready (for [`OpCollector::take_ready`]) the nodes of the graph computes whose end
+    /// was among the first `taken` events taken in (an earlier [`OpCollector::taken`]), for a
+    /// reader that knows those computes' shares have all been read since: a live view a refresh
+    /// later, the writer having drained every ring in between. Without it, a streaming
+    /// collector waits for two rings' worth of events a thread. A share read later still is
+    /// counted as a node of its own ([`OpAnalysis::late_shares`]).
+    pub fn hand_out(&mut self, taken: u64) {
+        let mut ready = std::mem::take(&mut self.ready);
+        self.join(taken.saturating_add(1), &mut |begin, node| {
+            ready.push((begin, node))
+        });
+        self.ready = ready;
+    }
+
     /// Joins the shares of the graph computes whose end was read before `cutoff` events were
     /// taken in, and those in no graph compute read before then, into nodes handed to `each`
     /// with their start.
     fn join(&mut self, cutoff: u64, each: &mut dyn FnMut(u64, OpSample)) {
+        // Never back: what was handed out stays handed out (`hand_out` may have gone further
+        // than the lag).
+        let cutoff = cutoff.max(self.cutoff);
         self.windows.sort_unstable();
         let (windows, before, seen, mut late) = (&self.windows, self.cutoff, self.seen, 0);
         // A share begun after a graph compute still open began may be that compute's.
@@ -1135,6 +1153,60 @@ mod tests {
         );
         assert_eq!(nodes.len() as u64, 50 + a.late_shares);
         assert_eq!(nodes.iter().map(|o| o.threads as u64).sum::<u64>(), 100);
+    }
+
+    /// A live view's hand-out: a compute's nodes once its end is among the events handed out
+    /// up to, its shares read since (the other thread's, drained after the first's end) joined
+    /// with it; a share read after its compute's nodes went out is a node of its own, said late.
+    #[test]
+    fn handed_out_up_to_a_point_with_the_shares_read_since() {
+        let mut c = OpCollector::streaming();
+        let node = |k: u64| 0x100 + k;
+        // Compute 0 on thread 1, its end read as the 4th event; thread 2's share after it.
+        for e in [
+            graph(true, 0, 1),
+            op_event(true, 10, 1, node(0)),
+            op_event(false, 100, 1, node(0)),
+            graph(false, 200, 1),
+        ] {
+            c.push(Ok(&e));
+        }
+        c.hand_out(3);
+        assert_eq!(
+            c.take_ready().count(),
+            0,
+            "the compute's end is the 4th event"
+        );
+        let at_refresh = c.taken();
+        for e in [
+            op_event(true, 20, 2, node(0)),
+            op_event(false, 150, 2, node(0)),
+        ] {
+            c.push(Ok(&e));
+        }
+        c.hand_out(at_refresh);
+        let nodes: Vec<OpSample> = c.take_ready().collect();
+        assert_eq!(nodes.len(), 1);
+        assert_eq!((nodes[0].threads, nodes[0].duration_ns), (2, 140));
+        // Compute 1: its nodes go out before thread 2's share of it is read.
+        for e in [
+            graph(true, 1000, 1),
+            op_event(true, 1010, 1, node(1)),
+            op_event(false, 1100, 1, node(1)),
+            graph(false, 1200, 1),
+        ] {
+            c.push(Ok(&e));
+        }
+        c.hand_out(c.taken());
+        assert_eq!(c.take_ready().map(|n| n.threads).collect::<Vec<_>>(), [1]);
+        for e in [
+            op_event(true, 1020, 2, node(1)),
+            op_event(false, 1090, 2, node(1)),
+        ] {
+            c.push(Ok(&e));
+        }
+        let a = c.finish_each(|_, n| assert_eq!((n.threads, n.duration_ns), (1, 70)));
+        assert_eq!(a.late_shares, 1);
     }
 
     #[test]

@@ -244,6 +244,7 @@ fn follow(
             let why = exited
                 .clone()
                 .unwrap_or_else(|| "the writer finished".into());
+            stats.all_read();
             screen.finish(&why, None, &mut stats, bucket_start, opts.top);
             if follower.pending() > 0 {
                 eprintln!(
@@ -383,6 +384,17 @@ fn serving(s: &Snapshot, per_s: f64) -> Option<String> {
     })
 }
 
+/// The ops as `info` counts them: `N ops`, and where a node is several op events (threads
+/// mode: each worker thread's share of it is one), `N ops (M op spans)`; numbers as `fmt` has
+/// them.
+fn ops_and_spans(s: &Snapshot, fmt: fn(u64) -> String) -> String {
+    if s.nodes > 0 && s.nodes < s.ops {
+        format!("{} ops ({} op spans)", fmt(s.nodes), fmt(s.ops))
+    } else {
+        format!("{} ops", fmt(s.ops))
+    }
+}
+
 fn opt_ns(ns: Option<u64>) -> String {
     ns.map_or_else(|| "-".into(), |n| fmt_ns(n as f64))
 }
@@ -497,11 +509,11 @@ impl Screen {
                 count(s.window_graphs)
             ),
             format!(
-                "events          {:>12}   {:>8.0}/s   lost {}   op spans {}",
+                "events          {:>12}   {:>8.0}/s   lost {}   {}",
                 count(s.events),
                 s.events_per_s,
                 count(s.lost),
-                count(s.ops)
+                ops_and_spans(s, count)
             ),
         ];
         if s.batches > 0 {
@@ -518,15 +530,19 @@ impl Screen {
         lines.extend([
             String::new(),
             format!(
-                "top ops by time in their spans (a node's shares on its threads summed), last {window:.0} s:"
+                "top ops by node wall time (first thread's start to last thread's end), last {window:.0} s:"
             ),
         ]);
-        if s.top_ops.is_empty() {
+        if s.ops == 0 {
             lines.push("  (no op events: record with GGML_VIZ_OP_TIMING=1)".into());
+        } else if s.top_ops.is_empty() {
+            lines.push(
+                "  (none yet: a graph compute's nodes are joined a refresh after it ends)".into(),
+            );
         }
         for o in &s.top_ops {
             lines.push(format!(
-                "  {:<20} {:>6.1}%   {:>11}   {:>10} spans",
+                "  {:<20} {:>6.1}%   {:>11}   {:>10} nodes",
                 o.name,
                 100.0 * o.share,
                 fmt_ns(o.total_ns as f64),
@@ -564,10 +580,10 @@ impl Screen {
         let serving =
             serving(s, s.window_batches_per_s).map_or_else(String::new, |f| format!("; {f}"));
         eprintln!(
-            "ggml-viz: live view ended: {why}; {} events, {} graph computes, {} op spans, {} lost; last {} of the trace: graph p50 {} p99 {}, top ops {}{serving}",
+            "ggml-viz: live view ended: {why}; {} events, {} graph computes, {}, {} lost; last {} of the trace: graph p50 {} p99 {}, top ops {}{serving}",
             s.events,
             s.graphs,
-            s.ops,
+            ops_and_spans(s, |n| n.to_string()),
             s.lost,
             fmt_ns(s.window_trace_ns as f64),
             opt_ns(s.p50_graph_ns),
