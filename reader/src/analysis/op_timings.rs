@@ -136,9 +136,10 @@ struct Share {
     phase: Option<Phase>,
     wait_ns: u64,
     inner_wait_ns: u64,
-    /// The graph compute its start lies in (an index into the sorted windows; `u32::MAX`:
-    /// none).
-    window: u32,
+    /// The graph compute its start lies in, once one is found (they are found once they
+    /// ended): the events taken in when that compute's end was read, which names it
+    /// (`u64::MAX`: none found yet).
+    window: u64,
 }
 
 #[derive(Default)]
@@ -297,7 +298,7 @@ impl OpCollector {
                     phase: t.phase,
                     wait_ns: 0,
                     inner_wait_ns: std::mem::take(&mut t.open_inner_wait_ns),
-                    window: u32::MAX,
+                    window: u64::MAX,
                 });
             }
             // A worker's wait at a barrier (no entry point recorded it: no label but ours).
@@ -420,8 +421,20 @@ impl OpCollector {
         let done: Vec<Share> = self
             .shares
             .extract_if(.., |s| {
-                s.window = window_of(windows, s.begin);
-                let read_by = windows.get(s.window as usize).map_or(s.read_at, |w| w.2);
+                // Looked for until found (a join passes over every share held; most are found
+                // at the first), and only where no compute still open may hold it: no share
+                // begun in one is done.
+                if s.window == u64::MAX
+                    && s.begin < open_since
+                    && let Some(w) = window_of(windows, s.begin)
+                {
+                    s.window = w.2;
+                }
+                let read_by = if s.window == u64::MAX {
+                    s.read_at
+                } else {
+                    s.window
+                };
                 let done = read_by < cutoff && s.begin < open_since;
                 // Read after the last join had handed out its compute's nodes.
                 late += u64::from(done && read_by < before && s.read_at >= seen);
@@ -549,13 +562,13 @@ fn join_shares(mut shares: Vec<Share>, tensors: &[Text], each: &mut dyn FnMut(u6
 }
 
 /// The latest-begun of the sorted `windows` that holds `at` (looking back over a few: graph
-/// computes of several threads may overlap), or `u32::MAX`.
-fn window_of(windows: &[(u64, u64, u64)], at: u64) -> u32 {
+/// computes of several threads may overlap), if one does.
+fn window_of(windows: &[(u64, u64, u64)], at: u64) -> Option<&(u64, u64, u64)> {
     let after = windows.partition_point(|&(begin, _, _)| begin <= at);
-    (after.saturating_sub(64)..after)
+    windows[after.saturating_sub(64)..after]
+        .iter()
         .rev()
-        .find(|&i| windows[i].1 >= at)
-        .map_or(u32::MAX, |i| i as u32)
+        .find(|w| w.1 >= at)
 }
 
 /// One node from its threads' shares (at least one). Its name, info and backend are those of
@@ -1207,6 +1220,39 @@ mod tests {
         }
         let a = c.finish_each(|_, n| assert_eq!((n.threads, n.duration_ns), (1, 70)));
         assert_eq!(a.late_shares, 1);
+    }
+
+    /// Graph computes of two threads overlap: a share of the second, begun while the first ran
+    /// too and read after the first ended, belongs to the second once it ends (the latest-begun
+    /// compute that holds it), with the second's other share of its node (begun after the first
+    /// ended), not to the first it was also inside when it was first looked at.
+    #[test]
+    fn a_share_in_two_overlapping_computes_waits_for_the_later_one() {
+        let events = [
+            graph(true, 0, 1),
+            graph(true, 50, 3),
+            op_event(true, 10, 1, 0xa),
+            op_event(false, 90, 1, 0xa),
+            graph(false, 100, 1),
+            // Thread 4's share of compute 3's node, begun inside both computes.
+            op_event(true, 70, 4, 0xb),
+            op_event(false, 240, 4, 0xb),
+            op_event(true, 120, 3, 0xb),
+            op_event(false, 250, 3, 0xb),
+            op_event(true, 260, 3, 0xc),
+            op_event(false, 270, 3, 0xc),
+            graph(false, 300, 3),
+        ];
+        // Rings of 1 event: a join after nearly every event.
+        let (nodes, a) = streamed(&events, 1);
+        let threads: Vec<(u64, u32, u64)> = nodes
+            .iter()
+            .map(|n| (n.duration_ns, n.threads, n.thread_ns))
+            .collect();
+        assert_eq!(a.late_shares, 0);
+        let mut threads = threads;
+        threads.sort();
+        assert_eq!(threads, [(10, 1, 10), (80, 1, 80), (180, 2, 300)]);
     }
 
     #[test]
