@@ -219,10 +219,19 @@ fn record_live_follows_llama_and_ends_with_the_program() {
         c
     });
     let out = cli(|c| {
-        c.args(["record", "--live", "--interval", "0.2", "-o"])
-            .arg(&trace)
-            .arg("--")
-            .env("GGML_VIZ_OP_TIMING", "1");
+        // A window longer than any run: the end line's top ops cover the whole trace.
+        c.args([
+            "record",
+            "--live",
+            "--interval",
+            "0.2",
+            "--window",
+            "3600",
+            "-o",
+        ])
+        .arg(&trace)
+        .arg("--")
+        .env("GGML_VIZ_OP_TIMING", "1");
         program(c);
         c
     });
