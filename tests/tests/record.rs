@@ -118,9 +118,9 @@ fn a_bad_flag_fails_before_the_program_runs() {
     );
 }
 
-/// More threads than the process has CPUs: `record`'s summary, `info`, `ops` and the report say
-/// so, with both counts (the threads llama-bench was told to use, the CPUs this test's own
-/// process may run on); at as many threads as CPUs none of them does.
+/// More threads than the process has CPUs: `record`'s summary, `info`, `ops`, the report and
+/// `live` say so, with both counts (the threads llama-bench was told to use, the CPUs this
+/// test's own process may run on); at as many threads as CPUs none of them does.
 #[test]
 fn more_threads_than_cpus_is_said_with_both_counts() {
     let cpus = std::thread::available_parallelism().unwrap().get();
@@ -150,12 +150,15 @@ fn more_threads_than_cpus_is_said_with_both_counts() {
         let html = dir.join(format!("t{threads}.html"));
         let report = cli(|c| c.arg("report").arg(&trace).arg("-o").arg(&html));
         assert!(report.status.success(), "{}", text(&report.stderr));
+        let live = cli(|c| c.args(["live", "--plain"]).arg(&trace));
+        assert!(live.status.success(), "{}", text(&live.stderr));
         let said = format!("ran {threads} threads on {cpus} CPUs");
         for (what, output) in [
             ("record", text(&out.stderr)),
             ("info", text(&info.stdout)),
             ("ops", text(&ops.stdout)),
             ("report", std::fs::read_to_string(&html).unwrap()),
+            ("live", text(&live.stderr)),
         ] {
             assert_eq!(
                 output.contains(&said),

@@ -382,6 +382,11 @@ impl OpCollector {
         self.ready.drain(..).map(|(_, node)| node)
     }
 
+    /// [`crate::oversubscription_note`] for the events taken in so far.
+    pub fn oversubscription_note(&self) -> Option<String> {
+        crate::oversubscription_note(self.a.graph_threads, self.a.n_cpus)
+    }
+
     /// Events taken in so far: a point to hand nodes out up to later ([`OpCollector::hand_out`]).
     pub fn taken(&self) -> u64 {
         self.pushed

@@ -107,6 +107,9 @@ pub struct Snapshot {
     /// once, after its program ended, spans seconds in a millisecond of wall time).
     pub window_trace_ns: u64,
     pub window_batches_per_s: f64,
+    /// Where the graph computes ran more threads than the process had CPUs, what `info` and
+    /// `ops` say of it.
+    pub note: Option<String>,
 }
 
 impl LiveStats {
@@ -317,6 +320,7 @@ impl LiveStats {
             } else {
                 0.0
             },
+            note: self.collector.oversubscription_note(),
         }
     }
 }

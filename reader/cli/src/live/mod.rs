@@ -516,6 +516,9 @@ impl Screen {
                 ops_and_spans(s, count)
             ),
         ];
+        if let Some(note) = &s.note {
+            lines.push(format!("note: {note}"));
+        }
         if s.batches > 0 {
             lines.push(format!(
                 "batches         {:>12}   {:>8.1}/s   sequences/batch {}   token latency p50 {}   p99 {}   (last {:.0} s)",
@@ -590,5 +593,9 @@ impl Screen {
             opt_ns(s.p99_graph_ns),
             top
         );
+        // Under `record --live` (lines to stderr), the recording's own summary says it.
+        if let Some(note) = s.note.as_ref().filter(|_| !self.to_stderr) {
+            eprintln!("ggml-viz: note: {note}");
+        }
     }
 }
