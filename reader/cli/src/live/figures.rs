@@ -357,6 +357,14 @@ mod tests {
         }
     }
 
+    /// A snapshot's top ops: (name, time, nodes).
+    fn top_ops(snap: &Snapshot) -> Vec<(&str, u64, u64)> {
+        snap.top_ops
+            .iter()
+            .map(|o| (o.name.as_str(), o.total_ns, o.count))
+            .collect()
+    }
+
     /// The names of op types, as the hook writes them (an op_names record).
     fn op_names(names: &[(u32, &str)]) -> Event<'static> {
         let names = ext::OpNames {
@@ -407,12 +415,7 @@ mod tests {
         );
         s.tick(Duration::from_millis(500));
         let snap = s.snapshot(5);
-        let top: Vec<(&str, u64, u64)> = snap
-            .top_ops
-            .iter()
-            .map(|o| (o.name.as_str(), o.total_ns, o.count))
-            .collect();
-        assert_eq!(top, [("MUL_MAT", 30, 1), ("op 7", 10, 1)]);
+        assert_eq!(top_ops(&snap), [("MUL_MAT", 30, 1), ("op 7", 10, 1)]);
         assert!((snap.top_ops[0].share - 0.75).abs() < 1e-9);
         // Older buckets leave the window.
         s.add(&ev(0, 200, 2, graph()));
@@ -455,12 +458,7 @@ mod tests {
         s.tick(Duration::from_secs(1));
         let snap = s.snapshot(5);
         assert_eq!((snap.ops, snap.nodes), (4, 2));
-        let top: Vec<(&str, u64, u64)> = snap
-            .top_ops
-            .iter()
-            .map(|o| (o.name.as_str(), o.total_ns, o.count))
-            .collect();
-        assert_eq!(top, [("MUL_MAT", 60, 1), ("ADD", 10, 1)]);
+        assert_eq!(top_ops(&snap), [("MUL_MAT", 60, 1), ("ADD", 10, 1)]);
         assert!((snap.top_ops[0].share - 60.0 / 70.0).abs() < 1e-9);
     }
 
