@@ -523,3 +523,91 @@ fn the_telemetry_v2_export_passes_the_reference_validator() {
     }
     assert!(last.values().all(|&b| b == 0), "{last:?}");
 }
+
+/// Per group of `ops --csv` of `trace`, its nodes and their wall time, summed over the phases.
+fn ops_csv_totals(trace: &std::path::Path) -> HashMap<String, (u64, u64)> {
+    let csv = cli(|c| c.args(["ops", "--csv"]).arg(trace));
+    assert!(csv.status.success(), "{}", text(&csv.stderr));
+    let mut totals: HashMap<String, (u64, u64)> = HashMap::new();
+    for row in text(&csv.stdout).lines().skip(1) {
+        let cols: Vec<&str> = row.split(',').collect();
+        let t = totals.entry(cols[1].to_string()).or_default();
+        t.0 += cols[2].parse::<u64>().unwrap();
+        t.1 += cols[3].parse::<u64>().unwrap();
+    }
+    totals
+}
+
+/// `diff --ops`'s rows, split on whitespace: op, nodes A and B, total A and B (number and
+/// unit each), change, mean A and B (number and unit each), change.
+fn diff_ops_rows(stdout: &str) -> Vec<Vec<String>> {
+    stdout
+        .lines()
+        .skip_while(|l| !l.starts_with("op "))
+        .skip(1)
+        .map(|l| l.split_whitespace().map(String::from).collect())
+        .collect()
+}
+
+/// `diff --ops` of two runs of llama-simple (4 and 12 tokens, threads-mode op timing): a row
+/// per op type of either run, whose node counts are `ops --csv`'s of each run (summed over
+/// both phases) and whose change is B's wall time over A's by arithmetic on `ops --csv`'s
+/// nanoseconds; a run against itself changes nothing; against a run timed in sched mode, the
+/// modes are said; a file that is not a GGMLVIZ trace is refused before anything is printed.
+#[test]
+fn diff_ops_compares_each_op_types_nodes_of_two_runs() {
+    let dir = scratch("diff-ops");
+    let (a, b) = (dir.join("a.ggmlviz"), dir.join("b.ggmlviz"));
+    trace_llama_simple(&a, 4, &[]);
+    trace_llama_simple(&b, 12, &[]);
+    let (ta, tb) = (ops_csv_totals(&a), ops_csv_totals(&b));
+    assert!(tb["MUL_MAT"].0 > ta["MUL_MAT"].0, "{ta:?} {tb:?}");
+    let out = cli(|c| c.args(["diff", "--ops"]).arg(&a).arg(&b));
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let rows = diff_ops_rows(&stdout);
+    let names: BTreeSet<&String> = ta.keys().chain(tb.keys()).collect();
+    assert_eq!(rows.len(), names.len(), "{stdout}");
+    for r in &rows {
+        assert_eq!(r.len(), 13, "{stdout}");
+        let (ca, na) = ta.get(&r[0]).copied().unwrap_or_default();
+        let (cb, nb) = tb.get(&r[0]).copied().unwrap_or_default();
+        assert_eq!(
+            (r[1].parse::<u64>().unwrap(), r[2].parse::<u64>().unwrap()),
+            (ca, cb)
+        );
+        let change = if na == 0 {
+            "new".to_string()
+        } else {
+            format!("{:+.1}%", 100.0 * (nb as f64 - na as f64) / na as f64)
+        };
+        assert_eq!(r[7], change, "{}: {stdout}", r[0]);
+    }
+    assert!(!stdout.contains("timed their ops differently"), "{stdout}");
+    // A run timed with the eval callback: said, as the runs' modes.
+    let sched = dir.join("sched.ggmlviz");
+    trace_llama_simple(&sched, 4, &[("GGML_VIZ_OP_TIMING", "sched")]);
+    let mixed = cli(|c| c.args(["diff", "--ops"]).arg(&a).arg(&sched));
+    assert!(
+        text(&mixed.stdout).contains("the runs timed their ops differently (threads, sched)"),
+        "{}",
+        text(&mixed.stdout)
+    );
+    let same = cli(|c| c.args(["diff", "--ops"]).arg(&a).arg(&a));
+    let rows = diff_ops_rows(&text(&same.stdout));
+    assert_eq!(rows.len(), ta.len());
+    assert!(
+        rows.iter().all(|r| r[7] == "+0.0%" && r[12] == "+0.0%"),
+        "{rows:?}"
+    );
+    let log = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../shared/samples/ada-pa/pytorch_acl.log");
+    let refused = cli(|c| c.args(["diff", "--ops"]).arg(&log).arg(&a));
+    assert_eq!(refused.status.code(), Some(2));
+    assert!(refused.stdout.is_empty());
+    assert!(
+        text(&refused.stderr).contains("takes a GGMLVIZ trace only"),
+        "{}",
+        text(&refused.stderr)
+    );
+}

@@ -1,7 +1,7 @@
 //! `ggml-viz ops`: where the time goes inside the graphs, op by op.
 
 use std::io::{self, Write};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use clap::{Args, ValueEnum};
 use ggml_viz_reader::Layout;
@@ -118,9 +118,69 @@ impl Tables {
     }
 }
 
+/// A trace read to its end (or to damage), its nodes handed out as they became known.
+struct NodesRead {
+    analysis: OpAnalysis,
+    name: String,
+    stop: Option<ReadStop>,
+}
+
+/// Reads the GGMLVIZ trace at `path` as a stream, each node handed to `each` once known: memory
+/// does not grow with the trace.
+fn read_nodes(
+    path: &Path,
+    layout: Option<Layout>,
+    mut each: impl FnMut(&OpSample),
+) -> Result<NodesRead, Failure> {
+    let input = Input::open_streamed(&path.to_path_buf()).map_err(Failure::Data)?;
+    let mut collector = OpCollector::streaming();
+    let (stop, _) = input.for_each(layout, |e| {
+        collector.push(Ok(&e));
+        collector.take_ready().for_each(|o| each(&o));
+        Ok(())
+    })?;
+    Ok(NodesRead {
+        analysis: collector.finish_each(|_, o| each(&o)),
+        name: input.name(),
+        stop,
+    })
+}
+
+impl NodesRead {
+    /// After what was read is shown: warnings said (a truncated tail, late shares), damage an
+    /// error.
+    fn outcome(&self) -> Result<(), Failure> {
+        if self.analysis.late_shares > 0 {
+            eprintln!(
+                "ggml-viz: warning: {}: {} thread share(s) of nodes came in the trace long after \
+                 their graph compute ended (more than two ring drains); each is counted as a \
+                 node of its own",
+                self.name, self.analysis.late_shares
+            );
+        }
+        match &self.stop {
+            Some(stop) if stop.is_warning() => {
+                eprintln!("ggml-viz: warning: {}", stop.describe(&self.name));
+                Ok(())
+            }
+            Some(stop @ ReadStop::Damage(_)) | Some(stop @ ReadStop::Io(_)) => {
+                Err(Failure::Data(stop.describe(&self.name)))
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+/// The nodes of the trace at `path` grouped by op type as `ops` groups them, all phases
+/// together, and the analysis (for `diff --ops`); warnings said, damage an error.
+pub fn op_totals(path: &Path, layout: Option<Layout>) -> Result<(OpGroups, OpAnalysis), Failure> {
+    let mut groups = OpGroups::new(GroupBy::Op);
+    let read = read_nodes(path, layout, |o| groups.add(o))?;
+    read.outcome()?;
+    Ok((groups, read.analysis))
+}
+
 pub fn run(args: OpsArgs) -> Result<(), Failure> {
-    // Read as a stream, each node counted once known: memory does not grow with the trace.
-    let input = Input::open_streamed(&args.file).map_err(Failure::Data)?;
     let by = match args.by {
         By::Op => GroupBy::Op,
         By::Name => GroupBy::Name,
@@ -129,23 +189,18 @@ pub fn run(args: OpsArgs) -> Result<(), Failure> {
         By::Thread => GroupBy::Op,
     };
     let mut tables = Tables::new(by);
-    let mut collector = OpCollector::streaming();
-    let (stop, _) = input.for_each(args.layout, |e| {
-        collector.push(Ok(&e));
-        collector.take_ready().for_each(|o| tables.add(&o));
-        Ok(())
-    })?;
-    let analysis = collector.finish_each(|_, o| tables.add(&o));
+    let read = read_nodes(&args.file, args.layout, |o| tables.add(o))?;
+    let analysis = &read.analysis;
     let mut out = io::stdout().lock();
     match (args.csv, args.by) {
-        (true, By::Thread) => write_threads_csv(&mut out, &analysis)?,
+        (true, By::Thread) => write_threads_csv(&mut out, analysis)?,
         (true, _) => write_csv(&mut out, &tables)?,
         (false, By::Thread) => {
-            write_header(&mut out, &analysis, &tables)?;
-            write_threads(&mut out, &analysis)?;
+            write_header(&mut out, analysis, &tables)?;
+            write_threads(&mut out, analysis)?;
         }
         (false, _) => {
-            write_header(&mut out, &analysis, &tables)?;
+            write_header(&mut out, analysis, &tables)?;
             for (phase, groups) in tables.shown() {
                 match phase {
                     Some(phase) => writeln!(out, "\n{} ({} ops)", phase.name(), groups.nodes())?,
@@ -156,23 +211,7 @@ pub fn run(args: OpsArgs) -> Result<(), Failure> {
         }
     }
     out.flush()?;
-    if analysis.late_shares > 0 {
-        eprintln!(
-            "ggml-viz: warning: {} thread share(s) of nodes came in the trace long after their \
-             graph compute ended (more than two ring drains); each is counted as a node of its own",
-            analysis.late_shares
-        );
-    }
-    match stop {
-        Some(stop) if stop.is_warning() => {
-            eprintln!("ggml-viz: warning: {}", stop.describe(&input.name()));
-            Ok(())
-        }
-        Some(stop @ ReadStop::Damage(_)) | Some(stop @ ReadStop::Io(_)) => {
-            Err(Failure::Data(stop.describe(&input.name())))
-        }
-        None => Ok(()),
-    }
+    read.outcome()
 }
 
 fn write_header(out: &mut impl Write, a: &OpAnalysis, t: &Tables) -> io::Result<()> {

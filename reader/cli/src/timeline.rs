@@ -5,7 +5,6 @@ use std::io::{self, BufWriter, Write};
 use std::path::{Path, PathBuf};
 
 use clap::{Args, ValueEnum};
-use ggml_viz_reader::Layout;
 use ggml_viz_reader::TraceFile;
 use ggml_viz_reader::telemetry::Ids;
 use ggml_viz_reader::telemetry::export::parquet::ParquetWriter;
@@ -13,6 +12,7 @@ use ggml_viz_reader::telemetry::export::summary::{Row, Summary, csv_cell};
 use ggml_viz_reader::telemetry::export::telemetry_v2;
 use ggml_viz_reader::telemetry::{ChromeJsonWriter, PerfettoWriter};
 use ggml_viz_reader::telemetry::{Format, RecordSink, Text, detect};
+use ggml_viz_reader::{Layout, OpAnalysis, OpGroup};
 
 use crate::Failure;
 use crate::dump::parse_layout;
@@ -188,20 +188,30 @@ fn write_csv(out: &mut impl Write, s: &Summary) -> io::Result<()> {
 /// Two runs side by side: per event name, count and total time of each and the change.
 ///
 /// Counted as `summary` counts them: with threads-mode op timing an op's count and time are its
-/// threads' shares (compare runs at the same thread count; `ggml-viz ops` of each shows the
-/// nodes' wall times).
+/// threads' shares (compare runs at the same thread count). With --ops, per op type as
+/// `ggml-viz ops` groups them: nodes, their wall time (first thread's start to last thread's
+/// end) and its mean per node, in each run.
 #[derive(Args)]
-#[command(after_help = "Example:\n  ggml-viz diff before.ggmlviz after.ggmlviz")]
+#[command(
+    after_help = "Examples:\n  ggml-viz diff before.ggmlviz after.ggmlviz\n  ggml-viz diff --ops f16.ggmlviz q4_0.ggmlviz"
+)]
 pub struct DiffArgs {
     /// The baseline.
     a: PathBuf,
     /// The run to compare with it.
     b: PathBuf,
+    /// Compare the op types' nodes (GGMLVIZ traces with op timings): count, wall time and mean
+    /// per node, as `ggml-viz ops` has them, all phases together.
+    #[arg(long)]
+    ops: bool,
     #[command(flatten)]
     input: InputOpts,
 }
 
 pub fn diff(args: DiffArgs) -> Result<(), Failure> {
+    if args.ops {
+        return diff_ops(&args);
+    }
     args.input.check(&[args.a.clone(), args.b.clone()], None)?;
     let mut a = Summary::default();
     let mut b = Summary::default();
@@ -240,11 +250,6 @@ pub fn diff(args: DiffArgs) -> Result<(), Failure> {
     for name in names {
         let (ra_, rb_) = (a.row(name), b.row(name));
         let (ta, tb) = (ra_.map_or(0, |r| r.total_ns), rb_.map_or(0, |r| r.total_ns));
-        let change = if ta == 0 {
-            "new".to_string()
-        } else {
-            format!("{:+.1}%", 100.0 * (tb as f64 - ta as f64) / ta as f64)
-        };
         writeln!(
             out,
             "{:<40} {:>8} {:>8} {:>11} {:>11} {:>9}",
@@ -253,11 +258,107 @@ pub fn diff(args: DiffArgs) -> Result<(), Failure> {
             rb_.map_or(0, |r| r.count),
             fmt_ns(ta as f64),
             fmt_ns(tb as f64),
-            change
+            change(ta as f64, tb as f64)
         )?;
     }
     out.flush()?;
     ra.and(rb)
+}
+
+/// The change from `a` to `b`, as a signed percentage (`new` where `a` is 0).
+fn change(a: f64, b: f64) -> String {
+    if a == 0.0 {
+        "new".to_string()
+    } else {
+        format!("{:+.1}%", 100.0 * (b - a) / a)
+    }
+}
+
+/// How a run timed its ops (`threads`, `sched`), as its op timing note begins.
+fn timing_mode(a: &OpAnalysis) -> Option<&str> {
+    a.timing_note.as_deref()?.split(':').next()
+}
+
+/// The row of op type `name`, if it has one.
+fn row<'a>(rows: &'a [OpGroup], name: &str) -> Option<&'a OpGroup> {
+    rows.iter().find(|r| r.key == name)
+}
+
+/// `diff --ops`: per op type, the nodes of each run and their wall time.
+fn diff_ops(args: &DiffArgs) -> Result<(), Failure> {
+    args.input
+        .check(&[args.a.clone(), args.b.clone()], Some(Format::Ggmlviz))?;
+    let (a, analysis_a) = crate::ops::op_totals(&args.a, args.input.layout)?;
+    let (b, analysis_b) = crate::ops::op_totals(&args.b, args.input.layout)?;
+    let mut out = io::stdout().lock();
+    for (label, path, groups, analysis) in [
+        ("A", &args.a, &a, &analysis_a),
+        ("B", &args.b, &b, &analysis_b),
+    ] {
+        let timing = analysis
+            .timing_note
+            .as_deref()
+            .map_or_else(String::new, |n| format!("; op timing {n}"));
+        writeln!(
+            out,
+            "{label}: {}  ({} ops, {} in ops{timing})",
+            path.display(),
+            groups.nodes(),
+            fmt_ns(groups.total_ns() as f64)
+        )?;
+    }
+    if let (Some(ma), Some(mb)) = (timing_mode(&analysis_a), timing_mode(&analysis_b))
+        && ma != mb
+    {
+        writeln!(
+            out,
+            "note: the runs timed their ops differently ({ma}, {mb}): compare runs of one mode \
+             (sched synchronizes each node and turns op fusion off)"
+        )?;
+    }
+    if a.is_empty() || b.is_empty() {
+        writeln!(
+            out,
+            "no op timings in {}",
+            if a.is_empty() { "A" } else { "B" }
+        )?;
+        return Ok(());
+    }
+    let (rows_a, rows_b) = (a.rows(), b.rows());
+    let mut names: Vec<&str> = rows_a
+        .iter()
+        .chain(&rows_b)
+        .map(|r| r.key.as_str())
+        .collect();
+    names.sort();
+    names.dedup();
+    let total = |r: Option<&OpGroup>| r.map_or(0, |r| r.total_ns);
+    names.sort_by_key(|n| std::cmp::Reverse(total(row(&rows_a, n)).max(total(row(&rows_b, n)))));
+    writeln!(
+        out,
+        "{:<24} {:>8} {:>8} {:>11} {:>11} {:>9} {:>11} {:>11} {:>9}",
+        "op", "nodes A", "nodes B", "total A", "total B", "change", "mean A", "mean B", "change"
+    )?;
+    for name in names {
+        let (ra, rb) = (row(&rows_a, name), row(&rows_b, name));
+        let count = |r: Option<&OpGroup>| r.map_or(0, |r| r.count);
+        let mean = |r: Option<&OpGroup>| r.map_or(0.0, |r| r.durations.mean_ns);
+        writeln!(
+            out,
+            "{:<24} {:>8} {:>8} {:>11} {:>11} {:>9} {:>11} {:>11} {:>9}",
+            name,
+            count(ra),
+            count(rb),
+            fmt_ns(total(ra) as f64),
+            fmt_ns(total(rb) as f64),
+            change(total(ra) as f64, total(rb) as f64),
+            fmt_ns(mean(ra)),
+            fmt_ns(mean(rb)),
+            change(mean(ra), mean(rb)),
+        )?;
+    }
+    out.flush()?;
+    Ok(())
 }
 
 #[derive(Clone, Copy, ValueEnum)]
