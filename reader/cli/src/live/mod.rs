@@ -45,8 +45,8 @@ impl ViewOpts {
 }
 
 /// Follow a trace while a program writes it: graphs/s, the latest graph time and its rolling
-/// p50/p99, the top ops by time over the last seconds, events and drops, refreshed about once a
-/// second.
+/// p50/p99, the top ops by time over the last seconds (their nodes' wall time, as `ggml-viz ops`
+/// has it), events and drops, refreshed about once a second.
 ///
 /// Quits on `q` or Ctrl-C (Ctrl-C only on Windows), and by itself when the writer is done (the hook holds a lock on its
 /// trace while the program runs). On a terminal the screen is redrawn; otherwise (a pipe, a file,
