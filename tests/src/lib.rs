@@ -474,3 +474,37 @@ pub fn check_tensor_infos(events: &[Event<'_>]) {
         known.keys()
     );
 }
+
+/// `tmux` with `args`, its stdout.
+pub fn tmux(args: &[&str]) -> String {
+    let o = run({
+        let mut c = Command::new("tmux");
+        c.args(args);
+        c
+    });
+    text(&o.stdout)
+}
+
+/// Waits for `path` to hold a complete line; its text.
+pub fn wait_for_file(path: &Path, timeout: std::time::Duration) -> String {
+    let end = std::time::Instant::now() + timeout;
+    while std::time::Instant::now() < end {
+        if let Ok(s) = std::fs::read_to_string(path)
+            && s.ends_with('\n')
+        {
+            return s;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    panic!("{} did not appear", path.display());
+}
+
+/// A synthetic trace of `events` events at `path` (the workspace's `synthesize` example).
+pub fn synthesize(path: &Path, events: u64) {
+    let out = run({
+        let mut c = Command::new(built("examples/synthesize"));
+        c.arg(path).arg(events.to_string());
+        c
+    });
+    assert!(out.status.success(), "{}", text(&out.stderr));
+}

@@ -2,7 +2,6 @@
 //! and in a real terminal (tmux), ending when the writer is killed or the program exits.
 
 use std::io::{BufRead, BufReader};
-use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -92,28 +91,6 @@ fn plain_lines_follow_a_growing_trace_and_end_when_the_writer_is_killed() {
             "{d} not reported:\n{stderr}"
         );
     }
-}
-
-fn tmux(args: &[&str]) -> String {
-    let o = run({
-        let mut c = Command::new("tmux");
-        c.args(args);
-        c
-    });
-    text(&o.stdout)
-}
-
-fn wait_for_file(path: &Path, timeout: Duration) -> String {
-    let end = Instant::now() + timeout;
-    while Instant::now() < end {
-        if let Ok(s) = std::fs::read_to_string(path)
-            && s.ends_with('\n')
-        {
-            return s;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    panic!("{} did not appear", path.display());
 }
 
 #[test]

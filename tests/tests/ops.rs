@@ -4,6 +4,7 @@
 
 use std::collections::{BTreeSet, HashMap};
 use std::process::Command;
+use std::time::{Duration, Instant};
 
 use ggml_viz_e2e::*;
 use ggml_viz_reader::Event;
@@ -610,4 +611,67 @@ fn diff_ops_compares_each_op_types_nodes_of_two_runs() {
         "{}",
         text(&refused.stderr)
     );
+}
+
+/// `ops` on a terminal shows how far it has read a large trace (a 4 M-event, 217 MB synthetic
+/// one: about half a second here) and clears the bar when done, its output what a pipe gets;
+/// on a pipe, or with `-q` on a terminal, no bar at all.
+#[test]
+fn ops_shows_its_progress_on_a_terminal_and_clears_it() {
+    let dir = scratch("ops-progress");
+    let trace = dir.join("big.ggmlviz");
+    synthesize(&trace, 4_000_000);
+    let piped = cli(|c| c.arg("ops").arg(&trace));
+    assert!(piped.status.success());
+    assert_eq!(text(&piped.stderr), "", "a bar on a pipe");
+    for (flags, shown) in [("", true), ("-q", false)] {
+        let name = if shown { "bar" } else { "quiet" };
+        let (out, done) = (
+            dir.join(format!("{name}.out")),
+            dir.join(format!("{name}.done")),
+        );
+        let socket = dir.join(format!("{name}.sock"));
+        let socket = socket.to_str().unwrap();
+        let script = format!(
+            "{viz} ops {flags} {t} > {out}; echo >> {done}; sleep 60",
+            viz = ggml_viz().display(),
+            t = trace.display(),
+            out = out.display(),
+            done = done.display()
+        );
+        tmux(&[
+            "-S",
+            socket,
+            "new-session",
+            "-d",
+            "-x",
+            "150",
+            "-y",
+            "10",
+            "sh",
+            "-c",
+            &script,
+        ]);
+        // The bar's line, once it shows bytes read (`129.03 MiB/259.05 MiB …`), not only its
+        // start (`0 B/…`).
+        let mut bar_seen = false;
+        let end = Instant::now() + Duration::from_secs(60);
+        while !done.exists() && Instant::now() < end {
+            let screen = tmux(&["-S", socket, "capture-pane", "-p"]);
+            bar_seen |= screen
+                .lines()
+                .filter(|l| l.starts_with("ggml-viz: big.ggmlviz") && l.contains(" left"))
+                .any(|l| !l.contains(" 0 B/"));
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        wait_for_file(&done, Duration::from_secs(5));
+        let last = tmux(&["-S", socket, "capture-pane", "-p"]);
+        tmux(&["-S", socket, "kill-server"]);
+        assert_eq!(bar_seen, shown, "{flags}: bar seen {bar_seen}");
+        assert!(
+            !last.contains("big.ggmlviz"),
+            "the bar was not cleared:\n{last}"
+        );
+        assert_eq!(std::fs::read(&out).unwrap(), piped.stdout);
+    }
 }

@@ -4,6 +4,7 @@ use std::path::PathBuf;
 
 use ggml_viz_reader::telemetry::{Format, detect};
 use ggml_viz_reader::{Damage, Event, Layout, LayoutChoice, StreamError, StreamReader, TraceFile};
+use indicatif::ProgressBar;
 
 /// One input: a mapped regular file, or a stream (standard input, a pipe, a device) read as it
 /// comes. Only regular files are mapped.
@@ -90,6 +91,17 @@ impl Input {
     pub fn for_each(
         &self,
         layout: Option<Layout>,
+        visit: impl FnMut(Event<'_>) -> std::io::Result<()>,
+    ) -> std::io::Result<(Option<ReadStop>, Option<LayoutChoice>)> {
+        self.for_each_showing(layout, &ProgressBar::hidden(), visit)
+    }
+
+    /// [`Input::for_each`], moving `bar` to the bytes read as a stream is read (a mapped file
+    /// is read too fast to need it).
+    pub fn for_each_showing(
+        &self,
+        layout: Option<Layout>,
+        bar: &ProgressBar,
         mut visit: impl FnMut(Event<'_>) -> std::io::Result<()>,
     ) -> std::io::Result<(Option<ReadStop>, Option<LayoutChoice>)> {
         match self {
@@ -104,27 +116,38 @@ impl Input {
                 }
                 Ok((None, Some(file.layout())))
             }
-            Input::Stdin => stream(std::io::stdin().lock(), layout, visit),
-            Input::Stream(file, _) => stream(file, layout, visit),
+            Input::Stdin => stream(std::io::stdin().lock(), layout, bar, visit),
+            Input::Stream(file, _) => stream(file, layout, bar, visit),
         }
     }
 }
 
-/// Visits every event of a stream; returns what stopped it and the layout found.
+/// Visits every event of a stream, `bar` at the bytes read; returns what stopped it and the
+/// layout found.
 fn stream(
     input: impl std::io::Read,
     layout: Option<Layout>,
+    bar: &ProgressBar,
     mut visit: impl FnMut(Event<'_>) -> std::io::Result<()>,
 ) -> std::io::Result<(Option<ReadStop>, Option<LayoutChoice>)> {
     let mut reader = StreamReader::new(input, layout);
     let mut failed = None;
-    let ended = reader.for_each_record(|_, record| match visit(record.event()) {
-        Ok(()) => true,
-        Err(e) => {
-            failed = Some(e);
-            false
+    let mut records = 0u32;
+    let ended = reader.for_each_record(|offset, record| {
+        // The bar moves every 65,536 records: a few times a second at any speed worth a bar.
+        records = records.wrapping_add(1);
+        if records.is_multiple_of(1 << 16) {
+            bar.set_position(offset);
+        }
+        match visit(record.event()) {
+            Ok(()) => true,
+            Err(e) => {
+                failed = Some(e);
+                false
+            }
         }
     });
+    bar.finish_and_clear();
     let stop = match ended {
         Ok(()) => None,
         Err(StreamError::Damage(d)) => Some(ReadStop::Damage(d)),

@@ -15,6 +15,7 @@ use crate::Failure;
 use crate::dump::parse_layout;
 use crate::info::fmt_ns;
 use crate::input::{Input, ReadStop};
+use crate::progress::stream_bar;
 
 /// Show per-op timings: count, total, mean/p50/p99 time (p50 and p99 within 1 %), GFLOP/s
 /// (MUL_MAT, MUL_MAT_ID) and GB/s (result bytes per second) per op type, tensor name, backend or
@@ -57,6 +58,9 @@ pub struct OpsArgs {
     /// with --by thread, a row per thread.
     #[arg(long)]
     csv: bool,
+    /// No progress bar (one shows on a terminal while a large trace is read).
+    #[arg(short, long)]
+    quiet: bool,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -130,11 +134,13 @@ struct NodesRead {
 fn read_nodes(
     path: &Path,
     layout: Option<Layout>,
+    quiet: bool,
     mut each: impl FnMut(&OpSample),
 ) -> Result<NodesRead, Failure> {
     let input = Input::open_streamed(&path.to_path_buf()).map_err(Failure::Data)?;
     let mut collector = OpCollector::streaming();
-    let (stop, _) = input.for_each(layout, |e| {
+    let bar = stream_bar(path, quiet);
+    let (stop, _) = input.for_each_showing(layout, &bar, |e| {
         collector.push(Ok(&e));
         collector.take_ready().for_each(|o| each(&o));
         Ok(())
@@ -173,9 +179,13 @@ impl NodesRead {
 
 /// The nodes of the trace at `path` grouped by op type as `ops` groups them, all phases
 /// together, and the analysis (for `diff --ops`); warnings said, damage an error.
-pub fn op_totals(path: &Path, layout: Option<Layout>) -> Result<(OpGroups, OpAnalysis), Failure> {
+pub fn op_totals(
+    path: &Path,
+    layout: Option<Layout>,
+    quiet: bool,
+) -> Result<(OpGroups, OpAnalysis), Failure> {
     let mut groups = OpGroups::new(GroupBy::Op);
-    let read = read_nodes(path, layout, |o| groups.add(o))?;
+    let read = read_nodes(path, layout, quiet, |o| groups.add(o))?;
     read.outcome()?;
     Ok((groups, read.analysis))
 }
@@ -189,7 +199,7 @@ pub fn run(args: OpsArgs) -> Result<(), Failure> {
         By::Thread => GroupBy::Op,
     };
     let mut tables = Tables::new(by);
-    let read = read_nodes(&args.file, args.layout, |o| tables.add(o))?;
+    let read = read_nodes(&args.file, args.layout, args.quiet, |o| tables.add(o))?;
     let analysis = &read.analysis;
     let mut out = io::stdout().lock();
     match (args.csv, args.by) {

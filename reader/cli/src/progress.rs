@@ -40,19 +40,7 @@ impl Reading {
 
     fn with_prepass(paths: &[PathBuf], passes: u64, opts: &InputOpts, prepass: bool) -> Reading {
         let total: u64 = paths.iter().map(|p| len(p)).sum::<u64>() * (passes + u64::from(prepass));
-        let quiet = opts.quiet;
-        let target = if quiet || total < WORTH_A_BAR {
-            ProgressDrawTarget::hidden()
-        } else {
-            // Hidden by indicatif itself when stderr is not a terminal.
-            ProgressDrawTarget::stderr()
-        };
-        let bar = ProgressBar::with_draw_target(Some(total), target).with_style(
-            ProgressStyle::with_template(
-                "ggml-viz: {msg} {wide_bar} {bytes}/{total_bytes} {bytes_per_sec}, {eta} left",
-            )
-            .expect("a valid template"),
-        );
+        let bar = bar(total, opts.quiet);
         let mut reading = Reading {
             bar,
             done: 0,
@@ -168,6 +156,33 @@ impl Drop for Reading {
     fn drop(&mut self) {
         self.bar.finish_and_clear();
     }
+}
+
+/// A bar over `total` bytes: hidden when `quiet`, for inputs under [`WORTH_A_BAR`], and (by
+/// indicatif itself) when stderr is not a terminal.
+fn bar(total: u64, quiet: bool) -> ProgressBar {
+    let target = if quiet || total < WORTH_A_BAR {
+        ProgressDrawTarget::hidden()
+    } else {
+        ProgressDrawTarget::stderr()
+    };
+    ProgressBar::with_draw_target(Some(total), target).with_style(
+        ProgressStyle::with_template(
+            "ggml-viz: {msg} {wide_bar} {bytes}/{total_bytes} {bytes_per_sec}, {eta} left",
+        )
+        .expect("a valid template"),
+    )
+}
+
+/// A bar for reading `path` once as it comes (standard input, `-`, has no size: none), named
+/// for it.
+pub fn stream_bar(path: &Path, quiet: bool) -> ProgressBar {
+    let bar = bar(if path == Path::new("-") { 0 } else { len(path) }, quiet);
+    bar.set_message(
+        path.file_name()
+            .map_or_else(String::new, |n| n.to_string_lossy().into_owned()),
+    );
+    bar
 }
 
 fn len(path: &Path) -> u64 {

@@ -288,8 +288,8 @@ fn row<'a>(rows: &'a [OpGroup], name: &str) -> Option<&'a OpGroup> {
 fn diff_ops(args: &DiffArgs) -> Result<(), Failure> {
     args.input
         .check(&[args.a.clone(), args.b.clone()], Some(Format::Ggmlviz))?;
-    let (a, analysis_a) = crate::ops::op_totals(&args.a, args.input.layout)?;
-    let (b, analysis_b) = crate::ops::op_totals(&args.b, args.input.layout)?;
+    let (a, analysis_a) = crate::ops::op_totals(&args.a, args.input.layout, args.input.quiet)?;
+    let (b, analysis_b) = crate::ops::op_totals(&args.b, args.input.layout, args.input.quiet)?;
     let mut out = io::stdout().lock();
     for (label, path, groups, analysis) in [
         ("A", &args.a, &a, &analysis_a),
