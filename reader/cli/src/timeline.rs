@@ -185,7 +185,8 @@ fn write_csv(out: &mut impl Write, s: &Summary) -> io::Result<()> {
     Ok(())
 }
 
-/// Two runs side by side: per event name, count and total time of each and the change.
+/// Two runs side by side: per event name, count and total time of each and the change; with
+/// --ops, per op type, each run's nodes and their wall time as `ggml-viz ops` has them.
 ///
 /// Counted as `summary` counts them: with threads-mode op timing an op's count and time are its
 /// threads' shares (compare runs at the same thread count). With --ops, per op type as
