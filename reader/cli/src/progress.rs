@@ -131,10 +131,7 @@ impl Reading {
         sink: &mut S,
         events: &mut impl FnMut(Result<RecordView<'_>, &Damage>),
     ) -> Result<(), ImportError> {
-        self.bar.set_message(
-            path.file_name()
-                .map_or_else(String::new, |n| n.to_string_lossy().into_owned()),
-        );
+        self.bar.set_message(file_name(path));
         let (bar, done) = (&self.bar, self.done);
         let result = import_path_reporting(
             path,
@@ -178,11 +175,14 @@ fn bar(total: u64, quiet: bool) -> ProgressBar {
 /// for it.
 pub fn stream_bar(path: &Path, quiet: bool) -> ProgressBar {
     let bar = bar(if path == Path::new("-") { 0 } else { len(path) }, quiet);
-    bar.set_message(
-        path.file_name()
-            .map_or_else(String::new, |n| n.to_string_lossy().into_owned()),
-    );
+    bar.set_message(file_name(path));
     bar
+}
+
+/// What a bar calls the input at `path`: its file name.
+fn file_name(path: &Path) -> String {
+    path.file_name()
+        .map_or_else(String::new, |n| n.to_string_lossy().into_owned())
 }
 
 fn len(path: &Path) -> u64 {
