@@ -485,6 +485,24 @@ pub fn tmux(args: &[&str]) -> String {
     text(&o.stdout)
 }
 
+/// A tmux server at `socket` running `sh -c script` in a detached terminal of `cols` x `rows`.
+pub fn tmux_session(socket: &str, cols: u32, rows: u32, script: &str) {
+    let (cols, rows) = (cols.to_string(), rows.to_string());
+    tmux(&[
+        "-S",
+        socket,
+        "new-session",
+        "-d",
+        "-x",
+        &cols,
+        "-y",
+        &rows,
+        "sh",
+        "-c",
+        script,
+    ]);
+}
+
 /// Waits for `path` to hold a complete line; its text.
 pub fn wait_for_file(path: &Path, timeout: std::time::Duration) -> String {
     let end = std::time::Instant::now() + timeout;

@@ -121,19 +121,7 @@ fn refresh_then_quit_with(key: &str, name: &str) {
         t = trace.display(),
         done = done.display()
     );
-    tmux(&[
-        "-S",
-        socket,
-        "new-session",
-        "-d",
-        "-x",
-        "150",
-        "-y",
-        "30",
-        "sh",
-        "-c",
-        &script,
-    ]);
+    tmux_session(socket, 150, 30, &script);
     let screen = |_: ()| tmux(&["-S", socket, "capture-pane", "-p"]);
     let graphs_on = |s: &str| -> Option<u64> {
         let line = s.lines().find(|l| l.starts_with("graph computes"))?;

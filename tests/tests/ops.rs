@@ -639,19 +639,7 @@ fn ops_shows_its_progress_on_a_terminal_and_clears_it() {
             out = out.display(),
             done = done.display()
         );
-        tmux(&[
-            "-S",
-            socket,
-            "new-session",
-            "-d",
-            "-x",
-            "150",
-            "-y",
-            "10",
-            "sh",
-            "-c",
-            &script,
-        ]);
+        tmux_session(socket, 150, 10, &script);
         // The bar's line, once it shows bytes read (`129.03 MiB/259.05 MiB …`), not only its
         // start (`0 B/…`).
         let mut bar_seen = false;
