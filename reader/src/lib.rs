@@ -45,7 +45,9 @@ pub use analysis::op_timings::{
     GroupBy, OpAnalysis, OpCollector, OpGroup, OpGroups, OpSample, Phase, ThreadTotals, group_ops,
     imbalance, op_timing_mode, op_timing_note, wait_share,
 };
-pub use analysis::stats::{DurationSummary, MemoryStats, TraceStats, oversubscription_note};
+pub use analysis::stats::{
+    DurationSummary, GraphStep, MemoryStats, OpenGraphs, TraceStats, oversubscription_note,
+};
 pub use format::{
     Damage, DamageKind, Event, EventType, Layout, LayoutChoice, LayoutSource, Payload, RecordView,
     choose_layout,

@@ -613,14 +613,14 @@ fn diff_ops_compares_each_op_types_nodes_of_two_runs() {
     );
 }
 
-/// `ops` on a terminal shows how far it has read a large trace (a 4 M-event, 217 MB synthetic
-/// one: about half a second here) and clears the bar when done, its output what a pipe gets;
+/// `ops` on a terminal shows how far it has read a large trace (a 2 M-event, 109 MB synthetic
+/// one: about a third of a second here) and clears the bar when done, its output what a pipe gets;
 /// on a pipe, or with `-q` on a terminal, no bar at all.
 #[test]
 fn ops_shows_its_progress_on_a_terminal_and_clears_it() {
     let dir = scratch("ops-progress");
     let trace = dir.join("big.ggmlviz");
-    synthesize(&trace, 4_000_000);
+    synthesize(&trace, 2_000_000);
     let piped = cli(|c| c.arg("ops").arg(&trace));
     assert!(piped.status.success());
     assert_eq!(text(&piped.stderr), "", "a bar on a pipe");

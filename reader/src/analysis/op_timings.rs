@@ -14,7 +14,7 @@
 
 use rustc_hash::FxHashMap as HashMap;
 
-use crate::analysis::stats::DurationSummary;
+use crate::analysis::stats::{DurationSummary, OpenGraphs};
 use crate::format::Damage;
 use crate::format::ext::{self, NameTables, SpanBoundary};
 use crate::format::{Event, EventType, ExtensionKind, Payload};
@@ -151,8 +151,7 @@ struct Thread {
     open_inner_wait_ns: u64,
     /// The share this thread ended last (its `read_at`), for its barrier waits.
     last_share: Option<u64>,
-    graph_depth: u32,
-    graph_begin: u64,
+    /// The outermost graph compute open on this thread has op events.
     graph_has_ops: bool,
     phase: Option<Phase>,
 }
@@ -174,6 +173,8 @@ pub struct OpCollector {
     a: OpAnalysis,
     names: NameTables,
     threads: HashMap<u32, Thread>,
+    /// The graph computes open on each thread.
+    graphs: OpenGraphs,
     /// Shares not yet joined into nodes, in the order read.
     shares: Vec<Share>,
     /// Tensor names, each once: shares hold their index.
@@ -233,23 +234,22 @@ impl OpCollector {
                 if let Payload::Graph { n_threads, .. } = payload {
                     self.a.graph_threads = self.a.graph_threads.max(n_threads);
                 }
-                if t.graph_depth == 0 {
-                    t.graph_begin = e.timestamp_ns;
+                if self.graphs.begin(e).outermost {
                     t.graph_has_ops = false;
                 }
-                t.graph_depth += 1;
             }
             (Some(EventType::GraphComputeEnd), _) => {
-                t.graph_depth = t.graph_depth.saturating_sub(1);
-                if t.graph_depth == 0 {
+                if let Some(step) = self.graphs.end(e)
+                    && step.outermost
+                {
                     self.windows
-                        .push((t.graph_begin, e.timestamp_ns, self.pushed));
-                }
-                if t.graph_depth == 0 && t.graph_has_ops {
-                    self.a.timed_graph_ns = self
-                        .a
-                        .timed_graph_ns
-                        .saturating_add(e.timestamp_ns.saturating_sub(t.graph_begin));
+                        .push((step.begin_ns, e.timestamp_ns, self.pushed));
+                    if t.graph_has_ops {
+                        self.a.timed_graph_ns = self
+                            .a
+                            .timed_graph_ns
+                            .saturating_add(e.timestamp_ns.saturating_sub(step.begin_ns));
+                    }
                 }
             }
             (
@@ -416,13 +416,7 @@ impl OpCollector {
         self.windows.sort_unstable();
         let (windows, before, seen, mut late) = (&self.windows, self.cutoff, self.seen, 0);
         // A share begun after a graph compute still open began may be that compute's.
-        let open_since = self
-            .threads
-            .values()
-            .filter(|t| t.graph_depth > 0)
-            .map(|t| t.graph_begin)
-            .min()
-            .unwrap_or(u64::MAX);
+        let open_since = self.graphs.open_since().unwrap_or(u64::MAX);
         let done: Vec<Share> = self
             .shares
             .extract_if(.., |s| {
@@ -1258,6 +1252,46 @@ mod tests {
         let mut threads = threads;
         threads.sort();
         assert_eq!(threads, [(10, 1, 10), (80, 1, 80), (180, 2, 300)]);
+    }
+
+    /// A graph compute's end lost (dropped with a full ring) closes with the end of the compute
+    /// it was inside: the nodes of the later computes are joined as they come (before, the
+    /// compute stayed open for good, and no share begun after it was ever joined: 1 node of 3).
+    #[test]
+    fn a_lost_graph_end_leaves_no_compute_open_for_good() {
+        let inner = |begin: bool, ts: u64| Event {
+            payload: Payload::Graph {
+                graph_ptr: 0x20,
+                n_nodes: 1,
+                n_threads: 2,
+                backend_ptr: 0,
+            },
+            ..graph(begin, ts, 1)
+        };
+        let mut events = Vec::new();
+        for k in 0..3u64 {
+            let (t, node) = (1000 * k, 0x100 + k);
+            events.extend([graph(true, t, 1), inner(true, t + 1)]);
+            events.extend([
+                op_event(true, t + 10, 1, node),
+                op_event(true, t + 20, 2, node),
+                op_event(false, t + 90, 2, node),
+                op_event(false, t + 100, 1, node),
+            ]);
+            if k != 1 {
+                events.push(inner(false, t + 150));
+            }
+            events.push(graph(false, t + 200, 1));
+        }
+        let (nodes, a) = streamed(&events, 4);
+        assert_eq!(
+            nodes
+                .iter()
+                .map(|n| (n.threads, n.duration_ns))
+                .collect::<Vec<_>>(),
+            [(2, 90); 3]
+        );
+        assert_eq!(a.timed_graph_ns, 600);
     }
 
     #[test]

@@ -57,8 +57,102 @@ pub struct TraceStats {
     /// The last counters record (running totals).
     pub counters: Option<Counters>,
     pub damage: Option<Damage>,
-    open_graphs: HashMap<u32, Vec<u64>>,
+    open_graphs: OpenGraphs,
     last_by_thread: HashMap<u32, u64>,
+}
+
+/// The graph computes open on each thread, each known by its entry point (the event's label)
+/// and graph, with when it began: which computes are outermost (begun with none open on their
+/// thread) and how long they took. No ggml entry point computes a graph inside a compute of its
+/// own, so a begin of a compute already open on its thread, or an end of one below the latest
+/// begun, means that the ends of the computes begun after it were not recorded (dropped with a
+/// full ring): they are closed, as unmatched begins, and one lost end does not leave every later
+/// compute counted as nested in it.
+#[derive(Clone, Debug, Default)]
+pub struct OpenGraphs {
+    open: HashMap<u32, Vec<(u64, u64)>>,
+}
+
+/// What a graph compute's begin or end did on its thread.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GraphStep {
+    /// The compute is an outermost one.
+    pub outermost: bool,
+    /// When the compute began (for an end).
+    pub begin_ns: u64,
+    /// Computes closed because their ends were lost.
+    pub lost_ends: u64,
+}
+
+impl OpenGraphs {
+    /// A graph compute begins (`e` is its begin event).
+    pub fn begin(&mut self, e: &Event<'_>) -> GraphStep {
+        let (key, open) = (graph_key(e), self.open.entry(e.thread_id).or_default());
+        let lost_ends = match open.iter().position(|&(k, _)| k == key) {
+            Some(i) => {
+                let lost = (open.len() - i) as u64;
+                open.truncate(i);
+                lost
+            }
+            None => 0,
+        };
+        open.push((key, e.timestamp_ns));
+        GraphStep {
+            outermost: open.len() == 1,
+            begin_ns: e.timestamp_ns,
+            lost_ends,
+        }
+    }
+
+    /// A graph compute ends (`e` is its end event); `None` where no compute of its entry point
+    /// and graph is open on its thread (its begin was not recorded).
+    pub fn end(&mut self, e: &Event<'_>) -> Option<GraphStep> {
+        let (key, open) = (graph_key(e), self.open.get_mut(&e.thread_id)?);
+        let i = open.iter().rposition(|&(k, _)| k == key)?;
+        let lost_ends = (open.len() - i - 1) as u64;
+        let (_, begin_ns) = open[i];
+        open.truncate(i);
+        Some(GraphStep {
+            outermost: open.is_empty(),
+            begin_ns,
+            lost_ends,
+        })
+    }
+
+    /// When the outermost compute open on `thread` began, if one is.
+    pub fn outermost_begin(&self, thread: u32) -> Option<u64> {
+        self.open.get(&thread)?.first().map(|&(_, begin)| begin)
+    }
+
+    /// When the earliest outermost compute still open, on any thread, began.
+    pub fn open_since(&self) -> Option<u64> {
+        self.open
+            .values()
+            .filter_map(|o| o.first())
+            .map(|&(_, b)| b)
+            .min()
+    }
+
+    /// Closes every open compute: how many were open.
+    pub fn close_all(&mut self) -> u64 {
+        let open = self.open.values().map(|o| o.len() as u64).sum();
+        self.open.clear();
+        open
+    }
+}
+
+/// A graph compute's entry point and graph, from its begin or end event.
+fn graph_key(e: &Event<'_>) -> u64 {
+    let graph = match e.payload {
+        Payload::Graph { graph_ptr, .. } => graph_ptr,
+        _ => 0,
+    };
+    // FNV-1a over the label, mixed with the graph's pointer.
+    let label = e.label.as_deref().unwrap_or_default();
+    let hash = label.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    });
+    hash ^ graph.rotate_left(32)
 }
 
 /// What to tell the user of a program whose graph computes ran on `graph_threads` threads where
@@ -119,24 +213,24 @@ impl TraceStats {
                 if let Payload::Graph { n_threads, .. } = event.payload {
                     self.graph_threads = self.graph_threads.max(n_threads);
                 }
-                let open = self.open_graphs.entry(event.thread_id).or_default();
-                if open.is_empty() {
+                let step = self.open_graphs.begin(event);
+                self.unmatched_graph_begins += step.lost_ends;
+                if step.outermost {
                     self.graph_computes += 1;
                 } else {
                     self.sub_graphs += 1;
                 }
-                open.push(ts);
             }
-            Some(EventType::GraphComputeEnd) => {
-                let open = self.open_graphs.entry(event.thread_id).or_default();
-                match open.pop() {
-                    Some(begin) if open.is_empty() => {
-                        self.graph_durations_ns.push(ts.saturating_sub(begin));
+            Some(EventType::GraphComputeEnd) => match self.open_graphs.end(event) {
+                Some(step) => {
+                    self.unmatched_graph_begins += step.lost_ends;
+                    if step.outermost {
+                        self.graph_durations_ns
+                            .push(ts.saturating_sub(step.begin_ns));
                     }
-                    Some(_) => {}
-                    None => self.unmatched_graph_ends += 1,
                 }
-            }
+                None => self.unmatched_graph_ends += 1,
+            },
             Some(EventType::OpComputeBegin) => {
                 self.ops += 1;
                 if let Payload::Op {
@@ -147,11 +241,7 @@ impl TraceStats {
                 {
                     *self.ops_by_type.entry(op_type).or_default() += 1;
                     self.ops_with_backend += u64::from(backend_ptr != 0);
-                    if self
-                        .open_graphs
-                        .get(&event.thread_id)
-                        .is_some_and(|open| !open.is_empty())
-                    {
+                    if self.open_graphs.outermost_begin(event.thread_id).is_some() {
                         self.nodes += 1;
                         *self.nodes_by_type.entry(op_type).or_default() += 1;
                     }
@@ -218,12 +308,7 @@ impl TraceStats {
 
     /// Closes the pass: graph begins still open are counted as unmatched.
     pub fn finish(&mut self) {
-        self.unmatched_graph_begins += self
-            .open_graphs
-            .values()
-            .map(|open| open.len() as u64)
-            .sum::<u64>();
-        self.open_graphs.clear();
+        self.unmatched_graph_begins += self.open_graphs.close_all();
     }
 
     /// Events in the trace, extension records included.
@@ -336,6 +421,65 @@ mod tests {
             op_size: 0,
             backend_ptr: 0,
         }
+    }
+
+    /// A graph compute's end lost (dropped with a full ring): the end of the compute it was
+    /// inside closes it (an unmatched begin), instead of ending it and leaving the outer one open
+    /// with every later compute counted as nested in it (before: 1 graph compute of 3, 5
+    /// sub-graphs).
+    #[test]
+    fn a_lost_graph_end_does_not_nest_every_later_compute() {
+        let graph = |ptr| Payload::Graph {
+            graph_ptr: ptr,
+            n_nodes: 1,
+            n_threads: 1,
+            backend_ptr: 0,
+        };
+        let (begin, end) = (EventType::GraphComputeBegin, EventType::GraphComputeEnd);
+        let mut events = Vec::new();
+        for k in 0..3u64 {
+            let t = 100 * k;
+            // Each compute: the scheduler's (graph 1) holding the CPU backend's (graph 2).
+            events.extend([
+                event(begin, t, 1, graph(1)),
+                event(begin, t + 1, 1, graph(2)),
+                event(EventType::OpComputeBegin, t + 2, 1, op(7)),
+                event(EventType::OpComputeEnd, t + 3, 1, op(7)),
+            ]);
+            // The first compute's inner end is lost.
+            if k != 0 {
+                events.push(event(end, t + 4, 1, graph(2)));
+            }
+            events.push(event(end, t + 10, 1, graph(1)));
+        }
+        let stats = TraceStats::collect(events.into_iter().map(Ok));
+        assert_eq!(
+            (stats.graph_computes, stats.sub_graphs, stats.nodes),
+            (3, 3, 3)
+        );
+        assert_eq!(stats.graph_durations_ns, [10, 10, 10]);
+        assert_eq!(
+            (stats.unmatched_graph_begins, stats.unmatched_graph_ends),
+            (1, 0)
+        );
+        // Both ends of a compute lost: the next compute of the same entry point and graph
+        // begins while it is still open, and closes it.
+        let events = [
+            event(begin, 0, 1, graph(1)),
+            event(begin, 1, 1, graph(2)),
+            event(begin, 100, 1, graph(1)),
+            event(begin, 101, 1, graph(2)),
+            event(EventType::OpComputeBegin, 102, 1, op(7)),
+            event(end, 104, 1, graph(2)),
+            event(end, 110, 1, graph(1)),
+        ];
+        let stats = TraceStats::collect(events.into_iter().map(Ok));
+        assert_eq!(
+            (stats.graph_computes, stats.sub_graphs, stats.nodes),
+            (2, 2, 1)
+        );
+        assert_eq!(stats.graph_durations_ns, [10]);
+        assert_eq!(stats.unmatched_graph_begins, 2);
     }
 
     #[test]

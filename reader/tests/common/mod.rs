@@ -96,7 +96,9 @@ pub fn sample_trace(layout: Layout) -> Vec<Event<'static>> {
         payload: marker,
         label: Some(Cow::Borrowed(br#"{"pid":7}"#)),
     });
-    let graph = |code, ts, n| Event {
+    // The scheduler's compute holding the CPU backend's, as the hook writes them (each entry
+    // point its own label).
+    let graph = |code, ts, n, label: &'static [u8]| Event {
         type_code: code,
         timestamp_ns: ts,
         thread_id: 7,
@@ -106,12 +108,16 @@ pub fn sample_trace(layout: Layout) -> Vec<Event<'static>> {
             n_threads: 2,
             backend_ptr: 0,
         },
-        label: Some(Cow::Borrowed(b"ggml_backend_sched_graph_compute_async CPU")),
+        label: Some(Cow::Borrowed(label)),
     };
+    let (sched, backend) = (
+        &b"ggml_backend_sched_graph_compute_async CPU"[..],
+        &b"ggml_backend_graph_compute_async CPU"[..],
+    );
     for i in 0..3u32 {
         let t = 100 * (i as u64 + 1);
-        out.push(graph(0, t, 10 + i));
-        out.push(graph(0, t + 1, 10 + i));
+        out.push(graph(0, t, 10 + i, sched));
+        out.push(graph(0, t + 1, 10 + i, backend));
         for k in 0..2u64 {
             let op = Payload::Op {
                 tensor_ptr: 0x9000 + k,
@@ -135,8 +141,8 @@ pub fn sample_trace(layout: Layout) -> Vec<Event<'static>> {
                 label,
             });
         }
-        out.push(graph(1, t + 8, 10 + i));
-        out.push(graph(1, t + 9, 10 + i));
+        out.push(graph(1, t + 8, 10 + i, backend));
+        out.push(graph(1, t + 9, 10 + i, sched));
     }
     out
 }

@@ -15,7 +15,7 @@ use ggml_viz_reader::format::ext::{self, Counters};
 use ggml_viz_reader::format::{Event, EventType, ExtensionKind, Payload};
 use ggml_viz_reader::telemetry::Text;
 use ggml_viz_reader::telemetry::export::summary::Histogram;
-use ggml_viz_reader::{Damage, OpCollector};
+use ggml_viz_reader::{Damage, OpCollector, OpenGraphs};
 
 #[derive(Debug, Default)]
 struct Bucket {
@@ -50,8 +50,8 @@ pub struct LiveStats {
     /// Duration of the latest outermost graph compute.
     pub latest_graph_ns: Option<u64>,
     pub damage: Option<Damage>,
-    /// Per thread: begin timestamps of open graph computes.
-    open_graphs: HashMap<u32, Vec<u64>>,
+    /// The graph computes open on each thread.
+    open_graphs: OpenGraphs,
     /// Joins op events into nodes; `handed` is what it had taken in at the last refresh.
     collector: OpCollector,
     handed: u64,
@@ -123,7 +123,7 @@ impl LiveStats {
             counters: Counters::default(),
             latest_graph_ns: None,
             damage: None,
-            open_graphs: HashMap::new(),
+            open_graphs: OpenGraphs::default(),
             collector: OpCollector::streaming(),
             handed: 0,
             batches: 0,
@@ -172,30 +172,22 @@ impl LiveStats {
                 _ => {}
             },
             (Some(EventType::GraphComputeBegin), _) => {
-                let stack = self.open_graphs.entry(e.thread_id).or_default();
-                if stack.is_empty() {
-                    self.graphs += 1;
-                    self.current.graphs += 1;
-                }
-                stack.push(ts)
+                let outermost = u64::from(self.open_graphs.begin(e).outermost);
+                self.graphs += outermost;
+                self.current.graphs += outermost;
             }
             (Some(EventType::GraphComputeEnd), _) => {
-                let stack = self.open_graphs.entry(e.thread_id).or_default();
-                if let Some(begin) = stack.pop()
-                    && stack.is_empty()
+                if let Some(step) = self.open_graphs.end(e)
+                    && step.outermost
                 {
-                    let ns = ts.saturating_sub(begin);
+                    let ns = ts.saturating_sub(step.begin_ns);
                     self.current.graph_ns.add(ns);
                     self.latest_graph_ns = Some(ns);
                 }
             }
             (Some(EventType::OpComputeBegin), _) => {
                 self.ops += 1;
-                if self
-                    .open_graphs
-                    .get(&e.thread_id)
-                    .is_some_and(|stack| !stack.is_empty())
-                {
+                if self.open_graphs.outermost_begin(e.thread_id).is_some() {
                     self.nodes += 1;
                 }
             }
@@ -340,8 +332,13 @@ mod tests {
     }
 
     fn graph() -> Payload {
+        nested_graph(1)
+    }
+
+    /// The payload of graph `graph_ptr` (a compute nested in another is of another graph).
+    fn nested_graph(graph_ptr: u64) -> Payload {
         Payload::Graph {
-            graph_ptr: 1,
+            graph_ptr,
             n_nodes: 1,
             n_threads: 1,
             backend_ptr: 0,
@@ -390,12 +387,12 @@ mod tests {
         for e in [
             op_names(&[(29, "MUL_MAT")]),
             ev(0, 0, 1, graph()),
-            ev(0, 5, 1, graph()),
+            ev(0, 5, 1, nested_graph(2)),
             ev(2, 10, 1, op(0xa, 29)),
             ev(3, 40, 1, op(0xa, 29)),
             ev(2, 50, 1, op(0xb, 7)),
             ev(3, 60, 1, op(0xb, 7)),
-            ev(1, 90, 1, graph()),
+            ev(1, 90, 1, nested_graph(2)),
             ev(1, 100, 1, graph()),
         ] {
             s.add(&e);
