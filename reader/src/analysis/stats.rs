@@ -5,6 +5,7 @@
 //! never as more graph computes.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::hash::{Hash, Hasher};
 
 use crate::format::Damage;
 use crate::format::ext::{Counters, Metadata, parse_payload};
@@ -141,18 +142,16 @@ impl OpenGraphs {
     }
 }
 
-/// A graph compute's entry point and graph, from its begin or end event.
+/// A graph compute's entry point and graph, from its begin or end event, hashed.
 fn graph_key(e: &Event<'_>) -> u64 {
     let graph = match e.payload {
         Payload::Graph { graph_ptr, .. } => graph_ptr,
         _ => 0,
     };
-    // FNV-1a over the label, mixed with the graph's pointer.
-    let label = e.label.as_deref().unwrap_or_default();
-    let hash = label.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| {
-        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
-    });
-    hash ^ graph.rotate_left(32)
+    let mut h = rustc_hash::FxHasher::default();
+    e.label.as_deref().unwrap_or_default().hash(&mut h);
+    graph.hash(&mut h);
+    h.finish()
 }
 
 /// What to tell the user of a program whose graph computes ran on `graph_threads` threads where
