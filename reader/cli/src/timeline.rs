@@ -12,7 +12,7 @@ use ggml_viz_reader::telemetry::export::summary::{Row, Summary, csv_cell};
 use ggml_viz_reader::telemetry::export::telemetry_v2;
 use ggml_viz_reader::telemetry::{ChromeJsonWriter, PerfettoWriter};
 use ggml_viz_reader::telemetry::{Format, RecordSink, Text, detect};
-use ggml_viz_reader::{Layout, OpAnalysis, OpGroup};
+use ggml_viz_reader::{Layout, OpGroup};
 
 use crate::Failure;
 use crate::dump::parse_layout;
@@ -275,11 +275,6 @@ fn change(a: f64, b: f64) -> String {
     }
 }
 
-/// How a run timed its ops (`threads`, `sched`), as its op timing note begins.
-fn timing_mode(a: &OpAnalysis) -> Option<&str> {
-    a.timing_note.as_deref()?.split(':').next()
-}
-
 /// The row of op type `name`, if it has one.
 fn row<'a>(rows: &'a [OpGroup], name: &str) -> Option<&'a OpGroup> {
     rows.iter().find(|r| r.key == name)
@@ -308,7 +303,7 @@ fn diff_ops(args: &DiffArgs) -> Result<(), Failure> {
             fmt_ns(groups.total_ns() as f64)
         )?;
     }
-    if let (Some(ma), Some(mb)) = (timing_mode(&analysis_a), timing_mode(&analysis_b))
+    if let (Some(ma), Some(mb)) = (&analysis_a.timing_mode, &analysis_b.timing_mode)
         && ma != mb
     {
         writeln!(

@@ -91,7 +91,9 @@ pub struct OpAnalysis {
     pub ops: Vec<OpSample>,
     /// Total time of the outermost graph computes that contain timed ops.
     pub timed_graph_ns: u64,
-    /// How the writer took op timings ([`op_timing_note`]).
+    /// How the writer took op timings: the mode ([`op_timing_mode`]) and what to say of it
+    /// ([`op_timing_note`]).
+    pub timing_mode: Option<String>,
     pub timing_note: Option<String>,
     /// Per thread: its shares of nodes and its barrier waits, by thread id.
     pub threads: Vec<ThreadTotals>,
@@ -330,6 +332,7 @@ impl OpCollector {
         match kind {
             ExtensionKind::Metadata => {
                 if let Some(m) = ext::parse_payload::<ext::Metadata>(label) {
+                    self.a.timing_mode = op_timing_mode(&m.settings).map(String::from);
                     self.a.timing_note = op_timing_note(&m.settings);
                     self.a.n_cpus = m.n_cpus;
                     if self.ring.is_some() {
