@@ -1,6 +1,6 @@
 //! Opening the FILE argument: a mapped file, or `-` for standard input.
 
-use std::path::PathBuf;
+use std::path::Path;
 
 use ggml_viz_reader::telemetry::{Format, detect};
 use ggml_viz_reader::{Damage, Event, Layout, LayoutChoice, StreamError, StreamReader, TraceFile};
@@ -35,17 +35,17 @@ impl ReadStop {
 }
 
 impl Input {
-    pub fn open(path: &PathBuf, layout: Option<Layout>) -> Result<Input, String> {
+    pub fn open(path: &Path, layout: Option<Layout>) -> Result<Input, String> {
         Input::open_as(path, layout, false)
     }
 
     /// [`Input::open`], a regular file too read as a stream: for a reader that looks at each
     /// event once, so that memory does not grow with the file (a mapping counts the pages read).
-    pub fn open_streamed(path: &PathBuf) -> Result<Input, String> {
+    pub fn open_streamed(path: &Path) -> Result<Input, String> {
         Input::open_as(path, None, true)
     }
 
-    fn open_as(path: &PathBuf, layout: Option<Layout>, streamed: bool) -> Result<Input, String> {
+    fn open_as(path: &Path, layout: Option<Layout>, streamed: bool) -> Result<Input, String> {
         if path.as_os_str() == "-" {
             return Ok(Input::Stdin);
         }

@@ -137,7 +137,7 @@ fn read_nodes(
     quiet: bool,
     mut each: impl FnMut(&OpSample),
 ) -> Result<NodesRead, Failure> {
-    let input = Input::open_streamed(&path.to_path_buf()).map_err(Failure::Data)?;
+    let input = Input::open_streamed(path).map_err(Failure::Data)?;
     let mut collector = OpCollector::streaming();
     let bar = stream_bar(path, quiet);
     let (stop, _) = input.for_each_showing(layout, &bar, |e| {
