@@ -251,25 +251,79 @@ fn sixty_four_threads_on_tiny_rings_count_every_drop_exactly() {
     );
 }
 
+/// A graph compute is in the trace whole or not at all: with rings far too small for a graph's
+/// op shares and barrier waits, op events are dropped (and counted), but every graph compute's
+/// begin has its end and every op share both edges, on their thread.
+#[test]
+fn tiny_rings_drop_op_events_but_keep_graph_computes_whole() {
+    let trace = scratch("whole-graphs").join("t.ggmlviz");
+    let graphs = 20;
+    let out = run(with_hook(
+        fixture_cmd(
+            &[&llama_bin()],
+            &[
+                "--nodes",
+                "200",
+                "--repeat",
+                &graphs.to_string(),
+                "--threads",
+                "2",
+            ],
+        ),
+        &[
+            ("GGML_VIZ_OUTPUT", trace.to_str().unwrap()),
+            ("GGML_VIZ_BUFFER_SIZE", "64"),
+            ("GGML_VIZ_OP_TIMING", "threads"),
+        ],
+    ));
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(fixture_graphs(&text(&out.stdout)).len(), graphs);
+    let (events, damage, stats) = read_trace(&trace);
+    assert_eq!(damage, None);
+    let counters = stats.counters.expect("counters record");
+    // Each graph makes 200 nodes' shares and waits on each of two threads: a 64-event ring
+    // overflows within one.
+    assert!(
+        counters.dropped_ring_full > 0,
+        "nothing was dropped: {counters:?}"
+    );
+    check_nesting(&events);
+    let begins = stats.count(EventType::GraphComputeBegin);
+    assert!(
+        (1..=graphs as u64).contains(&begins),
+        "{begins} graph computes of {graphs}"
+    );
+    assert_eq!(
+        stats.count(EventType::OpComputeBegin),
+        stats.count(EventType::OpComputeEnd)
+    );
+}
+
+/// The event cap refuses whole graph computes: a compute's begin goes in only with room under
+/// the cap for its end, so 7 events hold 3 computes (6 events), and the other 7 computes' 14
+/// events are counted as over the cap.
 #[test]
 fn the_event_cap_counts_what_it_refuses() {
     let dir = scratch("cap");
     let trace = dir.join("t.ggmlviz");
     let bin = llama_bin();
+    let (graphs, cap) = (10, 7);
     let out = run(with_hook(
-        fixture_cmd(&[&bin], &["--nodes", "2", "--repeat", "10"]),
+        fixture_cmd(&[&bin], &["--nodes", "2", "--repeat", &graphs.to_string()]),
         &[
             ("GGML_VIZ_OUTPUT", trace.to_str().unwrap()),
-            ("GGML_VIZ_MAX_EVENTS", "7"),
+            ("GGML_VIZ_MAX_EVENTS", &cap.to_string()),
             ("GGML_VIZ_OP_TIMING", "off"),
         ],
     ));
     assert!(out.status.success());
-    let (_, _, stats) = read_trace(&trace);
+    let (events, _, stats) = read_trace(&trace);
+    check_nesting(&events);
     let recorded =
         stats.count(EventType::GraphComputeBegin) + stats.count(EventType::GraphComputeEnd);
-    assert_eq!(recorded, 7);
-    assert_eq!(stats.counters.unwrap().over_max_events, 20 - 7);
+    let whole = cap / 2 * 2;
+    assert_eq!(recorded, whole);
+    assert_eq!(stats.counters.unwrap().over_max_events, 2 * graphs - whole);
 }
 
 /// Copies this build's ggml libraries into `dir` under names of their own (as wheel repair tools

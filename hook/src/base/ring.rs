@@ -165,22 +165,21 @@ impl Ring {
     }
 
     /// Producer: stores `event`, which stands for `events` events (one, or two for a whole op
-    /// share), or counts them as dropped if the ring is full. Says when this
+    /// share), if `keep_free` slots are still free after it (the room the producer keeps for
+    /// what it must be able to store later), else counts them as dropped. Says when this
     /// event made the ring half full (once per filling: the count of stored events only grows
     /// by one at a time), so that the producer can wake the consumer then and only then.
     ///
     /// # Safety
     /// Only the ring's one producer thread may call this.
     #[inline]
-    pub unsafe fn push(&self, event: RawEvent, events: u64) -> Pushed {
+    pub unsafe fn push(&self, event: RawEvent, events: u64, keep_free: usize) -> Pushed {
         let tail = self.tail.load(Ordering::Relaxed);
         let head = self.head.load(Ordering::Acquire);
         let stored = tail.wrapping_sub(head);
-        if stored > self.mask {
-            self.dropped.store(
-                self.dropped.load(Ordering::Relaxed) + events,
-                Ordering::Relaxed,
-            );
+        // Free after this one: the capacity less what is stored, less this one.
+        if stored + keep_free > self.mask {
+            self.count_dropped(events);
             return Pushed::Dropped;
         }
         // SAFETY: the slot at `tail` is outside head..tail, so the consumer does not read it.
@@ -276,6 +275,20 @@ impl Ring {
         self.populated.store(until, Ordering::Relaxed);
     }
 
+    /// Producer: counts `events` as dropped without storing anything (the end of a begin that
+    /// was dropped, which is left out with it).
+    pub fn count_dropped(&self, events: u64) {
+        self.dropped.store(
+            self.dropped.load(Ordering::Relaxed) + events,
+            Ordering::Relaxed,
+        );
+    }
+
+    /// The number of events the ring holds at most.
+    pub fn capacity(&self) -> usize {
+        self.mask + 1
+    }
+
     /// Events refused so far because the ring was full.
     pub fn dropped(&self) -> u64 {
         self.dropped.load(Ordering::Relaxed)
@@ -294,18 +307,37 @@ mod tests {
     }
 
     #[test]
+    fn an_event_is_stored_only_with_the_room_asked_for_left_free() {
+        let ring = Ring::try_new(8).unwrap();
+        // SAFETY: single-threaded test: one producer, one consumer.
+        unsafe {
+            // Keeping 3 free, 8 - 3 = 5 go in.
+            let kept: Vec<bool> = (0..7).map(|i| ring.push(ev(i), 1, 3).stored()).collect();
+            assert_eq!(kept, [true, true, true, true, true, false, false]);
+            // Keeping 1 free, 2 more go in; keeping none, the last one.
+            let kept: Vec<bool> = (10..13).map(|i| ring.push(ev(i), 1, 1).stored()).collect();
+            assert_eq!(kept, [true, true, false]);
+            assert!(ring.push(ev(13), 1, 0).stored());
+            assert!(!ring.push(ev(14), 1, 0).stored(), "full");
+            assert_eq!(ring.dropped(), 4);
+            ring.count_dropped(2);
+            assert_eq!(ring.dropped(), 6);
+        }
+    }
+
+    #[test]
     fn full_ring_drops_and_counts() {
         let ring = Ring::try_new(4).unwrap();
         // SAFETY: single-threaded test: one producer, one consumer.
         unsafe {
             for i in 0..6 {
-                assert_eq!(ring.push(ev(i), 1).stored(), i < 4);
+                assert_eq!(ring.push(ev(i), 1, 0).stored(), i < 4);
             }
             assert_eq!(ring.dropped(), 2);
             let mut seen = Vec::new();
             assert_eq!(ring.drain(|e| seen.push(e.ticks)), 4);
             assert_eq!(seen, [0, 1, 2, 3]);
-            assert!(ring.push(ev(9), 1).stored());
+            assert!(ring.push(ev(9), 1, 0).stored());
         }
     }
 
@@ -340,7 +372,7 @@ mod tests {
         // SAFETY: single-threaded test: one producer, one consumer.
         unsafe {
             for i in 0..quarter as u64 {
-                assert!(ring.push(ev(i), 1).stored());
+                assert!(ring.push(ev(i), 1, 0).stored());
             }
             assert_eq!(ring.drain(|_| {}), quarter);
         }
@@ -359,10 +391,10 @@ mod tests {
         let ring = Ring::try_new(2).unwrap();
         // SAFETY: single-threaded test: one producer, one consumer.
         unsafe {
-            assert!(ring.push(ev(0), 2).stored());
-            assert!(ring.push(ev(1), 1).stored());
-            assert_eq!(ring.push(ev(2), 2), Pushed::Dropped);
-            assert_eq!(ring.push(ev(3), 1), Pushed::Dropped);
+            assert!(ring.push(ev(0), 2, 0).stored());
+            assert!(ring.push(ev(1), 1, 0).stored());
+            assert_eq!(ring.push(ev(2), 2, 0), Pushed::Dropped);
+            assert_eq!(ring.push(ev(3), 1, 0), Pushed::Dropped);
             assert_eq!(ring.dropped(), 3);
         }
     }
@@ -372,12 +404,12 @@ mod tests {
         let ring = Ring::try_new(8).unwrap();
         // SAFETY: single-threaded test: one producer, one consumer.
         unsafe {
-            let said: Vec<Pushed> = (0..10).map(|i| ring.push(ev(i), 1)).collect();
+            let said: Vec<Pushed> = (0..10).map(|i| ring.push(ev(i), 1, 0)).collect();
             assert_eq!(said[3], Pushed::HalfFull);
             assert_eq!(said.iter().filter(|&&p| p == Pushed::HalfFull).count(), 1);
             assert_eq!(said[8..], [Pushed::Dropped, Pushed::Dropped]);
             ring.drain(|_| {});
-            let again: Vec<Pushed> = (0..4).map(|i| ring.push(ev(i), 1)).collect();
+            let again: Vec<Pushed> = (0..4).map(|i| ring.push(ev(i), 1, 0)).collect();
             assert_eq!(again[3], Pushed::HalfFull);
         }
     }
@@ -388,16 +420,16 @@ mod tests {
         // SAFETY: single-threaded test: this thread is the one producer and the one consumer.
         unsafe {
             for i in 0..2 * RELEASE_EVERY as u64 {
-                assert!(ring.push(ev(i), 1).stored());
+                assert!(ring.push(ev(i), 1, 0).stored());
             }
-            assert!(!ring.push(ev(0), 1).stored(), "full");
+            assert!(!ring.push(ev(0), 1, 0).stored(), "full");
             let mut pushed_while_draining = Vec::new();
             let mut seen = 0;
             ring.drain(|_| {
                 seen += 1;
                 if seen == RELEASE_EVERY + 1 {
                     // The first RELEASE_EVERY slots were taken: the producer has room.
-                    pushed_while_draining.push(ring.push(ev(7), 1).stored());
+                    pushed_while_draining.push(ring.push(ev(7), 1, 0).stored());
                 }
             });
             assert_eq!(pushed_while_draining, [true]);
@@ -420,7 +452,7 @@ mod tests {
             // SAFETY: this thread is the only producer.
             std::thread::spawn(move || {
                 (0..200_000)
-                    .filter(|&i| unsafe { ring.push(ev(i), 1).stored() })
+                    .filter(|&i| unsafe { ring.push(ev(i), 1, 0).stored() })
                     .count() as u64
             })
         };
@@ -464,6 +496,7 @@ mod loom_tests {
                                     ..RawEvent::default()
                                 },
                                 1,
+                                0,
                             )
                             .stored()
                         })

@@ -44,6 +44,14 @@ struct Local {
     /// before itself.
     held: Cell<RawEvent>,
     holding: Cell<bool>,
+    /// Threads mode: what became of the begin of this thread's open op share where it went in
+    /// on its own (not held, see [`thread_op`]).
+    share_begin: Cell<Option<Fate>>,
+    /// What became of the begin of the node our eval callback is driving (`open_op`).
+    op_begin: Cell<Fate>,
+    /// Ends owed to the begins stored and not yet ended: the ring slots and events of the cap
+    /// kept for them (see [`Claim`]).
+    promised: Cell<u32>,
 }
 
 thread_local! {
@@ -58,6 +66,9 @@ thread_local! {
             open_op: Cell::new(None),
             held: Cell::new(RawEvent::ZERO),
             holding: Cell::new(false),
+            share_begin: Cell::new(None),
+            op_begin: Cell::new(Fate::Stored),
+            promised: Cell::new(0),
         }
     };
 }
@@ -74,6 +85,15 @@ impl Local {
         self.budget.set(0);
         self.open_op.set(None);
         self.holding.set(false);
+        self.share_begin.set(None);
+        self.promised.set(0);
+    }
+
+    /// A begin whose end will not come (another began in its place): its kept room is free.
+    fn forget(&self, begin: Option<Fate>) {
+        if begin == Some(Fate::Stored) {
+            self.promised.set(self.promised.get().saturating_sub(1));
+        }
     }
 }
 
@@ -139,7 +159,12 @@ fn has_ring(l: &Local, r: &'static Recorder) -> bool {
         if r.config.thread_tracking {
             // Registers this thread's exit hook (a thread-local with a destructor).
             THREAD_EXIT.with(|_| {});
-            push(l, r, thread_event(r, l, EventType::ThreadBegin));
+            push(
+                l,
+                r,
+                thread_event(r, l, EventType::ThreadBegin),
+                Claim::Plain,
+            );
         }
     }
     true
@@ -165,7 +190,12 @@ impl Drop for ThreadExit {
             let Some(r) = active() else { return };
             LOCAL.with(|l| {
                 if l.generation.get() == r.generation && !l.ring.get().is_null() {
-                    push(l, r, thread_event(r, l, EventType::ThreadFree));
+                    push(
+                        l,
+                        r,
+                        thread_event(r, l, EventType::ThreadFree),
+                        Claim::Plain,
+                    );
                 }
             });
         });
@@ -203,22 +233,22 @@ pub fn buffer_event(
         name_id: buft_name(r),
         ..RawEvent::default()
     };
-    local(r, |l| push(l, r, event));
+    local(r, |l| push(l, r, event, Claim::Plain));
 }
 
 /// Records `event` now on this thread (after the held begin of its op share, if any). Inlined:
 /// an event built by the caller and copied from its stack in wider moves than the caller's
 /// stores stalls the copy until those stores are done (perf: a third of this function's samples).
 #[inline(always)]
-fn push(l: &Local, r: &'static Recorder, event: RawEvent) {
-    push_at(l, r, event, clock::now_ticks());
+fn push(l: &Local, r: &'static Recorder, event: RawEvent, claim: Claim) -> Fate {
+    push_at(l, r, event, clock::now_ticks(), claim)
 }
 
 /// [`push`] with the time the caller read.
 #[inline(always)]
-fn push_at(l: &Local, r: &'static Recorder, event: RawEvent, ticks: u64) {
+fn push_at(l: &Local, r: &'static Recorder, event: RawEvent, ticks: u64, claim: Claim) -> Fate {
     release(l, r);
-    store(l, r, event, ticks, 1);
+    store(l, r, event, ticks, 1, claim)
 }
 
 /// Puts the held begin of this thread's op share, if there is one, in the ring.
@@ -229,29 +259,114 @@ fn release(l: &Local, r: &'static Recorder) {
     }
 }
 
-/// [`release`] of a held begin, with the time it was taken.
+/// [`release`] of a held begin, with the time it was taken: a begin on its own, whose end
+/// follows it.
 #[cold]
 #[inline(never)]
 fn store_held(l: &Local, r: &'static Recorder) {
     l.holding.set(false);
     let held = l.held.get();
-    store(l, r, held, held.ticks, 1);
+    let fate = store(l, r, held, held.ticks, 1, Claim::OpBegin);
+    l.share_begin.set(Some(fate));
+}
+
+/// What an event may take of its thread's ring and share of the event cap. A pair's begin (a
+/// graph compute's, an op's) goes in only if its end will fit after it: it keeps a slot and an
+/// event of the cap for its end, which the end then takes (and where the begin was left out,
+/// the end is left out with it, see [`leave_out`]); every other event leaves the room kept for
+/// the ends of what is open. Op events also leave [`structure_room`] for the graph computes to
+/// come, so that a ring full of op events still takes those: a graph compute is in the trace
+/// whole or not at all, and what a full ring drops is op events.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Claim {
+    /// Anything but an op event or an edge of a pair.
+    Plain,
+    /// A whole op share, or a barrier wait (threads mode).
+    Op,
+    /// An op's begin whose end follows on its own: a sched-mode node's, or a share's that
+    /// could not be held.
+    OpBegin,
+    /// A graph compute's begin.
+    GraphBegin,
+    /// The end of a begin that was stored.
+    End,
+}
+
+/// What became of an event: stored, or left out and counted as dropped with a full ring, as
+/// over the event cap, or not at all (tracing stopped: no ring could be had).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Fate {
+    Stored,
+    Dropped,
+    OverCap,
+    Lost,
+}
+
+/// Most ring slots that op events leave free for graph computes (see [`Claim`]): a token's
+/// nested computes (scheduler, backend, CPU graph: three begins and ends) twice over and more.
+const STRUCTURE_ROOM: usize = 16;
+
+/// The ring slots op events leave free for graph computes in `ring`: [`STRUCTURE_ROOM`], or a
+/// quarter of a smaller ring.
+fn structure_room(ring: &Ring) -> usize {
+    (ring.capacity() / 4).min(STRUCTURE_ROOM)
 }
 
 /// Stores `event`, at `ticks`, in this thread's ring, standing for `events` events (two for a
-/// whole op share) of its share of the cap.
+/// whole op share) of its share of the cap, if it leaves the room its `claim` says.
 #[inline(always)]
-fn store(l: &Local, r: &'static Recorder, mut event: RawEvent, ticks: u64, events: u64) {
-    if !ready(l, events) && !make_ready(l, r, events) {
-        return;
+fn store(
+    l: &Local,
+    r: &'static Recorder,
+    mut event: RawEvent,
+    ticks: u64,
+    events: u64,
+    claim: Claim,
+) -> Fate {
+    if claim == Claim::End {
+        l.promised.set(l.promised.get().saturating_sub(1));
+    }
+    let begins = matches!(claim, Claim::OpBegin | Claim::GraphBegin);
+    // Kept for the ends of what is open, and of this begin.
+    let kept = u64::from(l.promised.get()) + u64::from(begins);
+    if !ready(l, events + kept)
+        && let Err(fate) = make_ready(l, r, events, kept)
+    {
+        return fate;
     }
     l.budget.set(l.budget.get() - events);
     event.thread_id = l.tid.get();
     event.ticks = ticks;
     // SAFETY: `make_ready` or an earlier event set a non-null ring pointer, a leaked, never
     // freed Ring; this thread is its only producer.
-    if unsafe { (*l.ring.get()).push(event, events) } == Pushed::HalfFull {
-        r.wake_flusher();
+    let ring = unsafe { &*l.ring.get() };
+    let mut keep_free = kept as usize;
+    if matches!(claim, Claim::Op | Claim::OpBegin) {
+        keep_free += structure_room(ring);
+    }
+    // SAFETY: this thread is the ring's only producer.
+    match unsafe { ring.push(event, events, keep_free) } {
+        Pushed::Dropped => return Fate::Dropped,
+        Pushed::HalfFull => r.wake_flusher(),
+        Pushed::Stored => {}
+    }
+    if begins {
+        l.promised.set(l.promised.get() + 1);
+    }
+    Fate::Stored
+}
+
+/// Counts the end of a begin that was left out (`begin`) as that begin was counted, and stores
+/// nothing.
+fn leave_out(l: &Local, r: &Recorder, begin: Fate, events: u64) {
+    match begin {
+        // SAFETY: a begin dropped with a full ring had the thread's ring, a leaked, never
+        // freed Ring; this thread is its only producer.
+        Fate::Dropped => unsafe { (*l.ring.get()).count_dropped(events) },
+        Fate::OverCap => {
+            r.over_max_events.fetch_add(events, Ordering::Relaxed);
+        }
+        Fate::Stored | Fate::Lost => {}
     }
 }
 
@@ -261,25 +376,25 @@ fn ready(l: &Local, events: u64) -> bool {
     !l.ring.get().is_null() && l.budget.get() >= events && l.tid.get() != 0
 }
 
-/// Out of [`store`]'s way: this thread's ring, `events` of the event cap and its id, where it
-/// has none yet; whether they can be stored (not when no ring can be had, or the cap is
-/// reached: then counted).
+/// Out of [`store`]'s way: this thread's ring, `events` of the event cap beyond the `kept` ones
+/// and its id, where it has none yet; else what becomes of the events (not stored when no ring
+/// can be had, or the cap is reached: then counted).
 #[cold]
 #[inline(never)]
-fn make_ready(l: &Local, r: &'static Recorder, events: u64) -> bool {
+fn make_ready(l: &Local, r: &'static Recorder, events: u64, kept: u64) -> Result<(), Fate> {
     if !has_ring(l, r) {
-        return false;
+        return Err(Fate::Lost);
     }
-    while l.budget.get() < events {
+    while l.budget.get() < events + kept {
         let budget = r.reserve();
         if budget == 0 {
             r.over_max_events.fetch_add(events, Ordering::Relaxed);
-            return false;
+            return Err(Fate::OverCap);
         }
         l.budget.set(l.budget.get() + budget);
     }
     thread_id(l);
-    true
+    Ok(())
 }
 
 /// What a graph event says, besides its type and time.
@@ -302,7 +417,8 @@ pub struct GraphScope {
     recorder: &'static Recorder,
     entry: Entry,
     info: GraphInfo,
-    recording: bool,
+    /// What became of its begin event, where it is recorded (its end goes the same way).
+    begin: Option<Fate>,
     /// Outermost, recorded and sampled for op timing (`op_sample`).
     ops_timed: bool,
 }
@@ -352,18 +468,19 @@ pub fn graph_begin(
         } else {
             GraphInfo::empty()
         };
-        if recording {
+        let begin = recording.then(|| {
             push(
                 l,
                 r,
                 graph_event(EventType::GraphComputeBegin, entry, &info),
-            );
-        }
+                Claim::GraphBegin,
+            )
+        });
         Some(GraphScope {
             recorder: r,
             entry,
             info,
-            recording,
+            begin,
             ops_timed,
         })
     })
@@ -431,8 +548,16 @@ fn op_event(ty: EventType, op: &OpInfo) -> RawEvent {
 /// Our eval callback is about to let ggml compute one node.
 pub fn op_begin(r: &'static Recorder, op: &OpInfo) {
     local(r, |l| {
-        push(l, r, op_event(EventType::OpComputeBegin, op));
-        l.open_op.set(Some(*op));
+        let fate = push(
+            l,
+            r,
+            op_event(EventType::OpComputeBegin, op),
+            Claim::OpBegin,
+        );
+        if l.open_op.replace(Some(*op)).is_some() {
+            l.forget(Some(l.op_begin.get()));
+        }
+        l.op_begin.set(fate);
     });
 }
 
@@ -444,7 +569,18 @@ pub fn op_end(r: &'static Recorder) {
 /// Ends the open node, if there is one.
 fn close_op(l: &Local, r: &'static Recorder) {
     if let Some(op) = l.open_op.take() {
-        push(l, r, op_event(EventType::OpComputeEnd, &op));
+        let event = op_event(EventType::OpComputeEnd, &op);
+        end(l, r, event, clock::now_ticks(), l.op_begin.get());
+    }
+}
+
+/// Records the end `event`, at `ticks`, of a begin whose fate was `begin`: stored in the room the begin
+/// kept, or left out with it.
+fn end(l: &Local, r: &'static Recorder, event: RawEvent, ticks: u64, begin: Fate) {
+    if begin == Fate::Stored {
+        push_at(l, r, event, ticks, Claim::End);
+    } else {
+        leave_out(l, r, begin, 1);
     }
 }
 
@@ -467,14 +603,18 @@ pub fn thread_op(t: ThisThread, r: &'static Recorder, begin: bool, op: &OpInfo) 
     let ticks = clock::now_ticks();
     if begin {
         release(l, r);
+        if l.share_begin.get().is_some() {
+            l.forget(l.share_begin.take());
+        }
         let event = op_event(EventType::OpComputeBegin, op);
         // Held only when the ring is ready: a thread's first events (its ring, its THREAD_BEGIN)
         // go in at the time they are taken.
-        if ready(l, 2) {
+        if ready(l, 2 + u64::from(l.promised.get())) {
             l.held.set(RawEvent { ticks, ..event });
             l.holding.set(true);
         } else {
-            store(l, r, event, ticks, 1);
+            let fate = store(l, r, event, ticks, 1, Claim::OpBegin);
+            l.share_begin.set(Some(fate));
         }
         return ticks;
     }
@@ -488,11 +628,18 @@ pub fn thread_op(t: ThisThread, r: &'static Recorder, begin: bool, op: &OpInfo) 
                 c: took as u32 + 1,
                 ..event
             };
-            store(l, r, whole, ticks, 2);
+            store(l, r, whole, ticks, 2, Claim::Op);
             return ticks;
         }
     }
-    push_at(l, r, event, ticks);
+    release(l, r);
+    match l.share_begin.take() {
+        Some(begin) => end(l, r, event, ticks, begin),
+        // The share began before this thread recorded (or for another recorder).
+        None => {
+            store(l, r, event, ticks, 1, Claim::Op);
+        }
+    }
     ticks
 }
 
@@ -516,7 +663,7 @@ pub fn barrier_wait(
         ..RawEvent::default()
     };
     // Stamped with the clock read that ended the wait (one read, not two).
-    push_at(t.0.for_recorder(r), r, event, now);
+    push_at(t.0.for_recorder(r), r, event, now, Claim::Op);
 }
 
 /// Sequences a span event names with their tokens (the rest are counted together).
@@ -546,7 +693,7 @@ pub fn span(entry: Entry, begin: bool, count: u32, seqs: &[(i32, u32)], other_to
         name_id: other_tokens.min(u32::from(u16::MAX)) as u16,
         ..RawEvent::default()
     };
-    local(r, |l| push(l, r, event));
+    local(r, |l| push(l, r, event, Claim::Plain));
 }
 
 /// `llama_memory_seq_rm(mem, seq, p0, p1)` begins or ends: a span of its own, with the sequence
@@ -563,7 +710,7 @@ pub fn seq_removed(begin: bool, seq: i32, p0: i32, p1: i32) {
         size: u64::from(p1 as u32),
         ..RawEvent::default()
     };
-    local(r, |l| push(l, r, event));
+    local(r, |l| push(l, r, event, Claim::Plain));
 }
 
 /// One edge of one part of a ggml-rpc command (see [`super::rpc`]).
@@ -609,7 +756,7 @@ pub fn rpc_edge(begin: bool, edge: &RpcEdge<'_>) {
         name_id,
         ..RawEvent::default()
     };
-    local(r, |l| push(l, r, event));
+    local(r, |l| push(l, r, event, Claim::Plain));
 }
 
 /// Asks the writer to write what the rings hold now rather than at its next interval: a
@@ -646,13 +793,10 @@ pub fn span_seqs(event: &RawEvent) -> Vec<(i32, u32)> {
 /// first, whatever the status.
 pub fn graph_end(scope: GraphScope) {
     local(scope.recorder, |l| {
-        if scope.recording {
+        if let Some(begin) = scope.begin {
             close_op(l, scope.recorder);
-            push(
-                l,
-                scope.recorder,
-                graph_event(EventType::GraphComputeEnd, scope.entry, &scope.info),
-            );
+            let event = graph_event(EventType::GraphComputeEnd, scope.entry, &scope.info);
+            end(l, scope.recorder, event, clock::now_ticks(), begin);
         }
         l.depth.set(l.depth.get().saturating_sub(1));
     });
@@ -716,5 +860,154 @@ pub fn wait_end(scope: WaitScope) {
         name_id: scope.name_id,
         ..RawEvent::default()
     };
-    local(scope.recorder, |l| push(l, scope.recorder, event));
+    local(scope.recorder, |l| {
+        push(l, scope.recorder, event, Claim::Plain)
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::record::writer::TraceWriter;
+    use ggml_viz_config::Config;
+    use ggml_viz_reader::format::Layout;
+    use ggml_viz_reader::format::ext::Metadata;
+
+    /// A recorder with rings of `buffer_size` events on a scratch file, whose rings nothing
+    /// drains (it has no flusher).
+    fn recorder(buffer_size: u64) -> &'static Recorder {
+        let config = Config {
+            buffer_size,
+            ..Config::default()
+        };
+        let path = std::env::temp_dir().join(format!("ggml-viz-events-{}", std::process::id()));
+        let file = std::fs::File::create(&path).unwrap();
+        let writer = TraceWriter::create(
+            file,
+            path.clone(),
+            Layout::Packed,
+            &config,
+            &Metadata::default(),
+        )
+        .unwrap_or_else(|(path, e)| panic!("{}: {e}", path.display()));
+        std::fs::remove_file(&path).unwrap();
+        Box::leak(Box::new(Recorder::new(config, OpMode::Threads, writer, -1)))
+    }
+
+    fn event(ty: EventType) -> RawEvent {
+        RawEvent {
+            type_code: ty.code(),
+            ..RawEvent::default()
+        }
+    }
+
+    #[test]
+    fn a_ring_full_of_op_events_takes_graph_computes_whole_or_not_at_all() {
+        let r = recorder(64);
+        let share = RawEvent {
+            c: 5,
+            ..event(EventType::OpComputeEnd)
+        };
+        let (types, dropped) = std::thread::spawn(move || {
+            local(r, |l| {
+                // Op shares fill the ring but for the room kept for graph computes.
+                let shares = (0..64)
+                    .filter(|_| store(l, r, share, 1, 2, Claim::Op) == Fate::Stored)
+                    .count();
+                assert_eq!(shares, 64 - STRUCTURE_ROOM);
+                // Anything else may take it too (here one slot: an odd number is left).
+                let wait = push(l, r, event(EventType::BarrierWait), Claim::Plain);
+                assert_eq!(wait, Fate::Stored);
+                // Graph computes take the rest, each begin only with its end's slot kept, while
+                // the op events inside them are left out: a share, and a sched-mode op whose end
+                // is left out with its begin.
+                let mut whole = 0;
+                loop {
+                    let begin = push(l, r, event(EventType::GraphComputeBegin), Claim::GraphBegin);
+                    assert_eq!(store(l, r, share, 1, 2, Claim::Op), Fate::Dropped);
+                    let op = push(l, r, event(EventType::OpComputeBegin), Claim::OpBegin);
+                    assert_eq!(op, Fate::Dropped);
+                    end(l, r, event(EventType::OpComputeEnd), 1, op);
+                    end(l, r, event(EventType::GraphComputeEnd), 1, begin);
+                    if begin != Fate::Stored {
+                        break;
+                    }
+                    whole += 1;
+                }
+                // The last slot is refused to a begin: its end would not fit.
+                assert_eq!(whole, (STRUCTURE_ROOM - 1) / 2);
+                assert_eq!(l.promised.get(), 0);
+                // SAFETY: this thread's ring, leaked; no other consumer drains it.
+                let ring = unsafe { &*l.ring.get() };
+                let mut types = Vec::new();
+                // SAFETY: the only consumer.
+                unsafe { ring.drain(|e| types.push(e.type_code)) };
+                (types, ring.dropped())
+            })
+        })
+        .join()
+        .unwrap();
+        let mut expected = vec![EventType::OpComputeEnd.code(); 64 - STRUCTURE_ROOM];
+        expected.push(EventType::BarrierWait.code());
+        for _ in 0..(STRUCTURE_ROOM - 1) / 2 {
+            expected.extend([
+                EventType::GraphComputeBegin.code(),
+                EventType::GraphComputeEnd.code(),
+            ]);
+        }
+        assert_eq!(types, expected);
+        // Shares of 2 events: the 16 refused first, and one in each compute tried (7 whole and
+        // the one left out); the ops' begins and ends (2 per compute tried); the compute left out.
+        let tried = (STRUCTURE_ROOM as u64 - 1) / 2 + 1;
+        assert_eq!(
+            dropped,
+            2 * STRUCTURE_ROOM as u64 + 2 * tried + 2 * tried + 2
+        );
+    }
+
+    #[test]
+    fn a_share_whose_begin_went_in_on_its_own_ends_as_its_begin_went() {
+        let r = recorder(8);
+        let (types, dropped) = std::thread::spawn(move || {
+            let node = OpInfo {
+                tensor: 0x100 as *mut c_void,
+                op_type: 1,
+                op_size: 4,
+                backend: std::ptr::null_mut(),
+                tensor_id: 0,
+            };
+            let t = ThisThread::get();
+            let l = t.0.for_recorder(r);
+            for _ in 0..3 {
+                push(l, r, event(EventType::BarrierWait), Claim::Plain);
+            }
+            // Two shares, each with a barrier wait inside, which puts its held begin in the ring
+            // first: the first share's begin goes in (3 of 8 taken: its end's slot and the
+            // graph computes' 2 are free after it), the second's does not (6 taken), and its
+            // end is left out with it.
+            for _ in 0..2 {
+                thread_op(t, r, true, &node);
+                barrier_wait(t, r, std::ptr::null_mut(), 0, 2, 0);
+                thread_op(t, r, false, &node);
+            }
+            assert_eq!(l.promised.get(), 0);
+            // SAFETY: this thread's ring, leaked; no other consumer drains it.
+            let ring = unsafe { &*l.ring.get() };
+            let mut types = Vec::new();
+            // SAFETY: the only consumer.
+            unsafe { ring.drain(|e| types.push(e.type_code)) };
+            (types, ring.dropped())
+        })
+        .join()
+        .unwrap();
+        let [wait, begin, end] = [
+            EventType::BarrierWait,
+            EventType::OpComputeBegin,
+            EventType::OpComputeEnd,
+        ]
+        .map(EventType::code);
+        assert_eq!(types, [wait, wait, wait, begin, wait, end]);
+        // The second share's begin, its wait and its end.
+        assert_eq!(dropped, 3);
+    }
 }
