@@ -894,6 +894,17 @@ mod tests {
         Box::leak(Box::new(Recorder::new(config, OpMode::Threads, writer, -1)))
     }
 
+    /// The type codes of the events in this thread's ring, taken out, and the events dropped.
+    fn drained(l: &Local) -> (Vec<u8>, u64) {
+        // SAFETY: this thread's ring, leaked; the test has no flusher, so this is its only
+        // consumer.
+        let ring = unsafe { &*l.ring.get() };
+        let mut types = Vec::new();
+        // SAFETY: the only consumer, as above.
+        unsafe { ring.drain(|e| types.push(e.type_code)) };
+        (types, ring.dropped())
+    }
+
     fn event(ty: EventType) -> RawEvent {
         RawEvent {
             type_code: ty.code(),
@@ -937,12 +948,7 @@ mod tests {
                 // The last slot is refused to a begin: its end would not fit.
                 assert_eq!(whole, (STRUCTURE_ROOM - 1) / 2);
                 assert_eq!(l.promised.get(), 0);
-                // SAFETY: this thread's ring, leaked; no other consumer drains it.
-                let ring = unsafe { &*l.ring.get() };
-                let mut types = Vec::new();
-                // SAFETY: the only consumer.
-                unsafe { ring.drain(|e| types.push(e.type_code)) };
-                (types, ring.dropped())
+                drained(l)
             })
         })
         .join()
@@ -991,12 +997,7 @@ mod tests {
                 thread_op(t, r, false, &node);
             }
             assert_eq!(l.promised.get(), 0);
-            // SAFETY: this thread's ring, leaked; no other consumer drains it.
-            let ring = unsafe { &*l.ring.get() };
-            let mut types = Vec::new();
-            // SAFETY: the only consumer.
-            unsafe { ring.drain(|e| types.push(e.type_code)) };
-            (types, ring.dropped())
+            drained(l)
         })
         .join()
         .unwrap();
