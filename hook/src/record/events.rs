@@ -52,7 +52,14 @@ struct Local {
     /// Ends owed to the begins stored and not yet ended: the ring slots and events of the cap
     /// kept for them (see [`Claim`]).
     promised: Cell<u32>,
+    /// What became of the begins of the spans open on this thread (each brackets a call, so
+    /// they nest), innermost last: the first `span_depth` (deeper ones are not paired).
+    span_begins: Cell<[Fate; SPAN_DEPTH]>,
+    span_depth: Cell<u32>,
 }
+
+/// Spans open on a thread whose begins are remembered for their ends.
+const SPAN_DEPTH: usize = 8;
 
 thread_local! {
     static LOCAL: Local = const {
@@ -69,6 +76,8 @@ thread_local! {
             share_begin: Cell::new(None),
             op_begin: Cell::new(Fate::Stored),
             promised: Cell::new(0),
+            span_begins: Cell::new([Fate::Stored; SPAN_DEPTH]),
+            span_depth: Cell::new(0),
         }
     };
 }
@@ -87,6 +96,7 @@ impl Local {
         self.holding.set(false);
         self.share_begin.set(None);
         self.promised.set(0);
+        self.span_depth.set(0);
     }
 
     /// A begin whose end will not come (another began in its place): its kept room is free.
@@ -271,7 +281,7 @@ fn store_held(l: &Local, r: &'static Recorder) {
 }
 
 /// What an event may take of its thread's ring and share of the event cap. A pair's begin (a
-/// graph compute's, an op's) goes in only if its end will fit after it: it keeps a slot and an
+/// graph compute's, a span's, an op's) goes in only if its end will fit after it: it keeps a slot and an
 /// event of the cap for its end, which the end then takes (and where the begin was left out,
 /// the end is left out with it, see [`leave_out`]); every other event leaves the room kept for
 /// the ends of what is open. Op events also leave [`structure_room`] for the graph computes to
@@ -286,8 +296,8 @@ enum Claim {
     /// An op's begin whose end follows on its own: a sched-mode node's, or a share's that
     /// could not be held.
     OpBegin,
-    /// A graph compute's begin.
-    GraphBegin,
+    /// A graph compute's or a span's begin.
+    Begin,
     /// The end of a begin that was stored.
     End,
 }
@@ -326,7 +336,7 @@ fn store(
     if claim == Claim::End {
         l.promised.set(l.promised.get().saturating_sub(1));
     }
-    let begins = matches!(claim, Claim::OpBegin | Claim::GraphBegin);
+    let begins = matches!(claim, Claim::OpBegin | Claim::Begin);
     // Kept for the ends of what is open, and of this begin.
     let kept = u64::from(l.promised.get()) + u64::from(begins);
     if !ready(l, events + kept)
@@ -473,7 +483,7 @@ pub fn graph_begin(
                 l,
                 r,
                 graph_event(EventType::GraphComputeBegin, entry, &info),
-                Claim::GraphBegin,
+                Claim::Begin,
             )
         });
         Some(GraphScope {
@@ -693,7 +703,34 @@ pub fn span(entry: Entry, begin: bool, count: u32, seqs: &[(i32, u32)], other_to
         name_id: other_tokens.min(u32::from(u16::MAX)) as u16,
         ..RawEvent::default()
     };
-    local(r, |l| push(l, r, event, Claim::Plain));
+    local(r, |l| span_edge(l, r, event, begin));
+}
+
+/// Records a span's begin or end (`event`): the begin as a pair's, the end as its begin went
+/// (the innermost span open on this thread's; an end whose begin came before tracing did, or
+/// deeper than [`SPAN_DEPTH`], as any event).
+fn span_edge(l: &Local, r: &'static Recorder, event: RawEvent, begin: bool) {
+    let depth = l.span_depth.get() as usize;
+    let mut begins = l.span_begins.get();
+    if begin {
+        l.span_depth.set(depth as u32 + 1);
+        if depth < SPAN_DEPTH {
+            begins[depth] = push(l, r, event, Claim::Begin);
+            l.span_begins.set(begins);
+        } else {
+            push(l, r, event, Claim::Plain);
+        }
+    } else if depth == 0 {
+        push(l, r, event, Claim::Plain);
+    } else {
+        l.span_depth.set(depth as u32 - 1);
+        match begins.get(depth - 1) {
+            Some(&fate) => end(l, r, event, clock::now_ticks(), fate),
+            None => {
+                push(l, r, event, Claim::Plain);
+            }
+        }
+    }
 }
 
 /// `llama_memory_seq_rm(mem, seq, p0, p1)` begins or ends: a span of its own, with the sequence
@@ -710,7 +747,7 @@ pub fn seq_removed(begin: bool, seq: i32, p0: i32, p1: i32) {
         size: u64::from(p1 as u32),
         ..RawEvent::default()
     };
-    local(r, |l| push(l, r, event, Claim::Plain));
+    local(r, |l| span_edge(l, r, event, begin));
 }
 
 /// One edge of one part of a ggml-rpc command (see [`super::rpc`]).
@@ -894,15 +931,21 @@ mod tests {
         Box::leak(Box::new(Recorder::new(config, OpMode::Threads, writer, -1)))
     }
 
-    /// The type codes of the events in this thread's ring, taken out, and the events dropped.
-    fn drained(l: &Local) -> (Vec<u8>, u64) {
+    /// The type code and entry of each event in this thread's ring, taken out, and the events
+    /// dropped.
+    fn drained(l: &Local) -> (Vec<(u8, u8)>, u64) {
         // SAFETY: this thread's ring, leaked; the test has no flusher, so this is its only
         // consumer.
         let ring = unsafe { &*l.ring.get() };
-        let mut types = Vec::new();
+        let mut events = Vec::new();
         // SAFETY: the only consumer, as above.
-        unsafe { ring.drain(|e| types.push(e.type_code)) };
-        (types, ring.dropped())
+        unsafe { ring.drain(|e| events.push((e.type_code, e.entry))) };
+        (events, ring.dropped())
+    }
+
+    /// The type codes of `events`, as [`drained`] gives them.
+    fn types(events: &[(u8, u8)]) -> Vec<u8> {
+        events.iter().map(|&(ty, _)| ty).collect()
     }
 
     fn event(ty: EventType) -> RawEvent {
@@ -919,7 +962,7 @@ mod tests {
             c: 5,
             ..event(EventType::OpComputeEnd)
         };
-        let (types, dropped) = std::thread::spawn(move || {
+        let (events, dropped) = std::thread::spawn(move || {
             local(r, |l| {
                 // Op shares fill the ring but for the room kept for graph computes.
                 let shares = (0..64)
@@ -934,7 +977,7 @@ mod tests {
                 // is left out with its begin.
                 let mut whole = 0;
                 loop {
-                    let begin = push(l, r, event(EventType::GraphComputeBegin), Claim::GraphBegin);
+                    let begin = push(l, r, event(EventType::GraphComputeBegin), Claim::Begin);
                     assert_eq!(store(l, r, share, 1, 2, Claim::Op), Fate::Dropped);
                     let op = push(l, r, event(EventType::OpComputeBegin), Claim::OpBegin);
                     assert_eq!(op, Fate::Dropped);
@@ -961,7 +1004,7 @@ mod tests {
                 EventType::GraphComputeEnd.code(),
             ]);
         }
-        assert_eq!(types, expected);
+        assert_eq!(types(&events), expected);
         // Shares of 2 events: the 16 refused first, and one in each compute tried (7 whole and
         // the one left out); the ops' begins and ends (2 per compute tried); the compute left out.
         let tried = (STRUCTURE_ROOM as u64 - 1) / 2 + 1;
@@ -974,7 +1017,7 @@ mod tests {
     #[test]
     fn a_share_whose_begin_went_in_on_its_own_ends_as_its_begin_went() {
         let r = recorder(8);
-        let (types, dropped) = std::thread::spawn(move || {
+        let (events, dropped) = std::thread::spawn(move || {
             let node = OpInfo {
                 tensor: 0x100 as *mut c_void,
                 op_type: 1,
@@ -1007,8 +1050,55 @@ mod tests {
             EventType::OpComputeEnd,
         ]
         .map(EventType::code);
-        assert_eq!(types, [wait, wait, wait, begin, wait, end]);
+        assert_eq!(types(&events), [wait, wait, wait, begin, wait, end]);
         // The second share's begin, its wait and its end.
         assert_eq!(dropped, 3);
+    }
+
+    #[test]
+    fn a_span_goes_in_whole_or_not_at_all() {
+        let r = recorder(8);
+        let span = |entry: Entry, begin: bool| RawEvent {
+            type_code: EXTENSION_TYPE_CODE,
+            entry: entry as u8,
+            c: u32::from(begin),
+            ..RawEvent::default()
+        };
+        let decode_edge = move |begin| span(Entry::LlamaDecode, begin);
+        let (events, dropped) = std::thread::spawn(move || {
+            let l = LOCAL
+                .with(|l| {
+                    // SAFETY: this thread's `LOCAL`, which has no destructor and outlives the test's
+                    // use of it on this thread.
+                    unsafe { &*(l as *const Local) }
+                })
+                .for_recorder(r);
+            // A span with another inside it, whole; then 3 other events, which leave one slot:
+            // not enough for a span's begin and end, and neither goes in.
+            span_edge(l, r, decode_edge(true), true);
+            span_edge(l, r, decode_edge(true), true);
+            span_edge(l, r, decode_edge(false), false);
+            span_edge(l, r, decode_edge(false), false);
+            for _ in 0..3 {
+                push(l, r, event(EventType::BarrierWait), Claim::Plain);
+            }
+            span_edge(l, r, decode_edge(true), true);
+            span_edge(l, r, decode_edge(false), false);
+            assert_eq!((l.promised.get(), l.span_depth.get()), (0, 0));
+            // An end whose begin came before this thread recorded goes in as any event, in the
+            // last slot.
+            span_edge(l, r, span(Entry::LlamaMemorySeqRm, false), false);
+            drained(l)
+        })
+        .join()
+        .unwrap();
+        let decode = (EXTENSION_TYPE_CODE, Entry::LlamaDecode as u8);
+        let wait = (EventType::BarrierWait.code(), 0);
+        let seq_rm = (EXTENSION_TYPE_CODE, Entry::LlamaMemorySeqRm as u8);
+        assert_eq!(
+            events,
+            [decode, decode, decode, decode, wait, wait, wait, seq_rm]
+        );
+        assert_eq!(dropped, 2);
     }
 }
