@@ -475,13 +475,19 @@ pub fn check_tensor_infos(events: &[Event<'_>]) {
     );
 }
 
-/// `tmux` with `args`, its stdout.
+/// `tmux` with `args`, its stdout; it must succeed (a screen read from a server that is gone
+/// would be empty, and prove nothing of what it lacks).
 pub fn tmux(args: &[&str]) -> String {
     let o = run({
         let mut c = Command::new("tmux");
         c.args(args);
         c
     });
+    assert!(
+        o.status.success(),
+        "tmux {args:?}: {}",
+        text(&o.stderr).trim()
+    );
     text(&o.stdout)
 }
 
