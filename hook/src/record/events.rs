@@ -281,12 +281,12 @@ fn store_held(l: &Local, r: &'static Recorder) {
 }
 
 /// What an event may take of its thread's ring and share of the event cap. A pair's begin (a
-/// graph compute's, a span's, an op's) goes in only if its end will fit after it: it keeps a slot and an
-/// event of the cap for its end, which the end then takes (and where the begin was left out,
-/// the end is left out with it, see [`leave_out`]); every other event leaves the room kept for
-/// the ends of what is open. Op events also leave [`structure_room`] for the graph computes to
-/// come, so that a ring full of op events still takes those: a graph compute is in the trace
-/// whole or not at all, and what a full ring drops is op events.
+/// graph compute's, a span's, an op's) goes in only if its end will fit after it: it keeps a
+/// slot and an event of the cap for its end, which the end then takes (and where the begin was
+/// left out, the end is left out with it, see [`leave_out`]); every other event leaves the room
+/// kept for the ends of what is open. Op events also leave [`structure_room`] for the graph
+/// computes and spans to come, so that a ring full of op events still takes those: a graph
+/// compute is in the trace whole or not at all, and what a full ring drops is op events.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Claim {
     /// Anything but an op event or an edge of a pair.
@@ -312,12 +312,13 @@ enum Fate {
     Lost,
 }
 
-/// Most ring slots that op events leave free for graph computes (see [`Claim`]): a token's
-/// nested computes (scheduler, backend, CPU graph: three begins and ends) twice over and more.
+/// Most ring slots that op events leave free for graph computes and spans (see [`Claim`]): a
+/// token's nested computes (scheduler, backend, CPU graph: three begins and ends) and its
+/// decode span twice over.
 const STRUCTURE_ROOM: usize = 16;
 
-/// The ring slots op events leave free for graph computes in `ring`: [`STRUCTURE_ROOM`], or a
-/// quarter of a smaller ring.
+/// The ring slots op events leave free for graph computes and spans in `ring`:
+/// [`STRUCTURE_ROOM`], or a quarter of a smaller ring.
 fn structure_room(ring: &Ring) -> usize {
     (ring.capacity() / 4).min(STRUCTURE_ROOM)
 }
@@ -584,8 +585,8 @@ fn close_op(l: &Local, r: &'static Recorder) {
     }
 }
 
-/// Records the end `event`, at `ticks`, of a begin whose fate was `begin`: stored in the room the begin
-/// kept, or left out with it.
+/// Records the end `event`, at `ticks`, of a begin whose fate was `begin`: stored in the room
+/// the begin kept, or left out with it.
 fn end(l: &Local, r: &'static Recorder, event: RawEvent, ticks: u64, begin: Fate) {
     if begin == Fate::Stored {
         push_at(l, r, event, ticks, Claim::End);
