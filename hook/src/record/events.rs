@@ -1067,13 +1067,7 @@ mod tests {
         };
         let decode_edge = move |begin| span(Entry::LlamaDecode, begin);
         let (events, dropped) = std::thread::spawn(move || {
-            let l = LOCAL
-                .with(|l| {
-                    // SAFETY: this thread's `LOCAL`, which has no destructor and outlives the test's
-                    // use of it on this thread.
-                    unsafe { &*(l as *const Local) }
-                })
-                .for_recorder(r);
+            let l = ThisThread::get().0.for_recorder(r);
             // A span with another inside it, whole; then 3 other events, which leave one slot:
             // not enough for a span's begin and end, and neither goes in.
             span_edge(l, r, decode_edge(true), true);
