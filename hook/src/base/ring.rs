@@ -2,8 +2,9 @@
 //!
 //! The producer is the thread that owns the ring; the consumer is whoever holds the sink lock.
 //! Pushing is two atomic loads, one copy, one release store and a prefetch of the slots ahead:
-//! no lock, no allocation, no system call. A full ring refuses the event and counts it. The
-//! flusher has the pages of a fresh ring backed ahead of the producer's first lap.
+//! no lock, no allocation, no system call. A full ring, or one that would keep fewer slots free
+//! than the producer asks for, refuses the event and counts it. The flusher has the pages of a
+//! fresh ring backed ahead of the producer's first lap.
 
 use std::mem::MaybeUninit;
 
