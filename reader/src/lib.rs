@@ -46,7 +46,7 @@ pub use analysis::op_timings::{
     imbalance, op_timing_mode, op_timing_note, wait_share,
 };
 pub use analysis::stats::{
-    DurationSummary, GraphStep, MemoryStats, OpenGraphs, TraceStats, oversubscription_note,
+    DurationSummary, GraphStep, MemoryStats, TraceStats, oversubscription_note,
 };
 pub use format::{
     Damage, DamageKind, Event, EventType, Layout, LayoutChoice, LayoutSource, Payload, RecordView,

@@ -14,7 +14,7 @@
 
 use rustc_hash::FxHashMap as HashMap;
 
-use crate::analysis::stats::{DurationSummary, OpenGraphs};
+use crate::analysis::stats::{DurationSummary, GraphStep, OpenGraphs};
 use crate::format::Damage;
 use crate::format::ext::{self, NameTables, SpanBoundary};
 use crate::format::{Event, EventType, ExtensionKind, Payload};
@@ -204,9 +204,11 @@ const DEFAULT_RING: u64 = 65536;
 
 impl OpCollector {
     /// Takes in the next event, or the damage that ended the trace (nothing more is taken in).
-    pub fn push(&mut self, item: Result<&Event<'_>, Damage>) {
+    /// For a graph compute's begin, and an end whose begin was taken in: what it did to the
+    /// computes open on its thread.
+    pub fn push(&mut self, item: Result<&Event<'_>, Damage>) -> Option<GraphStep> {
         if self.a.damage.is_some() {
-            return;
+            return None;
         }
         self.pushed += 1;
         if let Some(ring) = self.ring {
@@ -222,13 +224,13 @@ impl OpCollector {
             Ok(e) => e,
             Err(damage) => {
                 self.a.damage = Some(damage);
-                return;
+                return None;
             }
         };
         let label = e.label.as_deref().unwrap_or_default();
         if let Payload::Extension(x) = e.payload {
             self.extension(x.kind, e.thread_id, label);
-            return;
+            return None;
         }
         let t = self.threads.entry(e.thread_id).or_default();
         match (e.event_type(), e.payload) {
@@ -236,12 +238,15 @@ impl OpCollector {
                 if let Payload::Graph { n_threads, .. } = payload {
                     self.a.graph_threads = self.a.graph_threads.max(n_threads);
                 }
-                if self.graphs.begin(e).outermost {
+                let step = self.graphs.begin(e);
+                if step.outermost {
                     t.graph_has_ops = false;
                 }
+                return Some(step);
             }
             (Some(EventType::GraphComputeEnd), _) => {
-                if let Some(step) = self.graphs.end(e)
+                let step = self.graphs.end(e);
+                if let Some(step) = step
                     && step.outermost
                 {
                     self.windows
@@ -253,6 +258,7 @@ impl OpCollector {
                             .saturating_add(e.timestamp_ns.saturating_sub(step.begin_ns));
                     }
                 }
+                return step;
             }
             (
                 Some(EventType::OpComputeBegin),
@@ -284,9 +290,8 @@ impl OpCollector {
                 t.graph_has_ops = true;
             }
             (Some(EventType::OpComputeEnd), _) => {
-                let Some((begin, tensor_ptr, tensor, named, bytes)) = t.open_op.take() else {
-                    return;
-                };
+                // An end with no begin taken in: nothing to join.
+                let (begin, tensor_ptr, tensor, named, bytes) = t.open_op.take()?;
                 t.last_share = Some(self.pushed);
                 self.shares.push(Share {
                     read_at: self.pushed,
@@ -326,6 +331,12 @@ impl OpCollector {
             }
             _ => {}
         }
+        None
+    }
+
+    /// Whether a graph compute is open on `thread` (an op begun there is a node of it).
+    pub fn graph_open_on(&self, thread: u32) -> bool {
+        self.graphs.outermost_begin(thread).is_some()
     }
 
     fn extension(&mut self, kind: ExtensionKind, thread_id: u32, label: &[u8]) {

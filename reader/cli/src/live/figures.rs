@@ -15,7 +15,7 @@ use ggml_viz_reader::format::ext::{self, Counters};
 use ggml_viz_reader::format::{Event, EventType, ExtensionKind, Payload};
 use ggml_viz_reader::telemetry::Text;
 use ggml_viz_reader::telemetry::export::summary::Histogram;
-use ggml_viz_reader::{Damage, OpCollector, OpenGraphs};
+use ggml_viz_reader::{Damage, OpCollector};
 
 #[derive(Debug, Default)]
 struct Bucket {
@@ -50,9 +50,8 @@ pub struct LiveStats {
     /// Duration of the latest outermost graph compute.
     pub latest_graph_ns: Option<u64>,
     pub damage: Option<Damage>,
-    /// The graph computes open on each thread.
-    open_graphs: OpenGraphs,
-    /// Joins op events into nodes; `handed` is what it had taken in at the last refresh.
+    /// Joins op events into nodes (and knows the graph computes open on each thread); `handed`
+    /// is what it had taken in at the last refresh.
     collector: OpCollector,
     handed: u64,
     /// Batches that named their sequences, all told.
@@ -123,7 +122,6 @@ impl LiveStats {
             counters: Counters::default(),
             latest_graph_ns: None,
             damage: None,
-            open_graphs: OpenGraphs::default(),
             collector: OpCollector::streaming(),
             handed: 0,
             batches: 0,
@@ -136,7 +134,7 @@ impl LiveStats {
     }
 
     pub fn add(&mut self, e: &Event<'_>) {
-        self.collector.push(Ok(e));
+        let graph_step = self.collector.push(Ok(e));
         self.events += 1;
         self.current.events += 1;
         let ts = e.timestamp_ns;
@@ -172,12 +170,12 @@ impl LiveStats {
                 _ => {}
             },
             (Some(EventType::GraphComputeBegin), _) => {
-                let outermost = u64::from(self.open_graphs.begin(e).outermost);
+                let outermost = u64::from(graph_step.is_some_and(|s| s.outermost));
                 self.graphs += outermost;
                 self.current.graphs += outermost;
             }
             (Some(EventType::GraphComputeEnd), _) => {
-                if let Some(step) = self.open_graphs.end(e)
+                if let Some(step) = graph_step
                     && step.outermost
                 {
                     let ns = ts.saturating_sub(step.begin_ns);
@@ -187,7 +185,7 @@ impl LiveStats {
             }
             (Some(EventType::OpComputeBegin), _) => {
                 self.ops += 1;
-                if self.open_graphs.outermost_begin(e.thread_id).is_some() {
+                if self.collector.graph_open_on(e.thread_id) {
                     self.nodes += 1;
                 }
             }
