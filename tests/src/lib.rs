@@ -532,3 +532,17 @@ pub fn synthesize(path: &Path, events: u64) {
     });
     assert!(out.status.success(), "{}", text(&out.stderr));
 }
+
+/// Per group of `ops --csv` of `trace`, its nodes and their wall time, summed over the phases.
+pub fn ops_csv_totals(trace: &Path) -> HashMap<String, (u64, u64)> {
+    let csv = cli(|c| c.args(["ops", "--csv"]).arg(trace));
+    assert!(csv.status.success(), "{}", text(&csv.stderr));
+    let mut totals: HashMap<String, (u64, u64)> = HashMap::new();
+    for row in text(&csv.stdout).lines().skip(1) {
+        let cols: Vec<&str> = row.split(',').collect();
+        let t = totals.entry(cols[1].to_string()).or_default();
+        t.0 += cols[2].parse::<u64>().unwrap();
+        t.1 += cols[3].parse::<u64>().unwrap();
+    }
+    totals
+}

@@ -230,16 +230,10 @@ fn record_live_follows_llama_and_ends_with_the_program() {
         stderr.contains(&format!("{} ops ({} op spans)", stats.nodes, stats.ops)),
         "{stderr}"
     );
-    let csv = cli(|c| c.args(["ops", "--csv"]).arg(&trace));
-    let mut totals: Vec<(String, f64)> = Vec::new();
-    for row in text(&csv.stdout).lines().skip(1) {
-        let cols: Vec<&str> = row.split(',').collect();
-        let ns: f64 = cols[3].parse().unwrap();
-        match totals.iter_mut().find(|(g, _)| g == cols[1]) {
-            Some((_, t)) => *t += ns,
-            None => totals.push((cols[1].to_string(), ns)),
-        }
-    }
+    let mut totals: Vec<(String, f64)> = ops_csv_totals(&trace)
+        .into_iter()
+        .map(|(group, (_, ns))| (group, ns as f64))
+        .collect();
     let all: f64 = totals.iter().map(|(_, t)| t).sum();
     totals.sort_by(|a, b| b.1.total_cmp(&a.1));
     let shown = stderr

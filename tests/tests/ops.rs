@@ -525,20 +525,6 @@ fn the_telemetry_v2_export_passes_the_reference_validator() {
     assert!(last.values().all(|&b| b == 0), "{last:?}");
 }
 
-/// Per group of `ops --csv` of `trace`, its nodes and their wall time, summed over the phases.
-fn ops_csv_totals(trace: &std::path::Path) -> HashMap<String, (u64, u64)> {
-    let csv = cli(|c| c.args(["ops", "--csv"]).arg(trace));
-    assert!(csv.status.success(), "{}", text(&csv.stderr));
-    let mut totals: HashMap<String, (u64, u64)> = HashMap::new();
-    for row in text(&csv.stdout).lines().skip(1) {
-        let cols: Vec<&str> = row.split(',').collect();
-        let t = totals.entry(cols[1].to_string()).or_default();
-        t.0 += cols[2].parse::<u64>().unwrap();
-        t.1 += cols[3].parse::<u64>().unwrap();
-    }
-    totals
-}
-
 /// `diff --ops`'s rows, split on whitespace: op, nodes A and B, total A and B (number and
 /// unit each), change, mean A and B (number and unit each), change.
 fn diff_ops_rows(stdout: &str) -> Vec<Vec<String>> {
