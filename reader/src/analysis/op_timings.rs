@@ -1258,12 +1258,11 @@ mod tests {
         ];
         // Rings of 1 event: a join after nearly every event.
         let (nodes, a) = streamed(&events, 1);
-        let threads: Vec<(u64, u32, u64)> = nodes
+        let mut threads: Vec<(u64, u32, u64)> = nodes
             .iter()
             .map(|n| (n.duration_ns, n.threads, n.thread_ns))
             .collect();
         assert_eq!(a.late_shares, 0);
-        let mut threads = threads;
         threads.sort();
         assert_eq!(threads, [(10, 1, 10), (80, 1, 80), (180, 2, 300)]);
     }
