@@ -35,9 +35,10 @@ struct Local {
     recording: Cell<bool>,
     /// Events this thread may still record under the cap.
     budget: Cell<u64>,
-    /// The node our eval callback is driving, for its end event: while it is open, the graph
-    /// computes and waits ggml makes for it are part of the op, not recorded on their own.
-    open_op: Cell<Option<OpInfo>>,
+    /// The node our eval callback is driving, for its end event, and what became of its begin:
+    /// while it is open, the graph computes and waits ggml makes for it are part of the op, not
+    /// recorded on their own.
+    open_op: Cell<Option<(OpInfo, Fate)>>,
     /// Threads mode: the begin event of this thread's open op share, with its time, not yet in
     /// the ring (`holding`): when nothing else is recorded before the share ends, the share
     /// goes into one slot (see [`thread_op`]); anything else recorded first puts it in the ring
@@ -47,8 +48,6 @@ struct Local {
     /// Threads mode: what became of the begin of this thread's open op share where it went in
     /// on its own (not held, see [`thread_op`]).
     share_begin: Cell<Option<Fate>>,
-    /// What became of the begin of the node our eval callback is driving (`open_op`).
-    op_begin: Cell<Fate>,
     /// Ends owed to the begins stored and not yet ended: the ring slots and events of the cap
     /// kept for them (see [`Claim`]).
     promised: Cell<u32>,
@@ -74,7 +73,6 @@ thread_local! {
             held: Cell::new(RawEvent::ZERO),
             holding: Cell::new(false),
             share_begin: Cell::new(None),
-            op_begin: Cell::new(Fate::Stored),
             promised: Cell::new(0),
             span_begins: Cell::new([Fate::Stored; SPAN_DEPTH]),
             span_depth: Cell::new(0),
@@ -565,10 +563,7 @@ pub fn op_begin(r: &'static Recorder, op: &OpInfo) {
             op_event(EventType::OpComputeBegin, op),
             Claim::OpBegin,
         );
-        if l.open_op.replace(Some(*op)).is_some() {
-            l.forget(Some(l.op_begin.get()));
-        }
-        l.op_begin.set(fate);
+        l.forget(l.open_op.replace(Some((*op, fate))).map(|(_, begin)| begin));
     });
 }
 
@@ -579,9 +574,9 @@ pub fn op_end(r: &'static Recorder) {
 
 /// Ends the open node, if there is one.
 fn close_op(l: &Local, r: &'static Recorder) {
-    if let Some(op) = l.open_op.take() {
+    if let Some((op, begin)) = l.open_op.take() {
         let event = op_event(EventType::OpComputeEnd, &op);
-        end(l, r, event, clock::now_ticks(), l.op_begin.get());
+        end(l, r, event, clock::now_ticks(), begin);
     }
 }
 
