@@ -1,5 +1,7 @@
-//! Writes a synthetic GGMLVIZ trace of any size: graph computes of 48 ops each, 4 threads, every
-//! op labelled — for benchmarks and memory measurements of the readers.
+//! Writes a synthetic GGMLVIZ trace of any size: graph computes of 48 ops each on 4 threads in
+//! turn, every op labelled, each op with a share on each of 3 worker threads too (as threads-mode
+//! op timing records them: no graph compute open on the worker) — for benchmarks and memory
+//! measurements of the readers and the report.
 //!
 //! With `--rate EVENTS_PER_S` it is a live writer instead: it holds the trace's lock as the hook
 //! does and appends at that rate every 10 ms, for the live view's benchmark.
@@ -63,7 +65,7 @@ fn main() -> std::io::Result<()> {
             n_threads: 4,
             backend_ptr: 0,
         };
-        let mut push = |type_code: u8, payload: Payload, label: Option<&'static str>, ts: u64| {
+        let mut push = |tid, type_code: u8, payload: Payload, label: Option<&'static str>, ts| {
             let e = Event {
                 type_code,
                 timestamp_ns: ts,
@@ -74,6 +76,7 @@ fn main() -> std::io::Result<()> {
             format::encode_event(&mut buf, Layout::Packed, &e);
         };
         push(
+            tid,
             0,
             graph,
             Some("ggml_backend_sched_graph_compute_async CPU"),
@@ -87,17 +90,23 @@ fn main() -> std::io::Result<()> {
                 backend_ptr: 0,
             };
             let name = names[(k % 8) as usize];
-            push(2, op, Some(name), ts + 10 + k * 100);
-            push(3, op, Some(name), ts + 90 + k * 100);
+            push(tid, 2, op, Some(name), ts + 10 + k * 100);
+            push(tid, 3, op, Some(name), ts + 90 + k * 100);
+            for worker in 0..3 {
+                let at = ts + 12 + k * 100 + u64::from(worker);
+                push(2000 + worker, 2, op, Some(name), at);
+                push(2000 + worker, 3, op, Some(name), at + 70);
+            }
         }
         push(
+            tid,
             1,
             graph,
             Some("ggml_backend_sched_graph_compute_async CPU"),
             ts + 5000,
         );
         ts += 6000;
-        written += 98;
+        written += 2 + 48 * 2 * 4;
         match rate {
             // Appended every 10 ms, as a writer's flushes are; never ahead of the rate.
             Some(rate) => {

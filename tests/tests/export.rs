@@ -397,3 +397,37 @@ fn spark_over_the_parquet_export_gives_the_summary_per_op_totals() {
     assert_eq!(header, "2 2 2", "two inputs, two processes, two ranks");
     assert_summary_agrees("Spark", &totals, &traces);
 }
+
+/// `export --to perfetto` with no `-o` refuses a terminal (it once filled a tmux pane with
+/// binary), says what to do in one line and exits 1; into a pipe it writes the same bytes as
+/// into `-o FILE`.
+#[test]
+fn perfetto_to_a_terminal_is_refused_and_to_a_pipe_written() {
+    let dir = scratch("export-terminal");
+    let trace = dir.join("t.ggmlviz");
+    synthesize(&trace, 20_000);
+    let done = dir.join("done");
+    let socket = dir.join("tmux.sock");
+    let socket = socket.to_str().unwrap();
+    let script = format!(
+        "'{}' export --to perfetto '{}'; echo \"rc=$?\" > '{}'; sleep 60",
+        ggml_viz().display(),
+        trace.display(),
+        done.display()
+    );
+    tmux_session(socket, 120, 10, &script);
+    let rc = wait_for_file(&done, std::time::Duration::from_secs(30));
+    let screen = tmux(&["-S", socket, "capture-pane", "-p"]);
+    tmux(&["-S", socket, "kill-server"]);
+    assert_eq!(rc.trim(), "rc=1", "{screen}");
+    let said: Vec<&str> = screen.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert_eq!(said.len(), 1, "{screen}");
+    assert!(said[0].contains("-o FILE") && said[0].contains("pipe"), "{screen}");
+
+    let file = dir.join("t.pftrace");
+    export("perfetto", &trace, &file, &[]);
+    let piped = cli(|c| c.args(["export", "--to", "perfetto"]).arg(&trace));
+    assert!(piped.status.success(), "{}", text(&piped.stderr));
+    assert!(!piped.stdout.is_empty());
+    assert_eq!(piped.stdout, std::fs::read(&file).unwrap());
+}

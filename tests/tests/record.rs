@@ -118,6 +118,41 @@ fn a_bad_flag_fails_before_the_program_runs() {
     );
 }
 
+/// An output the hook cannot write (no such directory, a directory, a FIFO) is refused before the
+/// program runs, with one line and exit status 2 (the program once ran untraced, with two
+/// contradicting lines, and `record` exited 0).
+#[test]
+fn an_unwritable_output_fails_before_the_program_runs() {
+    let dir = scratch("record-output");
+    let fifo = dir.join("fifo.ggmlviz");
+    let made = run({
+        let mut c = Command::new("mkfifo");
+        c.arg(&fifo);
+        c
+    });
+    assert!(made.status.success(), "{}", text(&made.stderr));
+    let missing = dir.join("nodir").join("x.ggmlviz");
+    for (output, why) in [
+        (missing.as_path(), "does not exist"),
+        (dir.as_path(), "not a regular file"),
+        (fifo.as_path(), "not a regular file"),
+    ] {
+        let marker = dir.join("ran");
+        let out = run(record(
+            &["-o", output.to_str().unwrap()],
+            &["touch", marker.to_str().unwrap()],
+        ));
+        let stderr = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{stderr}");
+        assert_eq!(stderr.lines().count(), 1, "{stderr}");
+        assert!(
+            stderr.contains(why) && stderr.contains("not run"),
+            "{stderr}"
+        );
+        assert!(!marker.exists(), "{}: the program ran", output.display());
+    }
+}
+
 /// More threads than the process has CPUs: `record`'s summary, `info`, `ops`, the report and
 /// `live` say so, with both counts (the threads llama-bench was told to use, the CPUs this
 /// test's own process may run on); at as many threads as CPUs none of them does.

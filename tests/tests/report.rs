@@ -399,3 +399,92 @@ fn a_million_event_trace_is_drawn_in_part_and_says_so() {
         "{r}"
     );
 }
+
+/// `report` of real multi-threaded traces (llama-simple at its default 4 threads, threads-mode op
+/// timing): worker threads' shares have no parent span, and once they outnumbered the timeline's
+/// room the report never ended. It ends (a report still running after its deadline is killed and
+/// fails the test), the timeline fits its budget, and every thread that computed shares keeps
+/// drawn shares in both halves of the run: thinned evenly, not dropped.
+#[test]
+fn report_of_multithreaded_llama_traces_ends_and_keeps_every_thread() {
+    const SPAN_BUDGET: u64 = 150_000; // the timeline's budget (report/data.rs)
+    let dir = scratch("report-threads");
+    for n_predict in [128, 500] {
+        let trace = dir.join(format!("t{n_predict}.ggmlviz"));
+        trace_llama_simple(&trace, n_predict, &[("GGML_VIZ_OP_TIMING", "threads")]);
+        let (events, damage, _) = read_trace(&trace);
+        assert_eq!(damage, None);
+        let mut threads: Vec<u32> = events
+            .iter()
+            .filter(|e| e.event_type() == Some(EventType::OpComputeBegin))
+            .map(|e| e.thread_id)
+            .collect();
+        threads.sort_unstable();
+        threads.dedup();
+        assert_eq!(threads.len(), 4, "{threads:?}");
+
+        let page = dir.join(format!("t{n_predict}.html"));
+        let mut child = Command::new(ggml_viz())
+            .arg("report")
+            .arg(&trace)
+            .arg("-o")
+            .arg(&page)
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+        let status = loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                break status;
+            }
+            if std::time::Instant::now() > deadline {
+                child.kill().unwrap();
+                panic!("report of {n_predict} tokens still running after 120 s");
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        };
+        assert!(status.success(), "{status}");
+
+        let data = page_data(&page);
+        let drawn = data["sampling"]["drawn_spans"].as_u64().unwrap();
+        assert!(drawn <= SPAN_BUDGET, "{drawn}");
+        let lanes: Vec<&str> = data["lanes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|l| l["name"].as_str().unwrap())
+            .collect();
+        let strings = data["strings"].as_array().unwrap();
+        let spans = &data["spans"];
+        let column = |name: &str| -> Vec<u64> {
+            spans[name]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|v| v.as_u64().unwrap())
+                .collect()
+        };
+        let (lane, start, cat) = (column("lane"), column("start"), column("cat"));
+        let end = *start.iter().max().unwrap();
+        for tid in &threads {
+            let name = format!("thread {tid}");
+            let index = lanes.iter().position(|l| *l == name).unwrap() as u64;
+            let halves = [0, 1].map(|half| {
+                (0..lane.len())
+                    .filter(|&i| lane[i] == index && strings[cat[i] as usize] == "op")
+                    .filter(|&i| (start[i] * 2 >= end) == (half == 1))
+                    .count()
+            });
+            assert!(
+                halves.iter().all(|&n| n > 0),
+                "{n_predict}: {name} {halves:?}"
+            );
+        }
+        eprintln!(
+            "{n_predict} tokens: {} events, drawn {drawn} of {} spans, op stride {}",
+            events.len(),
+            data["sampling"]["total_spans"],
+            data["sampling"]["op_stride"]
+        );
+    }
+}

@@ -63,7 +63,8 @@
   if (D.sampling.op_stride > 1) {
     note('The timeline draws ' + fmtCount(D.sampling.drawn_spans) + ' of ' + fmtCount(D.sampling.total_spans) +
       ' spans: every graph, and the op spans of about 1 graph in ' + D.sampling.op_stride +
-      ' (chosen uniformly over the run). The tables and charts count every span.');
+      ', worker threads\' shares of about 1 millisecond in ' + D.sampling.op_stride +
+      ' (both chosen uniformly over the run). The tables and charts count every span.');
   }
   if (sum.clock_relative) note('Timestamps are not wall-clock time: times are relative to the start of the trace.');
 

@@ -30,7 +30,8 @@ const PRELOAD_VAR: &str = "LD_PRELOAD";
 ///
 /// The flags reach the hook with top precedence (over the JSON config file and GGML_VIZ_*
 /// variables, through GGML_VIZ_OVERRIDES). The program's output is left alone; the summary goes
-/// to stderr. The exit status is the program's own.
+/// to stderr. The exit status is the program's own (2 when the trace could not be written:
+/// then the program is not run).
 ///
 /// The hook library is looked for with --hook, then GGML_VIZ_HOOK, then next to this executable
 /// and in ../lib beside it (where scripts/install.sh puts it).
@@ -146,6 +147,14 @@ pub fn run(args: RecordArgs) -> Result<u8, Failure> {
         config.output = "trace.ggmlviz".into();
         overrides.insert("output".into(), config.output.clone().into());
     }
+    // The program's pid is not known yet: where %p is in the file's name, any pid tells whether
+    // its directory takes a new file.
+    check_output(Path::new(&expand(&config.output, std::process::id()))).map_err(|e| {
+        Failure::Output(std::io::Error::new(
+            e.kind(),
+            format!("{e}; the program was not run"),
+        ))
+    })?;
     let mut cmd = Command::new(&args.command[0]);
     cmd.args(&args.command[1..])
         .env(OVERRIDES_ENV, Value::Object(overrides).to_string());
@@ -208,6 +217,54 @@ pub fn run(args: RecordArgs) -> Result<u8, Failure> {
 
 /// Starts the program with the dynamic loader loading the hook before its own libraries. macOS
 /// strips `DYLD_*` variables from protected (SIP) binaries: see the README.
+/// Whether the hook can write a trace at `path`: its directory exists and takes new files, and
+/// nothing but a regular file is there already (the hook replaces only those).
+fn check_output(path: &Path) -> std::io::Result<()> {
+    use std::io::{Error, ErrorKind};
+    let fail = |kind, why: String| Err(Error::new(kind, format!("{}: {why}", path.display())));
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    match std::fs::metadata(dir) {
+        Err(e) if e.kind() == ErrorKind::NotFound => {
+            return fail(
+                e.kind(),
+                format!("directory {} does not exist", dir.display()),
+            );
+        }
+        Err(e) => return fail(e.kind(), format!("{}: {e}", dir.display())),
+        Ok(m) if !m.is_dir() => {
+            return fail(
+                ErrorKind::NotADirectory,
+                format!("{} is not a directory", dir.display()),
+            );
+        }
+        Ok(_) => {}
+    }
+    #[cfg(unix)]
+    {
+        use std::os::unix::ffi::OsStrExt;
+        let c_dir = std::ffi::CString::new(dir.as_os_str().as_bytes())
+            .map_err(|_| Error::new(ErrorKind::InvalidInput, "a NUL byte in the output path"))?;
+        // SAFETY: `c_dir` is a NUL-terminated string that outlives the call; access() only reads it.
+        if unsafe { libc::access(c_dir.as_ptr(), libc::W_OK | libc::X_OK) } != 0 {
+            let e = Error::last_os_error();
+            return fail(
+                e.kind(),
+                format!("cannot create files in {} ({e})", dir.display()),
+            );
+        }
+    }
+    match std::fs::symlink_metadata(path) {
+        Ok(m) if !m.is_file() => fail(
+            ErrorKind::AlreadyExists,
+            "exists and is not a regular file".into(),
+        ),
+        _ => Ok(()),
+    }
+}
+
 #[cfg(unix)]
 fn start(cmd: &mut Command, hook: &Path) -> std::io::Result<std::process::Child> {
     let mut preload = hook.as_os_str().to_owned();

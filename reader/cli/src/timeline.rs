@@ -1,7 +1,7 @@
 //! `summary`, `diff` and `export`: the commands that read inputs into the telemetry model.
 
 use std::fs::File;
-use std::io::{self, BufWriter, Write};
+use std::io::{self, BufWriter, IsTerminal, Write};
 use std::path::{Path, PathBuf};
 
 use clap::{Args, ValueEnum};
@@ -407,6 +407,13 @@ pub fn export(args: ExportArgs) -> Result<(), Failure> {
     args.input.check(&args.files, only)?;
     if let Target::Parquet = args.to {
         return parquet(&args);
+    }
+    if args.output.is_none() && matches!(args.to, Target::Perfetto) && io::stdout().is_terminal() {
+        return Err(Failure::Usage(
+            "--to perfetto writes binary, which a terminal cannot show: give a file with \
+             -o FILE.pftrace, or pipe it"
+                .into(),
+        ));
     }
     let out: Box<dyn Write> = match &args.output {
         Some(path) => Box::new(

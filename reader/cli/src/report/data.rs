@@ -186,10 +186,10 @@ impl OpRows {
 /// A [`RecordSink`] that builds [`ReportData`] as the records arrive.
 pub struct ReportBuilder {
     data: ReportData,
-    /// Op spans are drawn for the parents whose [`mix`]ed id is a multiple of this; doubled
+    /// Op spans are drawn whose [`op_key`] is a multiple of this; doubled
     /// (and the drawn ops thinned to match) whenever they outgrow their room in the budget.
     op_stride: u64,
-    /// For each drawn span, its parent's mixed id if it is an op (`None`: always drawn).
+    /// For each drawn span, its [`op_key`] if it is an op (`None`: always drawn).
     drawn_op_parents: Vec<Option<u64>>,
     drawn_ops: u64,
     /// The current input's op spans (see [`ReportBuilder::end_input`]).
@@ -219,6 +219,28 @@ pub struct ReportBuilder {
     counters: HashMap<String, Vec<(u64, f64)>>,
     first_ns: u64,
     last_ns: u64,
+}
+
+/// Worker threads' shares (op spans with no parent span on their lane) are sampled by the window
+/// of this many nanoseconds (about a millisecond, 2^20 ns) they start in, the same windows on
+/// every lane: a window kept shows every worker's shares in it.
+const SHARE_WINDOW_SHIFT: u32 = 20;
+/// Past this stride no op span is drawn: it is reached only by op spans no stride thins (more
+/// than their room under the one key every stride divides, 0), and ends the doubling.
+const MAX_OP_STRIDE: u64 = 1 << 40;
+
+/// Whether an op span of key `key` is drawn at `stride`.
+fn drawn_at(key: u64, stride: u64) -> bool {
+    stride <= MAX_OP_STRIDE && key.is_multiple_of(stride)
+}
+
+/// The key an op span is drawn by: its parent's (a graph compute's ops are drawn together), or
+/// for a parentless share its time window's. Distinct from a parent's key: a window is salted.
+fn op_key(span: &Span) -> u64 {
+    match span.parent {
+        Some(parent) => mix(parent),
+        None => mix((span.start_ns >> SHARE_WINDOW_SHIFT) ^ 0x5a5a_5a5a_0000_0000),
+    }
 }
 
 fn mix(mut x: u64) -> u64 {
@@ -446,8 +468,8 @@ impl ReportBuilder {
                 prefill: arg_uint(span, "prefill_tokens").map(|n| n > 0),
             });
         }
-        let op_parent = is_op.then(|| mix(span.parent.unwrap_or(0)));
-        if op_parent.is_some_and(|p| !p.is_multiple_of(self.op_stride)) {
+        let op_parent = is_op.then(|| op_key(span));
+        if op_parent.is_some_and(|p| !drawn_at(p, self.op_stride)) {
             return;
         }
         let lane = self.lane_index(span.lane);
@@ -498,16 +520,17 @@ impl ReportBuilder {
     /// While the drawn op spans outgrow their room, doubles the stride and keeps the ops of the
     /// parents it still selects: exactly those a pass with that stride from the start would have
     /// drawn (a multiple of 2s is a multiple of s).
+    /// Bounded: past [`MAX_OP_STRIDE`] no op is drawn.
     fn fit_the_budget(&mut self) {
         while self.drawn_ops > self.op_room() {
             self.op_stride *= 2;
             let stride = self.op_stride;
             let keep: Vec<bool> = (self.drawn_op_parents.iter())
-                .map(|p| p.is_none_or(|p| p.is_multiple_of(stride)))
+                .map(|p| p.is_none_or(|p| drawn_at(p, stride)))
                 .collect();
             self.data.spans.retain(&keep);
             self.drawn_op_parents
-                .retain(|p| p.is_none_or(|p| p.is_multiple_of(stride)));
+                .retain(|p| p.is_none_or(|p| drawn_at(p, stride)));
             self.drawn_ops = self.drawn_op_parents.iter().flatten().count() as u64;
         }
     }
@@ -835,6 +858,89 @@ mod tests {
         assert!(half * ops_per_graph > SPAN_BUDGET - graphs, "{half}");
         // Times are from the earliest span, as drawn.
         assert_eq!(data.spans.start.iter().min(), Some(&0));
+    }
+
+    /// Worker threads' shares have no parent span: they are thinned by time window, the same
+    /// windows on every lane, so each worker's lane keeps its shares, spread over the run, and
+    /// the page fits its budget (a parentless share was once never thinned, and the stride
+    /// doubled until it wrapped: the report never ended).
+    #[test]
+    fn parentless_shares_are_thinned_by_window_on_every_lane() {
+        let mut builder = ReportBuilder::new("t".into(), vec![]);
+        let (windows, lanes, per_window) = (2_000u64, 3u32, 40u64);
+        let window_ns = 1u64 << SHARE_WINDOW_SHIFT;
+        let mut id = 0;
+        for w in 0..windows {
+            for lane in 0..lanes {
+                for k in 0..per_window {
+                    id += 1;
+                    let mut share = span(id, None, 0, "op", w * window_ns + k * 100);
+                    share.lane = 2 + lane;
+                    share.end_ns = share.start_ns + 50;
+                    builder.span(&share);
+                }
+            }
+        }
+        let data = builder.finish();
+        let total = windows * u64::from(lanes) * per_window;
+        assert_eq!(data.sampling.total_spans, total);
+        assert!(data.sampling.drawn_spans <= SPAN_BUDGET);
+        let stride = data.sampling.op_stride;
+        assert!(stride > 1, "{stride}");
+        // Exactly the windows the final stride selects, whole, on every lane (times are from
+        // the earliest span drawn; the run starts at 0, and window 0's shares start it).
+        let kept: Vec<u64> = (0..windows)
+            .filter(|w| {
+                let key = mix(w ^ 0x5a5a_5a5a_0000_0000);
+                key.is_multiple_of(stride)
+            })
+            .collect();
+        assert!(kept.len() > 10, "{}", kept.len());
+        assert_eq!(
+            data.sampling.drawn_spans,
+            kept.len() as u64 * u64::from(lanes) * per_window
+        );
+        let origin = kept[0] * window_ns;
+        let mut per_lane = vec![0u64; data.lanes.len()];
+        for (lane, start) in data.spans.lane.iter().zip(&data.spans.start) {
+            per_lane[*lane as usize] += 1;
+            assert!(kept.contains(&((start + origin) / window_ns)), "{start}");
+        }
+        assert_eq!(per_lane.len(), lanes as usize);
+        assert!(
+            per_lane
+                .iter()
+                .all(|&n| n == kept.len() as u64 * per_window)
+        );
+        // Spread over the run, not bunched at its start: windows kept in each quarter.
+        for quarter in 0..4 {
+            let range = quarter * windows / 4..(quarter + 1) * windows / 4;
+            assert!(kept.iter().any(|w| range.contains(w)), "{quarter}");
+        }
+    }
+
+    /// Op spans under one key are thinned whole; under the key every stride divides (a parent
+    /// whose mixed id is 0) no stride thins them: past the largest stride no op is drawn, and
+    /// the pass ends.
+    #[test]
+    fn op_spans_under_one_key_end_within_the_budget() {
+        assert_eq!(mix(0), 0);
+        for parent in [None, Some(7), Some(0)] {
+            let mut builder = ReportBuilder::new("t".into(), vec![]);
+            let n = SPAN_BUDGET + 50_000;
+            for id in 0..n {
+                let mut op = span(100 + id, parent, 1, "op", id % 1000);
+                op.end_ns = op.start_ns + 1;
+                builder.span(&op);
+            }
+            let data = builder.finish();
+            assert_eq!(data.sampling.total_spans, n);
+            assert!(data.sampling.drawn_spans <= SPAN_BUDGET, "{parent:?}");
+            if parent == Some(0) {
+                assert_eq!(data.sampling.op_stride, MAX_OP_STRIDE * 2);
+                assert_eq!(data.sampling.drawn_spans, 0);
+            }
+        }
     }
 
     /// A process's threads come first as met, then its sequences by number; each span stays on
