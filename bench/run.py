@@ -110,7 +110,7 @@ def peak_rss(cmd):
 
 def readers(quick, tmp):
     events = 2_000_000 if quick else 10_000_000
-    progress(f"summary, ops and the Perfetto, Chrome JSON and Parquet exports of a {events}-event trace")
+    progress(f"summary, ops, the Perfetto, Chrome JSON and Parquet exports and the report of a {events}-event trace")
     run(["cargo", "build", "-q", "--release", "-p", "ggml-viz-examples", "--example", "synthesize"])
     trace = os.path.join(tmp, "synthetic.ggmlviz")
     run([os.path.join(ROOT, "target/release/examples/synthesize"), trace, str(events)])
@@ -125,7 +125,8 @@ def readers(quick, tmp):
                       ("export --to perfetto --no-compress",
                        [viz, "export", "--to", "perfetto", "--no-compress", trace, "-o", plain]),
                       ("export --to chrome-json", [viz, "export", "--to", "chrome-json", trace, "-o", json_out]),
-                      ("export --to parquet", [viz, "export", "--to", "parquet", trace, "-o", dataset])):
+                      ("export --to parquet", [viz, "export", "--to", "parquet", trace, "-o", dataset]),
+                      ("report", [viz, "report", trace, "-o", os.path.join(tmp, "report.html")])):
         # This VM's speed wanders from run to run: three runs, the median and the spread. Each
         # starts with nothing waiting to be written back (the trace just synthesized, the last
         # command's output): that writeback would take the cores from the run measured.
