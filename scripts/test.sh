@@ -87,7 +87,7 @@ RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --workspace --document-private-it
 rustup target add x86_64-apple-darwin aarch64-apple-darwin x86_64-pc-windows-gnu
 for target in x86_64-apple-darwin aarch64-apple-darwin x86_64-pc-windows-gnu; do
   CARGO_TARGET_DIR=target/cross cargo clippy --locked --target "$target" \
-    -p ggml-viz-hook -p ggml-viz-reader -p ggml-viz-config -p ggml-viz -- -D warnings
+    -p ggml-viz-hook -p ggml-viz-format -p ggml-viz-reader -p ggml-viz-config -p ggml-viz -- -D warnings
 done
 CARGO_TARGET_DIR=target/cross cargo build --release --locked --target x86_64-pc-windows-gnu \
   -p ggml-viz-hook -p ggml-viz

@@ -4,10 +4,10 @@
 use std::collections::{BTreeMap, HashSet};
 
 use ggml_viz_config::{Config, Sources};
+use ggml_viz_format::ext::{self, Counters, Metadata, RpcBoundary, RpcPart, SpanBoundary};
+use ggml_viz_format::{EventType, ExtensionKind, Payload};
 use ggml_viz_hook::{Entry, GraphInfo, OpInfo, Setup, ThisThread, Transfer};
 use ggml_viz_reader::TraceFile;
-use ggml_viz_reader::format::ext::{self, Counters, Metadata, RpcBoundary, RpcPart, SpanBoundary};
-use ggml_viz_reader::format::{EventType, ExtensionKind, Payload};
 
 const THREADS: usize = 3;
 const GRAPHS: usize = 40;

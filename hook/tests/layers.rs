@@ -199,8 +199,28 @@ fn a_planted_upward_import_is_caught() {
         "// see crate::record::Recorder\n/// [`crate::intercept`]\nfn f() {}",
         2
     ));
-    assert!(!caught(
-        "use ggml_viz_reader::format::ext::SpanBoundary;",
-        2
-    ));
+    assert!(!caught("use ggml_viz_format::ext::SpanBoundary;", 2));
+}
+
+/// The library links the format crate, never the reader (its telemetry model, importers,
+/// Parquet and Perfetto): in no `[dependencies]` table of the manifest, target-specific ones
+/// included (the tests' `[dev-dependencies]` may read traces back with it).
+#[test]
+fn the_library_depends_on_the_format_not_the_reader() {
+    let manifest =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml")).unwrap();
+    let mut table = String::new();
+    let mut format = false;
+    for line in manifest.lines() {
+        if line.starts_with('[') {
+            table = line.to_string();
+            continue;
+        }
+        if !table.ends_with("dependencies]") || table.ends_with("dev-dependencies]") {
+            continue;
+        }
+        assert!(!line.starts_with("ggml-viz-reader"), "{table} {line}");
+        format |= line.starts_with("ggml-viz-format");
+    }
+    assert!(format, "no ggml-viz-format among the dependencies");
 }

@@ -1,7 +1,8 @@
 //! The GGMLVIZ v1 trace format, its readers, and the telemetry model they feed.
 //!
 //! Four layers, each depending only on those before it:
-//! - [`format`](mod@format): the one definition of the on-disk format (event types, the packed and padded
+//! - [`format`](mod@format): the `ggml-viz-format` crate, re-exported: the one definition of the
+//!   on-disk format (event types, the packed and padded
 //!   layouts, encoding and decoding of records, extension payloads in [`format::ext`], damage,
 //!   layout detection). The hook's writer encodes with it too.
 //! - reading (private module `read`): [`TraceFile`], a finished trace memory-mapped and iterated
@@ -37,7 +38,7 @@
 //! ```
 
 mod analysis;
-pub mod format;
+pub use ggml_viz_format as format;
 mod read;
 pub mod telemetry;
 

@@ -422,7 +422,10 @@ fn perfetto_to_a_terminal_is_refused_and_to_a_pipe_written() {
     assert_eq!(rc.trim(), "rc=1", "{screen}");
     let said: Vec<&str> = screen.lines().filter(|l| !l.trim().is_empty()).collect();
     assert_eq!(said.len(), 1, "{screen}");
-    assert!(said[0].contains("-o FILE") && said[0].contains("pipe"), "{screen}");
+    assert!(
+        said[0].contains("-o FILE") && said[0].contains("pipe"),
+        "{screen}"
+    );
 
     let file = dir.join("t.pftrace");
     export("perfetto", &trace, &file, &[]);

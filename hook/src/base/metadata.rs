@@ -1,7 +1,7 @@
 //! Who wrote a trace: the payload of its first record.
 
 use ggml_viz_config::Config;
-use ggml_viz_reader::format::ext::{Distributed, Metadata};
+use ggml_viz_format::ext::{Distributed, Metadata};
 
 /// The metadata of this process, with `ggml_version` from the ggml it loaded (if readable) and
 /// the op-timing mode that runs and why (`auto` decided), beside the settings.

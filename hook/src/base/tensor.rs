@@ -5,7 +5,7 @@ use std::borrow::Cow;
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 
-use ggml_viz_reader::format::ext;
+use ggml_viz_format::ext;
 
 use super::ggml::{Helpers, text};
 use super::say;

@@ -10,9 +10,9 @@ use std::cell::Cell;
 use std::ffi::c_void;
 use std::sync::atomic::Ordering;
 
-use ggml_viz_reader::EventType;
-use ggml_viz_reader::format::EXTENSION_TYPE_CODE;
-use ggml_viz_reader::format::ext::RpcPart;
+use ggml_viz_format::EXTENSION_TYPE_CODE;
+use ggml_viz_format::EventType;
+use ggml_viz_format::ext::RpcPart;
 
 use ggml_viz_config::OpTiming;
 
@@ -903,8 +903,8 @@ mod tests {
     use super::*;
     use crate::record::writer::TraceWriter;
     use ggml_viz_config::Config;
-    use ggml_viz_reader::format::Layout;
-    use ggml_viz_reader::format::ext::Metadata;
+    use ggml_viz_format::Layout;
+    use ggml_viz_format::ext::Metadata;
 
     /// A recorder with rings of `buffer_size` events on a scratch file, whose rings nothing
     /// drains (it has no flusher).

@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock, PoisonError};
 
 use ggml_viz_config::{Config, OpTiming};
-use ggml_viz_reader::format::ext::Counters;
+use ggml_viz_format::ext::Counters;
 
 use super::tensors::Tensors;
 use super::writer::{Drain, TraceWriter};

@@ -24,7 +24,7 @@
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU32, Ordering};
 
-use ggml_viz_reader::format::ext::RpcPart;
+use ggml_viz_format::ext::RpcPart;
 
 use super::events::{RpcEdge, rpc_edge, write_soon};
 

@@ -15,7 +15,7 @@ use std::sync::{Once, PoisonError};
 use std::time::Duration;
 
 use ggml_viz_config::{Config, ConfigError, OpTiming};
-use ggml_viz_reader::format::Layout;
+use ggml_viz_format::Layout;
 
 use super::recorder::{self, OpMode, Recorder};
 use super::writer::TraceWriter;

@@ -12,8 +12,8 @@ use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 
 use ggml_viz_config::Config;
-use ggml_viz_reader::format::ext::{self, Counters, Metadata, RpcPart};
-use ggml_viz_reader::format::{self, EventType, ExtensionKind, Layout, Payload};
+use ggml_viz_format::ext::{self, Counters, Metadata, RpcPart};
+use ggml_viz_format::{self as format, EventType, ExtensionKind, Layout, Payload};
 
 use super::events::rpc_part;
 use super::output::Output;

@@ -1,7 +1,10 @@
-//! The GGMLVIZ v1 record format: the one definition of it, used by the reader and by the hook's
-//! writer. Standard library only, so that the preloaded hook stays small.
+//! ggml-viz-format: the GGMLVIZ v1 record format, its one definition, shared by the hook's
+//! writer and the reader (as Tracy's client and server share one header of queue types): event
+//! types, the packed and padded layouts, encoding and decoding of records, extension payloads in
+//! [`ext`], damage, layout detection. No reader and no model: the preloaded hook links this crate
+//! alone.
 //!
-//! `reader/FORMAT.md` is the prose version of this module; keep the two in step.
+//! `format/FORMAT.md` is the prose version of this crate; keep the two in step.
 
 use std::borrow::Cow;
 use std::fmt;
@@ -16,7 +19,7 @@ pub use codec::{
     RecordError, RecordView, decode_extension, decode_framed_record, decode_payload, decode_record,
     encode_event, encode_header, encode_record, padding_is_zero, record_len,
 };
-pub(crate) use damage::check_header;
+pub use damage::check_header;
 pub use damage::{Damage, DamageKind};
 pub use detect::{LayoutChoice, LayoutSource, choose_layout, marker_layout};
 

@@ -5,7 +5,7 @@
 use rustc_hash::FxHashMap;
 use serde::{Deserialize, Serialize};
 
-use crate::format::{self, EXTENSION_TYPE_CODE, Extension, ExtensionKind, Layout, Payload};
+use crate::{self as format, EXTENSION_TYPE_CODE, Extension, ExtensionKind, Layout, Payload};
 
 /// Payload version of every kind defined here.
 pub const PAYLOAD_VERSION: u16 = 1;

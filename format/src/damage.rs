@@ -2,7 +2,7 @@
 
 use std::fmt;
 
-use crate::format::{MAGIC, RecordError};
+use crate::{MAGIC, RecordError};
 
 /// Damage found while reading a trace. Everything before `offset` was read and returned.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -26,7 +26,8 @@ pub enum DamageKind {
 }
 
 impl Damage {
-    pub(crate) fn record(offset: u64, err: RecordError) -> Damage {
+    /// The damage of a record at byte `offset` that failed to decode with `err`.
+    pub fn record(offset: u64, err: RecordError) -> Damage {
         Damage {
             offset,
             kind: DamageKind::Record(err),
@@ -73,7 +74,7 @@ impl std::error::Error for Damage {}
 
 /// Checks the 12-byte header at the start of `buf`. `Ok(false)` means `buf` is a clean prefix of
 /// a header (more bytes needed).
-pub(crate) fn check_header(buf: &[u8]) -> Result<bool, Damage> {
+pub fn check_header(buf: &[u8]) -> Result<bool, Damage> {
     let n = buf.len().min(MAGIC.len());
     if buf[..n] != MAGIC[..n] {
         return Err(Damage {
@@ -85,7 +86,7 @@ pub(crate) fn check_header(buf: &[u8]) -> Result<bool, Damage> {
         return Ok(false);
     };
     let version = u32::from_le_bytes(version.try_into().expect("4 bytes"));
-    if version != crate::format::VERSION {
+    if version != crate::VERSION {
         return Err(Damage {
             offset: 8,
             kind: DamageKind::UnsupportedVersion(version),

@@ -5,7 +5,7 @@
 use std::cmp::Reverse;
 use std::fmt;
 
-use crate::format::{self, Layout, UNION_OFFSET};
+use crate::{self as format, Layout, UNION_OFFSET};
 
 /// How the layout of a trace was decided.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
