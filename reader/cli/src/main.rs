@@ -8,6 +8,7 @@ mod input;
 mod live;
 mod ops;
 mod progress;
+mod reading;
 mod record;
 mod report;
 mod rpc;

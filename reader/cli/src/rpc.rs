@@ -11,8 +11,8 @@ use ggml_viz_reader::telemetry::{Format, Ids};
 
 use crate::Failure;
 use crate::info::fmt_ns;
-use crate::progress::Reading;
-use crate::timeline::{InputOpts, say_warnings};
+use crate::reading::{InputOpts, Reading};
+use crate::timeline::say_warnings;
 
 /// Joins the traces of a ggml-rpc client and its servers: connections, clock offsets and a
 /// table per command (count, bytes, client time, MB/s). Record each process with the hook

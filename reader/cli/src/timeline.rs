@@ -5,67 +5,18 @@ use std::io::{self, BufWriter, IsTerminal, Write};
 use std::path::{Path, PathBuf};
 
 use clap::{Args, ValueEnum};
+use ggml_viz_reader::OpGroup;
 use ggml_viz_reader::TraceFile;
 use ggml_viz_reader::telemetry::Ids;
 use ggml_viz_reader::telemetry::export::parquet::ParquetWriter;
 use ggml_viz_reader::telemetry::export::summary::{Row, Summary, csv_cell};
 use ggml_viz_reader::telemetry::export::telemetry_v2;
 use ggml_viz_reader::telemetry::{ChromeJsonWriter, PerfettoWriter};
-use ggml_viz_reader::telemetry::{Format, RecordSink, Text, detect};
-use ggml_viz_reader::{Layout, OpGroup};
+use ggml_viz_reader::telemetry::{Format, RecordSink, Text};
 
 use crate::Failure;
-use crate::dump::parse_layout;
 use crate::info::fmt_ns;
-use crate::progress::Reading;
-
-/// Options every telemetry command takes.
-#[derive(Args)]
-pub struct InputOpts {
-    /// Force the input format instead of recognising it by content.
-    #[arg(long, value_parser = parse_format)]
-    pub format: Option<Format>,
-    /// GGMLVIZ event layout instead of detecting it.
-    #[arg(long, value_parser = parse_layout)]
-    pub layout: Option<Layout>,
-    /// No progress bar (one shows on a terminal while large inputs are read).
-    #[arg(short, long)]
-    pub quiet: bool,
-    /// Keep each input's own clock. By default the traces of a ggml-rpc job (its client's and
-    /// its servers', from several hosts) are put on the client's clock, each server's offset
-    /// estimated from the commands it answered (see `ggml-viz rpc`).
-    #[arg(long)]
-    pub no_clock_align: bool,
-}
-
-fn parse_format(s: &str) -> Result<Format, String> {
-    s.parse()
-}
-
-impl InputOpts {
-    /// Before any output: every input opens and is of a format these commands read (by its
-    /// first bytes, unless `--format` says which), and of `only` where given. A wrong file (a
-    /// model, a report, a README) fails the command at once, with nothing printed or written;
-    /// damage further in is found by reading, after what came before it was delivered.
-    pub fn check(&self, paths: &[PathBuf], only: Option<Format>) -> Result<(), Failure> {
-        for path in paths {
-            let format = match self.format {
-                Some(format) => File::open(path)
-                    .map(|_| format)
-                    .map_err(|e| format!("cannot read {}: {e}", path.display())),
-                None => detect(path).map_err(|e| e.0),
-            }
-            .map_err(Failure::Data)?;
-            if let Some(only) = only.filter(|&only| only != format) {
-                return Err(Failure::Data(format!(
-                    "{} is {format}: this takes {only} only",
-                    path.display()
-                )));
-            }
-        }
-        Ok(())
-    }
-}
+use crate::reading::{InputOpts, Reading};
 
 /// Imports every input into `sink`; warnings go to stderr. The first corrupt input fails the
 /// command, after everything before the damage was delivered.

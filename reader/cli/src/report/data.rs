@@ -11,16 +11,15 @@ use std::collections::HashMap;
 
 use serde::Serialize;
 
-use ggml_viz_reader::telemetry::{Arg, Record, RecordSink, Span};
+use ggml_viz_reader::telemetry::{Record, RecordSink, Span};
 use ggml_viz_reader::{GroupBy, OpSample, imbalance, wait_share};
 
 use super::sequences::{SequenceRow, SequenceTable};
-use super::series::{Latency, Series, TopKind, TopSpan, latency, memory};
+use super::series::{Latency, POINT_BUDGET, Series, TopKind, TopSpan, latency, memory};
+use super::span_args::{arg_str, arg_uint};
 
 /// Spans the timeline carries at most (about 40 bytes of HTML each).
 pub const SPAN_BUDGET: u64 = 150_000;
-/// Points per chart series at most.
-pub(super) const POINT_BUDGET: usize = 4_000;
 /// Rows of the per-tensor table.
 const TOP_TENSORS: usize = 40;
 
@@ -249,22 +248,6 @@ fn mix(mut x: u64) -> u64 {
     x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
     x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
     x ^ (x >> 31)
-}
-
-fn arg<'a>(span: &'a Span, key: &str) -> Option<&'a Arg> {
-    span.args.iter().find(|(k, _)| k == key).map(|(_, v)| v)
-}
-
-fn arg_str(span: &Span, key: &str) -> Option<String> {
-    arg(span, key).map(|a| a.to_string())
-}
-
-/// An unsigned count argument of `span` (tokens, bytes).
-pub(super) fn arg_uint(span: &Span, key: &str) -> Option<u64> {
-    match arg(span, key) {
-        Some(Arg::UInt(n)) => Some(*n),
-        _ => None,
-    }
 }
 
 /// The row of `key`, made empty if new.

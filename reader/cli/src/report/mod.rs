@@ -6,6 +6,7 @@ mod data;
 mod page;
 mod sequences;
 mod series;
+mod span_args;
 
 use std::fs::File;
 use std::io::{BufWriter, Write};
@@ -17,8 +18,7 @@ use ggml_viz_reader::telemetry::{Format, detect};
 use ggml_viz_reader::{OpCollector, TraceStats};
 
 use crate::Failure;
-use crate::progress::Reading;
-use crate::timeline::InputOpts;
+use crate::reading::{InputOpts, Reading};
 use data::{OpRows, ReportBuilder};
 use page::write_html;
 

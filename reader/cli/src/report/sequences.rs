@@ -8,8 +8,8 @@ use serde::Serialize;
 
 use ggml_viz_reader::telemetry::{SEQUENCE_CATEGORY, Span};
 
-use super::data::arg_uint;
 use super::series::quantile;
+use super::span_args::arg_uint;
 
 #[derive(Debug, Default, PartialEq, Serialize)]
 pub struct SequenceRow {

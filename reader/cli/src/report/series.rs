@@ -5,7 +5,8 @@ use std::collections::HashMap;
 
 use serde::Serialize;
 
-use super::data::POINT_BUDGET;
+/// Points per chart series at most.
+pub(super) const POINT_BUDGET: usize = 4_000;
 
 #[derive(Debug, Default, Serialize)]
 pub struct Latency {

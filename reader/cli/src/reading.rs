@@ -1,0 +1,209 @@
+//! Reading the inputs of the telemetry commands (`summary`, `diff`, `export`, `report`, `rpc`):
+//! the options they all take ([`InputOpts`]), and [`Reading`], which imports each input in turn,
+//! putting a ggml-rpc job's traces on its client's clock (a first pass over their commands), with
+//! the bytes read shown on a bar.
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+use clap::Args;
+use ggml_viz_reader::telemetry::rpc::{Aligned, Alignment, RpcParts, analyse};
+use ggml_viz_reader::telemetry::{
+    Format, Ids, ImportError, RecordSink, detect, import_path_reporting,
+};
+use ggml_viz_reader::{Damage, Layout, RecordView};
+use indicatif::ProgressBar;
+
+use crate::Failure;
+use crate::dump::parse_layout;
+use crate::progress::{bar, file_name, len};
+
+/// Options every telemetry command takes.
+#[derive(Args)]
+pub struct InputOpts {
+    /// Force the input format instead of recognising it by content.
+    #[arg(long, value_parser = parse_format)]
+    pub format: Option<Format>,
+    /// GGMLVIZ event layout instead of detecting it.
+    #[arg(long, value_parser = parse_layout)]
+    pub layout: Option<Layout>,
+    /// No progress bar (one shows on a terminal while large inputs are read).
+    #[arg(short, long)]
+    pub quiet: bool,
+    /// Keep each input's own clock. By default the traces of a ggml-rpc job (its client's and
+    /// its servers', from several hosts) are put on the client's clock, each server's offset
+    /// estimated from the commands it answered (see `ggml-viz rpc`).
+    #[arg(long)]
+    pub no_clock_align: bool,
+}
+
+fn parse_format(s: &str) -> Result<Format, String> {
+    s.parse()
+}
+
+impl InputOpts {
+    /// Before any output: every input opens and is of a format these commands read (by its
+    /// first bytes, unless `--format` says which), and of `only` where given. A wrong file (a
+    /// model, a report, a README) fails the command at once, with nothing printed or written;
+    /// damage further in is found by reading, after what came before it was delivered.
+    pub fn check(&self, paths: &[PathBuf], only: Option<Format>) -> Result<(), Failure> {
+        for path in paths {
+            let format = match self.format {
+                Some(format) => File::open(path)
+                    .map(|_| format)
+                    .map_err(|e| format!("cannot read {}: {e}", path.display())),
+                None => detect(path).map_err(|e| e.0),
+            }
+            .map_err(Failure::Data)?;
+            if let Some(only) = only.filter(|&only| only != format) {
+                return Err(Failure::Data(format!(
+                    "{} is {format}: this takes {only} only",
+                    path.display()
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Bytes of `paths` read so far, shown as a bar; and how each input is merged into the others.
+pub struct Reading {
+    bar: ProgressBar,
+    /// Bytes of the inputs finished before the current one.
+    done: u64,
+    /// The inputs and, when they are a ggml-rpc job's traces, each one's alignment (see
+    /// [`Reading::new`]).
+    paths: Vec<PathBuf>,
+    alignments: Vec<Alignment>,
+}
+
+impl Reading {
+    /// A bar for reading `paths` `passes` times (hidden when it should not show). Several
+    /// inputs are first read once more for their ggml-rpc commands: where a client's and its
+    /// servers' traces are among them, each server's times are put on the client's clock
+    /// (unless `--no-clock-align`) and each joined command's spans get a flow id.
+    pub fn new(paths: &[PathBuf], passes: u64, opts: &InputOpts) -> Reading {
+        Reading::with_prepass(paths, passes, opts, paths.len() > 1)
+    }
+
+    /// For reading each input as it is, on its own clock (`rpc`, which measures the clocks).
+    pub fn unaligned(paths: &[PathBuf], opts: &InputOpts) -> Reading {
+        Reading::with_prepass(paths, 1, opts, false)
+    }
+
+    fn with_prepass(paths: &[PathBuf], passes: u64, opts: &InputOpts, prepass: bool) -> Reading {
+        let total: u64 = paths.iter().map(|p| len(p)).sum::<u64>() * (passes + u64::from(prepass));
+        let bar = bar(total, opts.quiet);
+        let mut reading = Reading {
+            bar,
+            done: 0,
+            paths: paths.to_vec(),
+            alignments: Vec::new(),
+        };
+        if prepass {
+            reading.align(opts);
+        }
+        reading
+    }
+
+    /// Reads every input for its RPC commands and works out each one's alignment.
+    fn align(&mut self, opts: &InputOpts) {
+        let mut parts = RpcParts::default();
+        let mut ids = Ids::default();
+        let mut input_of = Vec::new();
+        for i in 0..self.paths.len() {
+            let path = self.paths[i].clone();
+            // Failures are reported by the real pass, which reads the same input.
+            let _ = self.read(&path, opts, &mut ids, &mut parts, &mut |_| {});
+            input_of.resize(parts.processes.len(), i);
+        }
+        if parts.parts.is_empty() {
+            return;
+        }
+        let analysis = analyse(&parts);
+        let process_input = |process: u32| {
+            parts
+                .processes
+                .iter()
+                .position(|p| p.id == process)
+                .and_then(|n| input_of.get(n).copied())
+        };
+        self.alignments =
+            analysis.alignments(self.paths.len(), process_input, !opts.no_clock_align);
+        for (path, a) in self.paths.iter().zip(&self.alignments) {
+            if a.shift_ns != 0 {
+                self.bar.suspend(|| {
+                    eprintln!(
+                        "ggml-viz: {}: times moved by {:+} ns onto its ggml-rpc client's clock \
+                         (--no-clock-align keeps them)",
+                        path.display(),
+                        a.shift_ns
+                    )
+                });
+            }
+        }
+    }
+
+    /// Imports `path` into `sink`, aligned with the other inputs, moving the bar as it is read.
+    pub fn import<S: RecordSink>(
+        &mut self,
+        path: &Path,
+        opts: &InputOpts,
+        ids: &mut Ids,
+        sink: &mut S,
+    ) -> Result<(), ImportError> {
+        self.import_watching(path, opts, ids, sink, &mut |_| {})
+    }
+
+    /// [`Reading::import`], handing `events` each GGMLVIZ event as it is decoded and the damage
+    /// that ended the read.
+    pub fn import_watching<S: RecordSink>(
+        &mut self,
+        path: &Path,
+        opts: &InputOpts,
+        ids: &mut Ids,
+        sink: &mut S,
+        events: &mut impl FnMut(Result<RecordView<'_>, &Damage>),
+    ) -> Result<(), ImportError> {
+        let alignment = self
+            .paths
+            .iter()
+            .position(|p| p == path)
+            .and_then(|i| self.alignments.get(i).cloned());
+        match alignment {
+            Some(a) => self.read(path, opts, ids, &mut Aligned::new(sink, &a), events),
+            None => self.read(path, opts, ids, sink, events),
+        }
+    }
+
+    fn read<S: RecordSink>(
+        &mut self,
+        path: &Path,
+        opts: &InputOpts,
+        ids: &mut Ids,
+        sink: &mut S,
+        events: &mut impl FnMut(Result<RecordView<'_>, &Damage>),
+    ) -> Result<(), ImportError> {
+        self.bar.set_message(file_name(path));
+        let (bar, done) = (&self.bar, self.done);
+        let result = import_path_reporting(
+            path,
+            opts.format,
+            opts.layout,
+            ids,
+            sink,
+            &mut |read| bar.set_position(done + read),
+            events,
+        );
+        self.done += len(path);
+        self.bar.set_position(self.done);
+        result
+    }
+}
+
+impl Drop for Reading {
+    /// Takes the bar off the terminal, whatever ended the reading.
+    fn drop(&mut self) {
+        self.bar.finish_and_clear();
+    }
+}
