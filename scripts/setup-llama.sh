@@ -12,6 +12,9 @@
 #   bash scripts/setup-llama.sh dl           # GGML_BACKEND_DL=ON: llama-simple loading its CPU
 #                                            # backend with dlopen(RTLD_LOCAL), as wheels do
 #                                            # (build-dl/)
+#   bash scripts/setup-llama.sh vulkan       # GGML_VULKAN=ON: llama-simple on ggml-vulkan, run by
+#                                            # the tests on Mesa's lavapipe (build-vulkan/;
+#                                            # ../shared/notes/vulkan-on-lavapipe.md)
 set -euo pipefail
 
 # The targets of the shared build; a cached build that lacks one (an older checkout's) gets it
@@ -48,6 +51,38 @@ case "${1:-}" in
   threadpool)
     variant threadpool "libggml-cpu with GGML_OPENMP=OFF" \
       -DBUILD_SHARED_LIBS=ON -DGGML_OPENMP=OFF -- ggml-cpu
+    exit 0 ;;
+  vulkan)
+    vk_need=()
+    [ -e /usr/include/vulkan/vulkan.h ] || vk_need+=(libvulkan-dev)
+    command -v glslc >/dev/null || vk_need+=(glslc)
+    [ -d /usr/include/spirv ] || vk_need+=(spirv-headers)
+    ls /usr/share/vulkan/icd.d/lvp_icd.*.json >/dev/null 2>&1 || vk_need+=(mesa-vulkan-drivers)
+    if [ ${#vk_need[@]} -gt 0 ]; then
+      echo "setup-llama: installing ${vk_need[*]}" >&2
+      export DEBIAN_FRONTEND=noninteractive
+      apt-get install -y -qq "${vk_need[@]}" >&2 || { apt-get update -qq >&2 && apt-get install -y -qq "${vk_need[@]}" >&2; }
+    fi
+    # Debian 12's Vulkan headers (1.3.239) predate VK_EXT_layer_settings, which ggml-vulkan uses
+    # only to pass options to the validation layer: that block is compiled out where the headers
+    # lack it (idempotent; no other build compiles this file).
+    vk_src="$(dirname "$(bash "$0" | tail -n 1)")/src/ggml/src/ggml-vulkan/ggml-vulkan.cpp"
+    if ! grep -q "ggml-viz: VK_EXT_layer_settings" "$vk_src"; then
+      python3 - "$vk_src" <<'PY'
+import sys
+path = sys.argv[1]
+s = open(path).read()
+start = s.index("    VkBool32 enable_best_practice = layer_settings;")
+line = "vk::InstanceCreateInfo instance_create_info(vk::InstanceCreateFlags{}, &app_info, layers, extensions, &layer_setting_info);"
+end = s.index(line, start) + len(line)
+s = (s[:start] + "#ifdef VK_EXT_layer_settings // ggml-viz: VK_EXT_layer_settings\n" + s[start:end]
+     + "\n#else\n    vk::InstanceCreateInfo instance_create_info(vk::InstanceCreateFlags{}, &app_info, layers, extensions, nullptr);\n#endif"
+     + s[end:])
+open(path, "w").write(s)
+PY
+    fi
+    variant vulkan "llama-simple on ggml-vulkan" \
+      -DBUILD_SHARED_LIBS=ON -DGGML_VULKAN=ON -- llama-simple
     exit 0 ;;
   dl)
     variant dl "llama-simple with GGML_BACKEND_DL=ON" \

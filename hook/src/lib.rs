@@ -8,7 +8,7 @@
 //!   installers; per-op timing through the eval callback.
 //! - `record`: the recording core. Per-thread rings and the event builders (an event is born
 //!   there and buffered in its thread's ring), the trace writer (drains the rings and encodes
-//!   with the reader crate's `format`), the session (start, flusher, exit and fork). It never
+//!   with the `ggml-viz-format` crate), the session (start, flusher, exit and fork). It never
 //!   names an interception mechanism.
 //! - `base`: entry-point names, OS services, clocks, the ring, interned names, the ggml
 //!   functions we call and the tensor fields we read, the metadata record.

@@ -49,8 +49,8 @@ use std::ffi::{CStr, c_void};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use super::eval_callback::node_info;
-use super::exports::say_no_function;
 use super::route::{Callee, Resolved, fallback_callee, resolve_callee};
+use super::start::say_no_function;
 use crate::base::clock;
 use crate::base::ggml::Helpers;
 use crate::base::tensor::{self, read_tensor};

@@ -8,7 +8,9 @@
 //! - `cpu_ops`: per-op timing on the CPU backend's worker threads (Linux x86-64);
 //! - [`eval_callback`]: per-op timing through the scheduler's eval callback;
 //! - [`batches`]: token counts of llama.cpp's opaque batches, for the decode spans;
-//! - `rpc`: ggml-rpc's transport, for the commands on both ends of a connection (Linux x86-64).
+//! - `rpc`: ggml-rpc's transport, for the commands on both ends of a connection (Linux x86-64),
+//!   and `rpc_names`, the names of its methods;
+//! - [`start`]: start-up of tracing at the first wrapped call, shared by every front end.
 
 mod batches;
 #[cfg(all(target_os = "linux", target_arch = "x86_64"))]
@@ -22,3 +24,6 @@ mod install;
 mod route;
 #[cfg(all(target_os = "linux", target_arch = "x86_64"))]
 mod rpc;
+#[cfg(all(target_os = "linux", target_arch = "x86_64"))]
+mod rpc_names;
+mod start;

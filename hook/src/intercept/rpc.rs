@@ -15,28 +15,14 @@
 //! span is recorded rather than wrong ones.
 
 use std::ffi::{CStr, c_char, c_int, c_void};
-use std::sync::atomic::AtomicBool;
 
-use super::exports::{say_no_function, start_tracing};
 use super::route::{Callee, Resolved, fallback_callee, resolve_callee};
-use crate::base::{contained, say_once};
+use super::rpc_names::{CONNECT, CREATE_SERVER, FLUSH, NAMES, RECV, SEND};
+use super::start::{say_no_function, start_tracing};
+use crate::base::contained;
 use crate::record::{self, Transfer};
 
 type Ptr = *mut c_void;
-
-/// The wrapped methods, by row.
-const NAMES: [&CStr; 5] = [
-    c"_ZN8socket_t9send_dataEPKvm",
-    c"_ZN8socket_t9recv_dataEPvm",
-    c"_ZN8socket_t5flushEv",
-    c"_ZN8socket_t7connectEPKci",
-    c"_ZN8socket_t13create_serverEPKci",
-];
-const SEND: u8 = 0;
-const RECV: u8 = 1;
-const FLUSH: u8 = 2;
-const CONNECT: u8 = 3;
-const CREATE_SERVER: u8 = 4;
 
 /// An exported wrapper under a C++ name that jumps to `$imp` with the return address after the
 /// method's own `$n` arguments (in `$reg`).
@@ -179,35 +165,4 @@ unsafe extern "C" fn create_server(
     ret: usize,
 ) -> *mut Ptr {
     make_socket(CREATE_SERVER, slot, host, port, ret)
-}
-
-/// Said once, at the start of tracing, when this process has ggml-rpc (its C API is there) but
-/// none of the transport methods wrapped here: its calls will not reach us.
-pub fn check_names() {
-    // SAFETY: dlsym with RTLD_DEFAULT and valid C strings.
-    let has_rpc = unsafe {
-        !libc::dlsym(libc::RTLD_DEFAULT, c"ggml_backend_rpc_add_server".as_ptr()).is_null()
-    };
-    if !has_rpc {
-        return;
-    }
-    // SAFETY: as above; RTLD_NEXT finds a definition other than ours.
-    let ours_reached = NAMES[..3]
-        .iter()
-        .all(|name| unsafe { !libc::dlsym(libc::RTLD_NEXT, name.as_ptr()).is_null() });
-    if !ours_reached {
-        static SAID: AtomicBool = AtomicBool::new(false);
-        say_once(
-            &SAID,
-            format_args!(
-                "this ggml-rpc's transport is not the one this hook knows (no {}): its commands \
-                 are not recorded",
-                NAMES[..3]
-                    .iter()
-                    .map(|n| n.to_string_lossy())
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            ),
-        );
-    }
 }

@@ -16,6 +16,7 @@ use ggml_viz_format::ext::RpcPart;
 
 use ggml_viz_config::OpTiming;
 
+use super::packing;
 use super::recorder::{OpMode, Recorder};
 use super::session::{self, active, current};
 use crate::base::entry::Entry;
@@ -672,22 +673,13 @@ pub fn barrier_wait(
     push_at(t.0.for_recorder(r), r, event, now, Claim::Op);
 }
 
-/// Sequences a span event names with their tokens (the rest are counted together).
-pub const SPAN_SEQS: usize = 6;
-
 /// An application-level span (`llama_decode`, `llama_encode`): begin or end, with the batch's
 /// tokens (`u32::MAX`: unknown) in `b` and, where known, its sequences: up to `SPAN_SEQS`
 /// (sequence id, tokens) pairs packed two to a word in `a`, `d` and `size` (see
-/// `span_seqs`), the tokens of the others in `name_id`.
+/// [`packing::span_seqs`]), the tokens of the others in `name_id`.
 pub fn span(entry: Entry, begin: bool, count: u32, seqs: &[(i32, u32)], other_tokens: u32) {
     let Some(r) = current(1) else { return };
-    let mut words = [0u64; 3];
-    for (i, &(seq, tokens)) in seqs.iter().take(SPAN_SEQS).enumerate() {
-        // Sequence id + 1 (0: no pair) and tokens, 16 bits each.
-        let pair = (u64::from((seq.clamp(0, 0xfffe) + 1) as u16) << 16)
-            | u64::from(tokens.min(0xffff) as u16);
-        words[i / 2] |= pair << (32 * (i % 2));
-    }
+    let words = packing::span_words(seqs);
     let event = RawEvent {
         type_code: EXTENSION_TYPE_CODE,
         entry: entry as u8,
@@ -758,9 +750,6 @@ pub struct RpcEdge<'a> {
     pub endpoint: Option<&'a str>,
 }
 
-/// `entry` of an RPC event: this plus the part's number.
-pub const RPC_ENTRY: u8 = 0xE0;
-
 /// Records an edge of an RPC command part: `command` in `b`, the connection and the command's
 /// index on it in `a`, bytes sent and received in `d` and `size`, the endpoint's interned name.
 pub fn rpc_edge(begin: bool, edge: &RpcEdge<'_>) {
@@ -773,14 +762,9 @@ pub fn rpc_edge(begin: bool, edge: &RpcEdge<'_>) {
         r.names
             .intern(key as usize, Owner::Endpoint, || endpoint.to_string())
     });
-    let part = match edge.part {
-        RpcPart::Request => 0,
-        RpcPart::Answer => 1,
-        RpcPart::Serve => 2,
-    };
     let event = RawEvent {
         type_code: EXTENSION_TYPE_CODE,
-        entry: RPC_ENTRY + part,
+        entry: packing::rpc_entry(edge.part),
         a: (u64::from(edge.connection) << 32) | u64::from(edge.index),
         b: u32::from(edge.command),
         c: u32::from(begin),
@@ -799,26 +783,6 @@ pub fn write_soon() {
     if let Some(r) = active() {
         r.wake_flusher();
     }
-}
-
-/// The part an RPC event's `entry` names, if it is one.
-pub fn rpc_part(entry: u8) -> Option<RpcPart> {
-    match entry.checked_sub(RPC_ENTRY)? {
-        0 => Some(RpcPart::Request),
-        1 => Some(RpcPart::Answer),
-        2 => Some(RpcPart::Serve),
-        _ => None,
-    }
-}
-
-/// The (sequence id, tokens) pairs [`span`] packed into `event`.
-pub fn span_seqs(event: &RawEvent) -> Vec<(i32, u32)> {
-    [event.a, event.d, event.size]
-        .iter()
-        .flat_map(|w| [w & 0xffff_ffff, w >> 32])
-        .filter(|pair| pair >> 16 != 0)
-        .map(|pair| (((pair >> 16) - 1) as i32, (pair & 0xffff) as u32))
-        .collect()
 }
 
 /// After the real call: the end event. A node still open in a recorded graph compute (ggml

@@ -10,6 +10,7 @@
 //!   a thread takes more of the cap from one shared counter.
 //! - [`recorder`]: one trace's shared state (rings, names, tensors, cap, counters, writer).
 //! - [`tensors`]: the tensor infos op events refer to.
+//! - [`packing`]: what events pack into a raw event's untyped fields, packed and unpacked.
 //! - [`writer`]: the consumer side: encodes what the rings hold and writes it, through
 //!   [`output`]: a thread of its own that makes the file's writes.
 //! - [`rpc`]: ggml-rpc commands, read off the transport's calls that a front end reports.
@@ -18,6 +19,7 @@
 
 mod events;
 mod output;
+mod packing;
 mod recorder;
 mod rpc;
 mod session;
@@ -25,10 +27,11 @@ mod tensors;
 mod writer;
 
 pub use events::{
-    GraphInfo, GraphScope, OpInfo, SPAN_SEQS, ThisThread, WaitScope, barrier_wait, buffer_event,
-    graph_begin, graph_end, name_id, op_begin, op_end, seq_removed, span, thread_op, thread_ops,
-    wait_begin, wait_end,
+    GraphInfo, GraphScope, OpInfo, ThisThread, WaitScope, barrier_wait, buffer_event, graph_begin,
+    graph_end, name_id, op_begin, op_end, seq_removed, span, thread_op, thread_ops, wait_begin,
+    wait_end,
 };
+pub use packing::SPAN_SEQS;
 pub use recorder::Recorder;
 #[cfg(all(target_os = "linux", target_arch = "x86_64"))]
 pub use recorder::THREAD_OPS_NOW;

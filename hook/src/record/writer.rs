@@ -15,8 +15,8 @@ use ggml_viz_config::Config;
 use ggml_viz_format::ext::{self, Counters, Metadata, RpcPart};
 use ggml_viz_format::{self as format, EventType, ExtensionKind, Layout, Payload};
 
-use super::events::rpc_part;
 use super::output::Output;
+use super::packing::{rpc_part, span_seqs};
 use super::tensors::{MAX_TENSORS, Tensors};
 use crate::base::clock::{self, TickConverter};
 use crate::base::entry::Entry;
@@ -452,7 +452,7 @@ impl TraceWriter {
             ext::SpanBoundary {
                 name: name.into(),
                 n_tokens: (e.b != u32::MAX).then_some(e.b),
-                seqs: super::events::span_seqs(e),
+                seqs: span_seqs(e),
                 other_seq_tokens: u32::from(e.name_id),
                 removed: None,
             }
