@@ -28,6 +28,7 @@ fn start() {
         ggml_version: None,
         cpu_functions: Err("a benchmark of the recording core".into()),
         prepare_op_timing: |_| {},
+        before_last_flush: || {},
     });
 }
 

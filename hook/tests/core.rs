@@ -148,6 +148,7 @@ fn what_threads_record_is_in_the_trace_in_order() {
         ggml_version: Some("0.0.0-core-test".into()),
         cpu_functions: Err("driven by a test".into()),
         prepare_op_timing: |_| {},
+        before_last_flush: || {},
     });
     assert!(ggml_viz_hook::active().is_some(), "the session started");
     std::thread::scope(|s| {

@@ -45,6 +45,12 @@ pub fn now_ns() -> u64 {
     monotonic_ns().wrapping_add(epoch_offset())
 }
 
+/// A `CLOCK_MONOTONIC` time (a device's, calibrated against it) in nanoseconds since the Unix
+/// epoch, as [`TickConverter`] puts ticks there.
+pub fn monotonic_epoch_ns(monotonic: u64) -> u64 {
+    monotonic.wrapping_add(epoch_offset())
+}
+
 /// Reads the settings the clocks depend on, so that the first event pays nothing for them.
 pub fn init() {
     epoch_offset();

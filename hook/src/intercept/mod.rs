@@ -10,7 +10,8 @@
 //! - [`batches`]: token counts of llama.cpp's opaque batches, for the decode spans;
 //! - `rpc`: ggml-rpc's transport, for the commands on both ends of a connection (Linux x86-64),
 //!   and `rpc_names`, the names of its methods;
-//! - [`start`]: start-up of tracing at the first wrapped call, shared by every front end.
+//! - [`start`]: start-up of tracing at the first wrapped call, shared by every front end;
+//! - `vulkan`: a Vulkan layer that times the nodes ggml-vulkan labels on the device (Linux).
 
 mod batches;
 #[cfg(all(target_os = "linux", target_arch = "x86_64"))]
@@ -27,3 +28,5 @@ mod rpc;
 #[cfg(all(target_os = "linux", target_arch = "x86_64"))]
 mod rpc_names;
 mod start;
+#[cfg(target_os = "linux")]
+mod vulkan;

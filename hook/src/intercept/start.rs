@@ -39,6 +39,7 @@ pub fn start_tracing() {
                 ggml_version: first_helpers().and_then(|h| h.version()),
                 cpu_functions: cpu_functions_reachable(),
                 prepare_op_timing,
+                before_last_flush,
             }
         })
     });
@@ -60,6 +61,12 @@ fn prepare_op_timing(per_thread: bool) {
     }
     #[cfg(not(all(target_os = "linux", target_arch = "x86_64")))]
     let _ = per_thread;
+}
+
+/// At exit, before the last flush: what the front ends still hold.
+fn before_last_flush() {
+    #[cfg(target_os = "linux")]
+    super::vulkan::hand_over_held();
 }
 
 /// Said once when no loaded library defines a function we wrap.

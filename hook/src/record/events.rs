@@ -260,6 +260,22 @@ fn push_at(l: &Local, r: &'static Recorder, event: RawEvent, ticks: u64, claim: 
     store(l, r, event, ticks, 1, claim)
 }
 
+/// Stores `event`, standing for `events` records, in this thread's ring with `time` as its
+/// `ticks` as given: a time a front end read off another clock, which the writer converts by the
+/// event's entry (`device`). An op event leaves the room op events leave; anything else, the
+/// room any event leaves.
+pub(super) fn store_as_given(r: &'static Recorder, event: RawEvent, time: u64, events: u64) {
+    let claim = if event.type_code == EventType::OpComputeEnd.code() {
+        Claim::Op
+    } else {
+        Claim::Plain
+    };
+    local(r, |l| {
+        release(l, r);
+        store(l, r, event, time, events, claim);
+    });
+}
+
 /// Puts the held begin of this thread's op share, if there is one, in the ring.
 #[inline(always)]
 fn release(l: &Local, r: &'static Recorder) {
@@ -516,13 +532,17 @@ impl GraphScope {
     /// In threads mode chosen by `auto`, a graph some of whose nodes the scheduler put on other
     /// backends than the CPU (`not_only_cpu`: a GPU computes them, which no CPU worker thread
     /// sees) is timed with the eval callback too, and the CPU worker threads record nothing
-    /// meanwhile.
+    /// meanwhile; unless a front end times the device's nodes on the device itself
+    /// ([`super::device::device_timing`]).
     pub fn wants_sched_op_timing(&self, not_only_cpu: impl FnOnce() -> bool) -> bool {
         let r = self.recorder;
         match r.op_mode() {
             OpMode::Sched => self.ops_timed,
             OpMode::Threads
-                if self.ops_timed && r.config.op_timing == OpTiming::Auto && not_only_cpu() =>
+                if self.ops_timed
+                    && r.config.op_timing == OpTiming::Auto
+                    && !super::device::device_timing()
+                    && not_only_cpu() =>
             {
                 r.set_thread_ops(false);
                 true

@@ -8,6 +8,7 @@
 //!   allocates its ring; the first sight of a backend, scheduler, buffer type, thread name or
 //!   tensor takes that table's lock and allocates the name or info, once each; every 256 events
 //!   a thread takes more of the cap from one shared counter.
+//! - [`device`]: nodes a GPU timed, on a lane per device queue.
 //! - [`recorder`]: one trace's shared state (rings, names, tensors, cap, counters, writer).
 //! - [`tensors`]: the tensor infos op events refer to.
 //! - [`packing`]: what events pack into a raw event's untyped fields, packed and unpacked.
@@ -17,6 +18,7 @@
 //! - [`session`]: start (from the [`Setup`] the front end hands in), the flusher thread, the last
 //!   flush at exit, the child's fresh start after `fork`, and stopping when the output fails.
 
+mod device;
 mod events;
 mod output;
 mod packing;
@@ -26,6 +28,7 @@ mod session;
 mod tensors;
 mod writer;
 
+pub use device::{DeviceLane, DeviceNode, device_node, device_nodes_wanted, device_timing_on};
 pub use events::{
     GraphInfo, GraphScope, OpInfo, ThisThread, WaitScope, barrier_wait, buffer_event, graph_begin,
     graph_end, name_id, op_begin, op_end, seq_removed, span, thread_op, thread_ops, wait_begin,

@@ -1,5 +1,5 @@
 //! What a [`RawEvent`]'s untyped fields carry where an event packs more than its record's union:
-//! a span's sequences, an RPC edge's part. Both directions in one place: the event builders
+//! a span's sequences, an RPC edge's part, a device event's clock and lane. Both directions in one place: the event builders
 //! (`events`) pack with it, the writer unpacks.
 
 use ggml_viz_format::ext::RpcPart;
@@ -30,6 +30,10 @@ pub fn span_seqs(event: &RawEvent) -> Vec<(i32, u32)> {
         .map(|pair| (((pair >> 16) - 1) as i32, (pair & 0xffff) as u32))
         .collect()
 }
+
+/// The `entry` of a device event (`device`): its `ticks` are `CLOCK_MONOTONIC` nanoseconds (the
+/// device's time, calibrated), not the thread's ticks; its lane's thread id is in `size`.
+pub const DEVICE_ENTRY: u8 = 0xD0;
 
 /// `entry` of an RPC event: this plus the part's number.
 const RPC_ENTRY: u8 = 0xE0;

@@ -11,7 +11,7 @@ use std::io;
 use std::panic::catch_unwind;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicPtr, AtomicU8, Ordering};
-use std::sync::{Once, PoisonError};
+use std::sync::{Once, OnceLock, PoisonError};
 use std::time::Duration;
 
 use ggml_viz_config::{Config, ConfigError, OpTiming};
@@ -42,7 +42,13 @@ pub struct Setup {
     /// ggml's worker threads), before tracing starts: the front end's one-time work that the
     /// first timed graph compute would otherwise do inside its span.
     pub prepare_op_timing: fn(per_thread: bool),
+    /// Called at exit before the last flush: the front end hands over what it still holds (a
+    /// device's last node, kept until the next read says whether it goes on).
+    pub before_last_flush: fn(),
 }
+
+/// The started recorder's [`Setup::before_last_flush`].
+static BEFORE_LAST_FLUSH: OnceLock<fn()> = OnceLock::new();
 
 /// Starts tracing if this is the first call of the process (or of a child since its fork);
 /// `setup` runs only then. A failure is said once on stderr and leaves the program untraced.
@@ -153,6 +159,7 @@ fn start(setup: Setup) -> Option<Box<Recorder>> {
     let (op_mode, why) = OpMode::choose(config.op_timing, &setup.cpu_functions);
     if op_mode != OpMode::Off {
         (setup.prepare_op_timing)(op_mode == OpMode::Threads);
+        let _ = BEFORE_LAST_FLUSH.set(setup.before_last_flush);
     }
     if config.verbose || (op_mode == OpMode::Sched && config.op_timing == OpTiming::Threads) {
         say(format_args!("op timing: {}: {why}", op_mode.name()));
@@ -290,6 +297,9 @@ extern "C" fn at_exit() {
         let Some(recorder) = active() else {
             return;
         };
+        if let Some(hand_over) = BEFORE_LAST_FLUSH.get() {
+            hand_over();
+        }
         // The flusher holds the lock for a flush at most (milliseconds). On Windows the exit
         // handlers run after the process's other threads were stopped, possibly the flusher
         // inside a flush: then the lock is never released, and waiting would hang the exit.

@@ -16,7 +16,7 @@ use ggml_viz_format::ext::{self, Counters, Metadata, RpcPart};
 use ggml_viz_format::{self as format, EventType, ExtensionKind, Layout, Payload};
 
 use super::output::Output;
-use super::packing::{rpc_part, span_seqs};
+use super::packing::{DEVICE_ENTRY, rpc_part, span_seqs};
 use super::tensors::{MAX_TENSORS, Tensors};
 use crate::base::clock::{self, TickConverter};
 use crate::base::entry::Entry;
@@ -249,7 +249,9 @@ impl TraceWriter {
     /// the others' frame.
     #[inline(always)]
     fn encode(&mut self, e: &RawEvent, d: &Drain<'_>, floor: &mut u64) {
-        if e.type_code == OP_BEGIN || e.type_code == OP_END {
+        if e.entry == DEVICE_ENTRY {
+            self.encode_device(e, d)
+        } else if e.type_code == OP_BEGIN || e.type_code == OP_END {
             self.encode_op(e, d, floor)
         } else if e.type_code == BARRIER_WAIT && e.entry == 0 {
             self.encode_worker_wait(e, floor)
@@ -355,6 +357,51 @@ impl TraceWriter {
     #[inline(always)]
     fn encode_op_begin(&mut self, e: &RawEvent, ticks: u64, d: &Drain<'_>, floor: &mut u64) {
         let timestamp_ns = self.clock.convert_epoch_ns(ticks, floor);
+        self.encode_op_begin_at(e, timestamp_ns, d);
+    }
+
+    /// A device's event (see `device`): on its queue's lane, its time monotonic nanoseconds; a
+    /// node's one slot written as its begin and end records.
+    #[inline(never)]
+    fn encode_device(&mut self, e: &RawEvent, d: &Drain<'_>) {
+        let e = RawEvent {
+            thread_id: e.size as u32,
+            size: 0,
+            ..*e
+        };
+        let timestamp_ns = clock::monotonic_epoch_ns(e.ticks);
+        if e.type_code == OP_END {
+            let begun = timestamp_ns.saturating_sub(u64::from(e.c.saturating_sub(1)));
+            self.encode_op_begin_at(&e, begun, d);
+            let payload = op_payload(&e);
+            put_event(
+                &mut self.buf,
+                self.layout,
+                OP_END,
+                &e,
+                timestamp_ns,
+                &payload,
+                None,
+            );
+        } else {
+            let label = d.names.get(e.name_id).map(|(_, _, name)| name.as_bytes());
+            let payload = self.thread_payload(&e);
+            put_event(
+                &mut self.buf,
+                self.layout,
+                e.type_code,
+                &e,
+                timestamp_ns,
+                &payload,
+                label,
+            );
+        }
+    }
+
+    /// The begin record of op event `e`, at `timestamp_ns`, after its tensor info where the
+    /// reader does not have it yet.
+    #[inline(always)]
+    fn encode_op_begin_at(&mut self, e: &RawEvent, timestamp_ns: u64, d: &Drain<'_>) {
         let info = d.tensors.get(e.name_id);
         if let Some(info) = info {
             let group = info.group as usize;

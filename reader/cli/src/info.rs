@@ -226,6 +226,14 @@ fn write_extensions(out: &mut impl Write, stats: &TraceStats) -> io::Result<()> 
                     stats.ops_with_backend
                 )?;
             }
+            if stats.device_ops > 0 {
+                writeln!(
+                    out,
+                    "                 and {} nodes computed on a GPU, timed by the device itself \
+                     (its own timestamps, nothing of the run changed), on a lane per device queue",
+                    stats.device_ops
+                )?;
+            }
         }
         if !m.settings.is_empty() {
             let settings: Vec<String> =

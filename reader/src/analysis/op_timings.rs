@@ -197,6 +197,8 @@ pub struct OpCollector {
     ring: Option<u64>,
     /// Nodes joined and not yet taken, with their start.
     ready: Vec<(u64, OpSample)>,
+    /// The phase of the decode call any thread began last.
+    latest_phase: Option<Phase>,
 }
 
 /// A ring's capacity where the trace does not say (the hook's default `buffer_size`).
@@ -302,7 +304,10 @@ impl OpCollector {
                     tensor,
                     named,
                     bytes,
-                    phase: t.phase,
+                    // A device queue's lane has no decode span of its own: its nodes are those
+                    // of the decode call begun last (they are read when the work is done, which
+                    // may be after that call returned).
+                    phase: t.phase.or(self.latest_phase),
                     wait_ns: 0,
                     inner_wait_ns: std::mem::take(&mut t.open_inner_wait_ns),
                     window: u64::MAX,
@@ -363,7 +368,7 @@ impl OpCollector {
             ExtensionKind::SpanBegin | ExtensionKind::SpanEnd => {
                 let t = self.threads.entry(thread_id).or_default();
                 let span = ext::parse_payload::<SpanBoundary>(label).unwrap_or_default();
-                t.phase = (kind == ExtensionKind::SpanBegin)
+                let phase = (kind == ExtensionKind::SpanBegin)
                     .then(|| span.is_prefill())
                     .flatten()
                     .map(|prefill| {
@@ -373,6 +378,10 @@ impl OpCollector {
                             Phase::Generation
                         }
                     });
+                t.phase = phase;
+                if phase.is_some() {
+                    self.latest_phase = phase;
+                }
             }
             _ => {}
         }

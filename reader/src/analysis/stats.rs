@@ -35,12 +35,17 @@ pub struct TraceStats {
     pub unmatched_graph_ends: u64,
     /// Op begin events.
     pub ops: u64,
-    /// Op begin events that name a backend: timed through a scheduler's eval callback (in a
-    /// threads-mode trace, those of graphs with nodes on other backends than the CPU).
+    /// Op begin events that name a backend inside a graph compute of their thread: timed through
+    /// a scheduler's eval callback (in a threads-mode trace, those of graphs with nodes on other
+    /// backends than the CPU).
     pub ops_with_backend: u64,
+    /// Op begin events that name a backend outside any graph compute of their thread: nodes a
+    /// device timed itself, each on its queue's lane (one per node).
+    pub device_ops: u64,
     /// Op begin events per op type, and the names the trace gives the types (op_names records).
     pub ops_by_type: BTreeMap<u32, u64>,
-    /// Op begin events on a thread inside a graph compute of its own: one per node. A graph
+    /// Op begin events on a thread inside a graph compute of its own, and those a device timed:
+    /// one per node. A graph
     /// compute's caller times each of its nodes (the eval callback) or computes a share of each
     /// (threads-mode op timing: the caller is worker 0 of ggml's pool and of OpenMP's team);
     /// the other workers' shares lie outside any graph compute of theirs.
@@ -239,8 +244,12 @@ impl TraceStats {
                 } = event.payload
                 {
                     *self.ops_by_type.entry(op_type).or_default() += 1;
-                    self.ops_with_backend += u64::from(backend_ptr != 0);
-                    if self.open_graphs.outermost_begin(event.thread_id).is_some() {
+                    let in_graph = self.open_graphs.outermost_begin(event.thread_id).is_some();
+                    // A node a device timed is on its queue's lane, where no graph compute runs.
+                    let on_device = !in_graph && backend_ptr != 0;
+                    self.ops_with_backend += u64::from(in_graph && backend_ptr != 0);
+                    self.device_ops += u64::from(on_device);
+                    if in_graph || on_device {
                         self.nodes += 1;
                         *self.nodes_by_type.entry(op_type).or_default() += 1;
                     }
