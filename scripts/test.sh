@@ -64,6 +64,9 @@ GGML_VIZ_LLAMA_THREADPOOL_BUILD="$(bash scripts/setup-llama.sh threadpool | tail
 export GGML_VIZ_LLAMA_THREADPOOL_BUILD
 GGML_VIZ_LLAMA_DL_BUILD="$(bash scripts/setup-llama.sh dl | tail -n 1)"
 export GGML_VIZ_LLAMA_DL_BUILD
+# llama-simple on ggml-vulkan, run on Mesa's lavapipe (~650 CPU-seconds cold, cached).
+GGML_VIZ_LLAMA_VULKAN_BUILD="$(bash scripts/setup-llama.sh vulkan | tail -n 1)"
+export GGML_VIZ_LLAMA_VULKAN_BUILD
 phase "llama.cpp builds"
 # A second GGML program, not llama.cpp: whisper-cli from the pywhispercpp sdist (~2.5 min cold).
 GGML_VIZ_WHISPER_BUILD="$(bash scripts/setup-whisper.sh | tail -n 1)"

@@ -79,6 +79,15 @@ pub fn llama_dl_bin() -> PathBuf {
     PathBuf::from(build).join("bin")
 }
 
+/// The `bin/` directory of llama.cpp built on ggml-vulkan (`scripts/setup-llama.sh vulkan`),
+/// whose programs the tests run on Mesa's lavapipe.
+pub fn llama_vulkan_bin() -> PathBuf {
+    let build = std::env::var_os("GGML_VIZ_LLAMA_VULKAN_BUILD").expect(
+        "GGML_VIZ_LLAMA_VULKAN_BUILD is not set: run the tests through scripts/test.sh, which builds it",
+    );
+    PathBuf::from(build).join("bin")
+}
+
 /// Runs the model generator `script` (a Python fixture) with `args`: the files it writes, then
 /// its options.
 fn generate(script: &str, args: &[&OsStr]) {

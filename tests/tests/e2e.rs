@@ -13,5 +13,6 @@ mod report;
 mod rpc;
 mod server;
 mod threads;
+mod vulkan;
 mod whisper;
 mod windows;

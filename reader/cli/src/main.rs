@@ -13,6 +13,8 @@ mod record;
 mod report;
 mod rpc;
 mod timeline;
+#[cfg(target_os = "linux")]
+mod vulkan_layer;
 
 use std::io::{self, Write};
 use std::process::ExitCode;

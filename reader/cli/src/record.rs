@@ -161,6 +161,15 @@ pub fn run(args: RecordArgs) -> Result<u8, Failure> {
     if let Some(file) = &args.config {
         cmd.env(CONFIG_FILE_ENV, file);
     }
+    // Nodes on a Vulkan device are timed by the hook's Vulkan layer, unless ops are not timed
+    // or the eval callback is asked for.
+    #[cfg(target_os = "linux")]
+    let _layer = (!matches!(
+        config.op_timing,
+        ggml_viz_config::OpTiming::Off | ggml_viz_config::OpTiming::Sched
+    ))
+    .then(|| crate::vulkan_layer::enable(&mut cmd, &hook))
+    .flatten();
     let live = args.live && args.view.interactive();
     let log = PathBuf::from(format!(
         "{}.log",
