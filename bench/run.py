@@ -447,6 +447,56 @@ def fidelity(quick, tmp, build, hook, model):
                f"lowest {coverage[0]:.3f}; target >= 0.97", 0.97)
 
 
+def vulkan(quick, tmp):
+    """GPU per-node time on ggml-vulkan (Mesa's lavapipe here): llama-simple's tokens per second
+    with the hook's Vulkan layer timing every node (`record`), against the same run with nothing,
+    with ggml's debug markers alone (which the layer needs: their own cost), with ggml's own
+    GGML_VK_PERF_LOGGER, and with the eval callback (`GGML_VIZ_OP_TIMING=sched`). Rounds run every
+    way back to back in rotating order; each way's figure is the median of its per-round ratio to
+    the plain run, with a bootstrap 95 % interval."""
+    build = run(["bash", "scripts/setup-llama.sh", "vulkan"]).stdout.strip().splitlines()[-1]
+    viz = os.path.join(ROOT, "target/release/ggml-viz")
+    if quick:
+        model, label, n, rounds = os.path.join(tmp, "vk-tiny.gguf"), "tiny model", "16", 3
+        run([sys.executable, "tests/fixtures/make_tiny_llama.py", model])
+    else:
+        model, label, n, rounds = os.path.join(tmp, "vk-512x8.gguf"), "512x8 model", "32", 8
+        run([sys.executable, "tests/fixtures/make_tiny_llama.py", model, "--n-embd", "512", "--n-layer", "8"])
+    progress(f"Vulkan on lavapipe: llama-simple -ngl 99 -n {n}, {label}, {rounds} rounds of 5 ways")
+    env = {"GGML_VK_VISIBLE_DEVICES": "0", "MESA_SHADER_CACHE_DIR": os.path.join(build, "mesa-shader-cache")}
+    simple = [f"{build}/bin/llama-simple", "-m", model, "-ngl", "99", "-n", n, "hello world"]
+    trace = os.path.join(tmp, "vk.ggmlviz")
+    record = [viz, "record", "-o", trace, "--"] + simple
+    ways = {
+        "nothing": (simple, {}),
+        "debug markers alone": (simple, {"GGML_VK_DEBUG_MARKERS": "1"}),
+        "gpu timing (record)": (record, {}),
+        "GGML_VK_PERF_LOGGER": (simple, {"GGML_VK_PERF_LOGGER": "1"}),
+        "eval callback (sched)": (record, {"GGML_VIZ_OP_TIMING": "sched"}),
+    }
+
+    def speed(way):
+        cmd, extra = ways[way]
+        err = run(cmd, env=dict(env, **extra)).stderr
+        return float(re.search(r"speed: ([\d.]+) t/s", err).group(1))
+
+    speed("nothing")  # Mesa compiles the shaders once (cached with the build)
+    speeds = {w: [] for w in ways}
+    names = list(ways)
+    for r in range(rounds):
+        for way in names[r % len(names):] + names[:r % len(names)]:
+            speeds[way].append(speed(way))
+    rng = random.Random(1)
+    metric(f"Vulkan: llama-simple tokens/s, nothing ({label})", statistics.median(speeds["nothing"]), "t/s",
+           "lavapipe, -ngl 99", None)
+    for way in names[1:]:
+        ratios = [a / b for a, b in zip(speeds[way], speeds["nothing"])]
+        lo, hi = median_interval(ratios, rng)
+        target = "; target >= 0.97" if way.startswith("gpu") else ""
+        metric(f"  Vulkan tokens/s, {way} / nothing", statistics.median(ratios), "ratio",
+               f"{rounds} rounds; 95 % interval {lo:.3f}-{hi:.3f}{target}", 1.0)
+
+
 def live(quick, tmp):
     rate, seconds = 1_000_000, (4 if quick else 10)
     progress(f"live view following a writer of {rate:,} events/s for {seconds} s")
@@ -523,7 +573,7 @@ def main():
 
 
 SECTIONS = {"producer": producer, "decode": decode, "readers": readers, "live": live, "inert": inert,
-            "llama": llama}
+            "llama": llama, "vulkan": vulkan}
 
 if __name__ == "__main__":
     main()

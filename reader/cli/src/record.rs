@@ -364,6 +364,13 @@ fn summarize(path: &Path, started: std::time::SystemTime) {
             path.display()
         );
     }
+    if stats.device_ops > 0 {
+        eprintln!(
+            "ggml-viz: {} nodes computed on a GPU, timed by the device itself (its own \
+             timestamps), on a lane per device queue",
+            stats.device_ops
+        );
+    }
     if let Some(note) = stats.oversubscription_note() {
         eprintln!("ggml-viz: note: {note}");
     }
