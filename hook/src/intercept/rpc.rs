@@ -11,7 +11,7 @@
 //! unchanged.
 //!
 //! The names are those of the ggml we build against (0.25.3, protocol 7.0). A ggml whose
-//! transport changed them never calls these wrappers: [`check_names`] says so once, and no RPC
+//! transport changed them never calls these wrappers: [`super::rpc_names::check_names`] says so once, and no RPC
 //! span is recorded rather than wrong ones.
 
 use std::ffi::{CStr, c_char, c_int, c_void};

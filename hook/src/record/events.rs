@@ -533,7 +533,7 @@ impl GraphScope {
     /// backends than the CPU (`not_only_cpu`: a GPU computes them, which no CPU worker thread
     /// sees) is timed with the eval callback too, and the CPU worker threads record nothing
     /// meanwhile; unless a front end times the device's nodes on the device itself
-    /// ([`super::device::device_timing`]).
+    /// (`device::device_timing`).
     pub fn wants_sched_op_timing(&self, not_only_cpu: impl FnOnce() -> bool) -> bool {
         let r = self.recorder;
         match r.op_mode() {
@@ -696,7 +696,7 @@ pub fn barrier_wait(
 /// An application-level span (`llama_decode`, `llama_encode`): begin or end, with the batch's
 /// tokens (`u32::MAX`: unknown) in `b` and, where known, its sequences: up to `SPAN_SEQS`
 /// (sequence id, tokens) pairs packed two to a word in `a`, `d` and `size` (see
-/// [`packing::span_seqs`]), the tokens of the others in `name_id`.
+/// `packing::span_seqs`), the tokens of the others in `name_id`.
 pub fn span(entry: Entry, begin: bool, count: u32, seqs: &[(i32, u32)], other_tokens: u32) {
     let Some(r) = current(1) else { return };
     let words = packing::span_words(seqs);
