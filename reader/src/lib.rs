@@ -42,6 +42,7 @@ pub use ggml_viz_format as format;
 mod read;
 pub mod telemetry;
 
+pub use analysis::device_use::DeviceUse;
 pub use analysis::op_timings::{
     GroupBy, OpAnalysis, OpCollector, OpGroup, OpGroups, OpSample, Phase, ThreadTotals, group_ops,
     imbalance, op_timing_mode, op_timing_note, wait_share,

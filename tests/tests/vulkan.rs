@@ -213,6 +213,41 @@ fn every_vulkan_node_is_timed_by_the_device_once() {
         windows.len()
     );
 
+    // `ops` says how busy the device was: its nodes' union over each graph compute's period
+    // (from its begin to the next one's; the last, to its last node), worked out here from the
+    // raw events.
+    let (mut busy_ns, mut period_ns, mut computes) = (0u64, 0u64, 0u64);
+    for (k, &b) in begins.iter().enumerate() {
+        let next = begins.get(k + 1).copied();
+        let mut mine: Vec<(u64, u64)> = nodes
+            .iter()
+            .filter(|(nb, _, _)| *nb >= b && next.is_none_or(|n| *nb < n))
+            .map(|(nb, ne, _)| (*nb, *ne))
+            .collect();
+        if mine.is_empty() {
+            continue;
+        }
+        mine.sort_unstable();
+        let last = mine.iter().map(|n| n.1).max().unwrap();
+        let mut reached = 0;
+        for (nb, ne) in mine {
+            busy_ns += ne.max(reached) - nb.max(reached);
+            reached = reached.max(ne);
+        }
+        period_ns += next.unwrap_or(last).max(last) - b;
+        computes += 1;
+    }
+    let said = text(&cli(|c| c.arg("ops").arg(&trace)).stdout);
+    let line = said
+        .lines()
+        .find(|l| l.starts_with("Vulkan0: busy "))
+        .unwrap_or_else(|| panic!("no device line in:\n{said}"));
+    let expected = format!(
+        "Vulkan0: busy {:.1} % of its {computes} graph computes",
+        100.0 * busy_ns as f64 / period_ns as f64
+    );
+    assert!(line.starts_with(&expected), "{line}\nexpected {expected}");
+
     // The same run with ggml's own perf logger: its entries, per op, are the trace's nodes.
     let logged = dir.join("logged.ggmlviz");
     let out = llama_simple_vulkan(Some(&logged), "99", "6", &[("GGML_VK_PERF_LOGGER", "1")]);

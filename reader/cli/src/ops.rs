@@ -237,13 +237,24 @@ fn write_header(out: &mut impl Write, a: &OpAnalysis, t: &Tables) -> io::Result<
     } else {
         0.0
     };
-    writeln!(
-        out,
-        "{} ops, {} in ops = {share:.1} % of the {} of graph computes they ran in",
-        t.all.nodes(),
-        fmt_ns(op_ns as f64),
-        fmt_ns(a.timed_graph_ns as f64)
-    )?;
+    if a.devices.is_empty() {
+        writeln!(
+            out,
+            "{} ops, {} in ops = {share:.1} % of the {} of graph computes they ran in",
+            t.all.nodes(),
+            fmt_ns(op_ns as f64),
+            fmt_ns(a.timed_graph_ns as f64)
+        )?;
+    } else {
+        // A GPU's nodes run after the graph compute that launched them has returned.
+        writeln!(
+            out,
+            "{} ops, {} in ops (a GPU's nodes run after their graph compute returned: its share \
+             of the time is on its own line)",
+            t.all.nodes(),
+            fmt_ns(op_ns as f64)
+        )?;
+    }
     if t.threaded {
         let sum = |of: fn(&ThreadTotals) -> u64| {
             a.threads.iter().fold(0u64, |t, w| t.saturating_add(of(w)))
@@ -256,6 +267,21 @@ fn write_header(out: &mut impl Write, a: &OpAnalysis, t: &Tables) -> io::Result<
             fmt_ns(t.all.thread_ns() as f64),
             fmt_ns(sum(|w| w.inner_wait_ns) as f64),
             fmt_ns(sum(|w| w.wait_ns) as f64)
+        )?;
+    }
+    for d in &a.devices {
+        let per = |ns: u64| fmt_ns(ns as f64 / d.computes.max(1) as f64);
+        writeln!(
+            out,
+            "{}: busy {:.1} % of its {} graph computes (each from its begin to the next's); idle \
+             per compute: {} before its first node (launch), {} between nodes, {} after its last \
+             (waiting for the CPU)",
+            d.backend,
+            100.0 * d.busy_share(),
+            d.computes,
+            per(d.idle_before_ns),
+            per(d.idle_between_ns),
+            per(d.idle_after_ns)
         )?;
     }
     if let Some(note) = oversubscription_note(a.graph_threads, a.n_cpus) {

@@ -14,6 +14,7 @@
 
 use rustc_hash::FxHashMap as HashMap;
 
+use crate::analysis::device_use::{DeviceUse, DeviceUseCollector};
 use crate::analysis::stats::{DurationSummary, GraphStep, OpenGraphs};
 use crate::format::Damage;
 use crate::format::ext::{self, NameTables, SpanBoundary};
@@ -105,6 +106,8 @@ pub struct OpAnalysis {
     /// Shares read after their graph compute's nodes were handed out (streaming only; see
     /// [`OpCollector`]): each was counted as a node of its own.
     pub late_shares: u64,
+    /// Each GPU that timed its nodes itself: how busy it was in the graph computes' time.
+    pub devices: Vec<DeviceUse>,
 }
 
 /// One thread's time in node shares and in barrier waits.
@@ -199,6 +202,7 @@ pub struct OpCollector {
     ready: Vec<(u64, OpSample)>,
     /// The phase of the decode call any thread began last.
     latest_phase: Option<Phase>,
+    devices: DeviceUseCollector,
 }
 
 /// A ring's capacity where the trace does not say (the hook's default `buffer_size`).
@@ -243,6 +247,7 @@ impl OpCollector {
                 let step = self.graphs.begin(e);
                 if step.outermost {
                     t.graph_has_ops = false;
+                    self.devices.compute_begins(e.timestamp_ns);
                 }
                 return Some(step);
             }
@@ -295,6 +300,11 @@ impl OpCollector {
                 // An end with no begin taken in: nothing to join.
                 let (begin, tensor_ptr, tensor, named, bytes) = t.open_op.take()?;
                 t.last_share = Some(self.pushed);
+                // A node a device timed: on its queue's lane, no graph compute, a backend named.
+                if &*named.1 != "CPU" && self.graphs.outermost_begin(e.thread_id).is_none() {
+                    self.devices
+                        .device_node(&named.1, begin, e.timestamp_ns.max(begin));
+                }
                 self.shares.push(Share {
                     read_at: self.pushed,
                     thread_id: e.thread_id,
@@ -501,6 +511,7 @@ impl OpCollector {
         }
         self.join(u64::MAX, &mut each);
         self.a.threads.sort_by_key(|t| t.thread_id);
+        self.a.devices = std::mem::take(&mut self.devices).finish();
         self.a
     }
 }
