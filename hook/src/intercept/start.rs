@@ -65,7 +65,6 @@ fn prepare_op_timing(per_thread: bool) {
 
 /// At exit, before the last flush: what the front ends still hold.
 fn before_last_flush() {
-    #[cfg(target_os = "linux")]
     super::vulkan::hand_over_held();
 }
 
