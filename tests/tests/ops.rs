@@ -649,3 +649,50 @@ fn ops_shows_its_progress_on_a_terminal_and_clears_it() {
         assert_eq!(std::fs::read(&out).unwrap(), piped.stdout);
     }
 }
+
+/// `ops --by name` groups nodes by name and op: `Qcur-0` is a MUL_MAT and a ROPE, two rows
+/// (they were one, their counts and times summed). Each row's count is that name's and op's
+/// nodes in the raw trace (sched mode: one op pair per node, its op by number from the op
+/// names records).
+#[test]
+fn ops_by_name_keeps_a_names_ops_apart() {
+    let dir = scratch("ops-by-name");
+    let trace = dir.join("n.ggmlviz");
+    trace_llama_simple(&trace, 6, &[("GGML_VIZ_OP_TIMING", "sched")]);
+    let (events, damage, _) = read_trace(&trace);
+    assert_eq!(damage, None);
+    let mut op_names: HashMap<u32, String> = HashMap::new();
+    for names in ext_payloads::<ext::OpNames>(&events, ExtensionKind::OpNames) {
+        for (number, name) in names.names {
+            op_names.insert(number.parse().unwrap(), name);
+        }
+    }
+    let mut expected: HashMap<String, u64> = HashMap::new();
+    for e in &events {
+        if let (Some(EventType::OpComputeBegin), Payload::Op { op_type, .. }) =
+            (e.event_type(), &e.payload)
+        {
+            let name = String::from_utf8_lossy(e.label.as_deref().unwrap_or_default());
+            if name == "Qcur-0" {
+                *expected
+                    .entry(format!("Qcur-0 ({})", op_names[op_type]))
+                    .or_default() += 1;
+            }
+        }
+    }
+    assert!(expected.len() >= 2, "{expected:?}");
+    let csv = cli(|c| c.args(["ops", "--by", "name", "--csv"]).arg(&trace));
+    assert!(csv.status.success(), "{}", text(&csv.stderr));
+    let mut rows: HashMap<String, u64> = HashMap::new();
+    for row in text(&csv.stdout).lines().skip(1) {
+        let cols: Vec<&str> = row.split(',').collect();
+        // `Qcur-0 (OP)`, not `Qcur-0 (view) (VIEW)`, another tensor's.
+        if cols[1]
+            .strip_prefix("Qcur-0 (")
+            .is_some_and(|op| !op.contains('('))
+        {
+            *rows.entry(cols[1].to_string()).or_default() += cols[2].parse::<u64>().unwrap();
+        }
+    }
+    assert_eq!(rows, expected);
+}

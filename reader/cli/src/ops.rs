@@ -43,8 +43,8 @@ use crate::progress::stream_bar;
 pub struct OpsArgs {
     /// Trace file, or - for standard input.
     file: PathBuf,
-    /// Group by op type, tensor name, backend, layer (llama.cpp's `<name>-<layer>`), or worker
-    /// thread.
+    /// Group by op type, tensor name and op (`Qcur-0 (MUL_MAT)`: one name can be several
+    /// nodes), backend, layer (llama.cpp's `<name>-<layer>`), or worker thread.
     #[arg(long, value_enum, default_value_t = By::Op)]
     by: By,
     /// Show the N groups with the most time (0: all).

@@ -699,11 +699,12 @@ pub enum GroupBy {
 }
 
 impl GroupBy {
-    /// The group of `node`: its op, tensor name, backend or layer.
+    /// The group of `node`: its op, tensor name and op (one name is several nodes: `Qcur-0` is a
+    /// MUL_MAT and a ROPE), backend or layer.
     pub fn key(self, node: &OpSample) -> std::borrow::Cow<'_, str> {
         match self {
             GroupBy::Op => node.op.as_str().into(),
-            GroupBy::Name => node.tensor.as_str().into(),
+            GroupBy::Name => format!("{} ({})", node.tensor, node.op).into(),
             GroupBy::Backend => node.backend.as_str().into(),
             GroupBy::Layer => node
                 .layer()
