@@ -43,13 +43,12 @@ mod read;
 pub mod telemetry;
 
 pub use analysis::device_use::DeviceUse;
-pub use analysis::op_timings::{
-    GroupBy, OpAnalysis, OpCollector, OpGroup, OpGroups, OpSample, Phase, ThreadTotals, group_ops,
-    imbalance, op_timing_mode, op_timing_note, wait_share,
-};
+pub use analysis::op_groups::{GroupBy, OpGroup, OpGroups, group_ops, imbalance, wait_share};
+pub use analysis::op_timings::{OpAnalysis, OpCollector, OpSample, Phase, ThreadTotals};
 pub use analysis::stats::{
     DurationSummary, GraphStep, MemoryStats, TraceStats, oversubscription_note,
 };
+pub use analysis::timing_mode::{op_timing_mode, op_timing_note};
 pub use format::{
     Damage, DamageKind, Event, EventType, Layout, LayoutChoice, LayoutSource, Payload, RecordView,
     choose_layout,

@@ -1,6 +1,10 @@
 //! Figures computed from a trace's events: counts and durations in one pass ([`stats`]),
-//! per-op timings ([`op_timings`]) and how busy each GPU was ([`device_use`]).
+//! per-op timings ([`op_timings`]: threads' shares joined into nodes), their groups
+//! ([`op_groups`]), how they were timed ([`timing_mode`]) and how busy each GPU was
+//! ([`device_use`]).
 
 pub mod device_use;
+pub mod op_groups;
 pub mod op_timings;
 pub mod stats;
+pub mod timing_mode;

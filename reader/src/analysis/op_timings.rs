@@ -2,8 +2,7 @@
 //! from the trace's own records (tensor-info, op-name and backend-name extension records). The
 //! shares of one node on several threads (threads-mode op timing: every worker thread computes
 //! part of every node) are joined into one [`OpSample`], the node: its wall time runs from its
-//! first thread's start to its last thread's end. Samples are then grouped by op, tensor name,
-//! backend or layer.
+//! first thread's start to its last thread's end (grouped in [`super::op_groups`]).
 //!
 //! Joining: every share of one compute of a graph lies inside that graph compute (the calling
 //! thread waits for its pool's threads before it returns), so shares are grouped by tensor and
@@ -15,12 +14,12 @@
 use rustc_hash::FxHashMap as HashMap;
 
 use crate::analysis::device_use::{DeviceUse, DeviceUseCollector};
-use crate::analysis::stats::{DurationSummary, GraphStep, OpenGraphs};
+use crate::analysis::stats::{GraphStep, OpenGraphs};
+use crate::analysis::timing_mode::{op_timing_mode, op_timing_note};
 use crate::format::Damage;
 use crate::format::ext::{self, NameTables, SpanBoundary};
 use crate::format::{Event, EventType, ExtensionKind, Payload};
 use crate::telemetry::Text;
-use crate::telemetry::export::summary::Histogram;
 
 /// Whether an op ran for a multi-token batch (prompt processing) or a single token.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -647,240 +646,10 @@ fn sample_of(node: &[Share], tensors: &[Text]) -> OpSample {
     }
 }
 
-/// The op timing mode that ran (`threads`, `sched`, `off`), from the writer's settings:
-/// `op_timing_mode`, or, from a writer that had no modes, the boolean `op_timing` (on = the eval
-/// callback); `None` when the trace does not say.
-pub fn op_timing_mode(settings: &serde_json::Map<String, serde_json::Value>) -> Option<&str> {
-    match settings.get("op_timing_mode").and_then(|v| v.as_str()) {
-        Some(mode) => Some(mode),
-        None => match settings.get("op_timing")?.as_bool()? {
-            true => Some("sched"),
-            false => Some("off"),
-        },
-    }
-}
-
-/// What a reader should be told about how op timings were taken, from the writer's settings
-/// (`op_timing`, `op_sample` of the metadata record); `None` when the trace does not say.
-/// The mode is [`op_timing_mode`]'s; `op_timing_why` says why it ran.
-pub fn op_timing_note(settings: &serde_json::Map<String, serde_json::Value>) -> Option<String> {
-    let mode = op_timing_mode(settings)?;
-    let sample = settings
-        .get("op_sample")
-        .and_then(|v| v.as_u64())
-        .unwrap_or(1);
-    let what = match mode {
-        "off" => return Some("off: graph times only".into()),
-        "threads" => "threads: each worker thread's share of each node, as the run computed it \
-             (nothing of the run changed)"
-            .to_string(),
-        "sched" => "sched: each node computed and synchronized on its own by the scheduler's \
-             eval callback, no op fusion (small nodes read slower than they run)"
-            .to_string(),
-        other => other.to_string(),
-    };
-    let mut note = match sample {
-        0 | 1 => what,
-        n => format!("{what}; 1 graph compute in {n}"),
-    };
-    if let Some(why) = settings.get("op_timing_why").and_then(|v| v.as_str()) {
-        note.push_str(&format!(" [{why}]"));
-    }
-    Some(note)
-}
-
-/// How to group ops.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum GroupBy {
-    Op,
-    Name,
-    Backend,
-    Layer,
-}
-
-impl GroupBy {
-    /// The group of `node`: its op, tensor name and op (one name is several nodes: `Qcur-0` is a
-    /// MUL_MAT and a ROPE), backend or layer.
-    pub fn key(self, node: &OpSample) -> std::borrow::Cow<'_, str> {
-        match self {
-            GroupBy::Op => node.op.as_str().into(),
-            GroupBy::Name => format!("{} ({})", node.tensor, node.op).into(),
-            GroupBy::Backend => node.backend.as_str().into(),
-            GroupBy::Layer => node
-                .layer()
-                .map_or_else(|| "(none)".into(), |l| format!("layer {l}").into()),
-        }
-    }
-}
-
-/// One row of `ggml-viz ops`.
-#[derive(Clone, Debug, PartialEq)]
-pub struct OpGroup {
-    pub key: String,
-    pub count: usize,
-    pub total_ns: u64,
-    pub durations: DurationSummary,
-    /// FLOP/s over the ops whose FLOPs are known.
-    pub flops_per_s: Option<f64>,
-    pub bytes_per_s: f64,
-    /// The nodes' threads' shares, summed.
-    pub thread_ns: u64,
-    /// Of the time the threads that had work spent in these nodes (as long as the slowest of
-    /// each), the share they were done and waited for the slowest.
-    pub imbalance: f64,
-    /// Of the threads' time in these nodes and the barrier waits after them, the share spent
-    /// waiting at barriers (after the nodes, and inside them: mul_mat's, …).
-    pub wait_share: f64,
-}
-
-/// Groups `ops` by `by`, largest total time first.
-pub fn group_ops<'a>(ops: impl IntoIterator<Item = &'a OpSample>, by: GroupBy) -> Vec<OpGroup> {
-    let mut groups = OpGroups::new(by);
-    ops.into_iter().for_each(|o| groups.add(o));
-    groups.rows()
-}
-
-/// Nodes grouped as they come: per group, sums and the durations in 1 % buckets (p50 and p99
-/// within 1 %, clamped to the exact extremes), nothing kept per node.
-#[derive(Clone, Debug)]
-pub struct OpGroups {
-    by: GroupBy,
-    groups: HashMap<String, GroupSums>,
-}
-
-#[derive(Clone, Debug, Default)]
-struct GroupSums {
-    count: usize,
-    total_ns: u64,
-    durations: Histogram,
-    /// Time and FLOPs of the nodes whose FLOPs are known.
-    flop_ns: u64,
-    flops: u64,
-    bytes: u64,
-    thread_ns: u64,
-    idle_ns: u64,
-    /// Per node, the slowest share times the threads that had work.
-    working_ns: u64,
-    wait_ns: u64,
-    inner_wait_ns: u64,
-}
-
-impl OpGroups {
-    pub fn new(by: GroupBy) -> OpGroups {
-        OpGroups {
-            by,
-            groups: HashMap::default(),
-        }
-    }
-
-    /// Counts node `o` in its group. Values come from the trace: sums saturate rather than
-    /// overflow on hostile input.
-    pub fn add(&mut self, o: &OpSample) {
-        let key = self.by.key(o);
-        let g = match self.groups.get_mut(key.as_ref()) {
-            Some(g) => g,
-            None => self.groups.entry(key.into_owned()).or_default(),
-        };
-        g.count += 1;
-        g.total_ns = g.total_ns.saturating_add(o.duration_ns);
-        g.durations.add(o.duration_ns);
-        if let Some(flops) = o.flops {
-            g.flop_ns = g.flop_ns.saturating_add(o.duration_ns);
-            g.flops = g.flops.saturating_add(flops);
-        }
-        g.bytes = g.bytes.saturating_add(o.bytes);
-        g.thread_ns = g.thread_ns.saturating_add(o.thread_ns);
-        g.idle_ns = g.idle_ns.saturating_add(o.idle_ns);
-        g.working_ns = g.working_ns.saturating_add(o.working_ns());
-        g.wait_ns = g.wait_ns.saturating_add(o.wait_ns);
-        g.inner_wait_ns = g.inner_wait_ns.saturating_add(o.inner_wait_ns);
-    }
-
-    /// Whether no node was added.
-    pub fn is_empty(&self) -> bool {
-        self.groups.is_empty()
-    }
-
-    /// The nodes added.
-    pub fn nodes(&self) -> usize {
-        self.groups.values().map(|g| g.count).sum()
-    }
-
-    /// The groups' time, summed.
-    pub fn total_ns(&self) -> u64 {
-        self.sum(|g| g.total_ns)
-    }
-
-    /// The groups' threads' shares, summed.
-    pub fn thread_ns(&self) -> u64 {
-        self.sum(|g| g.thread_ns)
-    }
-
-    fn sum(&self, of: fn(&GroupSums) -> u64) -> u64 {
-        self.groups
-            .values()
-            .fold(0u64, |a, g| a.saturating_add(of(g)))
-    }
-
-    /// The rows, largest total time first.
-    pub fn rows(&self) -> Vec<OpGroup> {
-        let mut rows: Vec<OpGroup> = self
-            .groups
-            .iter()
-            .map(|(key, g)| OpGroup {
-                key: key.clone(),
-                count: g.count,
-                total_ns: g.total_ns,
-                durations: DurationSummary {
-                    count: g.count,
-                    mean_ns: g.total_ns as f64 / g.count.max(1) as f64,
-                    p50_ns: g.durations.quantile(0.5),
-                    p99_ns: g.durations.quantile(0.99),
-                    max_ns: g.durations.quantile(1.0),
-                },
-                flops_per_s: (g.flop_ns > 0).then(|| g.flops as f64 / (g.flop_ns as f64 / 1e9)),
-                bytes_per_s: if g.total_ns > 0 {
-                    g.bytes as f64 / (g.total_ns as f64 / 1e9)
-                } else {
-                    0.0
-                },
-                thread_ns: g.thread_ns,
-                imbalance: imbalance(g.idle_ns, g.working_ns),
-                wait_share: wait_share(g.thread_ns, g.wait_ns, g.inner_wait_ns),
-            })
-            .collect();
-        rows.sort_by(|a, b| b.total_ns.cmp(&a.total_ns).then_with(|| a.key.cmp(&b.key)));
-        rows
-    }
-}
-
-/// Of the time the threads that had work would have spent had each been as slow as the slowest
-/// ([`OpSample::working_ns`], summed), the share they were done and waited
-/// ([`OpSample::idle_ns`], summed): the imbalance `ggml-viz ops` shows.
-pub fn imbalance(idle_ns: u64, working_ns: u64) -> f64 {
-    ratio(idle_ns, working_ns)
-}
-
-/// Of nodes' threads' time (`thread_ns`, which holds the waits inside them, `inner_wait_ns`) and
-/// the barrier waits after them (`after_ns`), the share spent waiting at barriers.
-pub fn wait_share(thread_ns: u64, after_ns: u64, inner_wait_ns: u64) -> f64 {
-    ratio(
-        after_ns.saturating_add(inner_wait_ns),
-        thread_ns.saturating_add(after_ns),
-    )
-}
-
-fn ratio(part: u64, whole: u64) -> f64 {
-    if whole == 0 {
-        0.0
-    } else {
-        part as f64 / whole as f64
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::analysis::op_groups::{GroupBy, group_ops};
 
     fn op(op: &str, tensor: &str, ns: u64, flops: Option<u64>) -> OpSample {
         OpSample {

@@ -1,0 +1,44 @@
+//! How a trace's nodes were timed, from its writer's settings (the metadata record): the mode
+//! that ran and what to tell a reader of it.
+
+/// The op timing mode that ran (`threads`, `sched`, `off`), from the writer's settings:
+/// `op_timing_mode`, or, from a writer that had no modes, the boolean `op_timing` (on = the eval
+/// callback); `None` when the trace does not say.
+pub fn op_timing_mode(settings: &serde_json::Map<String, serde_json::Value>) -> Option<&str> {
+    match settings.get("op_timing_mode").and_then(|v| v.as_str()) {
+        Some(mode) => Some(mode),
+        None => match settings.get("op_timing")?.as_bool()? {
+            true => Some("sched"),
+            false => Some("off"),
+        },
+    }
+}
+
+/// What a reader should be told about how op timings were taken, from the writer's settings
+/// (`op_timing`, `op_sample` of the metadata record); `None` when the trace does not say.
+/// The mode is [`op_timing_mode`]'s; `op_timing_why` says why it ran.
+pub fn op_timing_note(settings: &serde_json::Map<String, serde_json::Value>) -> Option<String> {
+    let mode = op_timing_mode(settings)?;
+    let sample = settings
+        .get("op_sample")
+        .and_then(|v| v.as_u64())
+        .unwrap_or(1);
+    let what = match mode {
+        "off" => return Some("off: graph times only".into()),
+        "threads" => "threads: each worker thread's share of each node, as the run computed it \
+             (nothing of the run changed)"
+            .to_string(),
+        "sched" => "sched: each node computed and synchronized on its own by the scheduler's \
+             eval callback, no op fusion (small nodes read slower than they run)"
+            .to_string(),
+        other => other.to_string(),
+    };
+    let mut note = match sample {
+        0 | 1 => what,
+        n => format!("{what}; 1 graph compute in {n}"),
+    };
+    if let Some(why) = settings.get("op_timing_why").and_then(|v| v.as_str()) {
+        note.push_str(&format!(" [{why}]"));
+    }
+    Some(note)
+}
