@@ -453,9 +453,26 @@ fn info_says_which_ops_of_a_threads_trace_the_eval_callback_timed() {
         0,
         &metadata,
     );
-    // Two ops on a worker thread (no backend), three through the eval callback (a backend).
+    // Two ops on a worker thread (no backend), three through the eval callback (a backend),
+    // inside the graph compute that calls it, as the callback runs (outside any graph compute,
+    // an op naming a backend is a node a GPU timed on its queue's lane).
+    let graph = |type_code, ts| Event {
+        type_code,
+        timestamp_ns: ts,
+        thread_id: 1,
+        payload: Payload::Graph {
+            graph_ptr: 0x9000,
+            n_nodes: 3,
+            n_threads: 1,
+            backend_ptr: 0,
+        },
+        label: None,
+    };
     for (i, backend) in [0, 0, 0xb0, 0xb0, 0xb0].into_iter().enumerate() {
         let ts = 100 * i as u64;
+        if i == 2 {
+            encode_event(&mut bytes, Layout::Packed, &graph(0, ts - 10));
+        }
         encode_event(
             &mut bytes,
             Layout::Packed,
@@ -467,6 +484,7 @@ fn info_says_which_ops_of_a_threads_trace_the_eval_callback_timed() {
             &op(3, ts + 50, 1, 0x10 + backend, backend),
         );
     }
+    encode_event(&mut bytes, Layout::Packed, &graph(1, 460));
     let trace = temp_file("mixed-op-timing.ggmlviz", &bytes);
     let out = ggml_viz(&["info", trace.to_str().unwrap()]);
     assert!(
