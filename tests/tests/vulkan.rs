@@ -237,7 +237,17 @@ fn every_vulkan_node_is_timed_by_the_device_once() {
         period_ns += next.unwrap_or(last).max(last) - b;
         computes += 1;
     }
+    // Every command that says how nodes were timed says how the GPU's were.
+    let info = text(&cli(|c| c.arg("info").arg(&trace)).stdout);
+    assert!(
+        info.contains("; on the GPU, each node's own timestamps on the device"),
+        "{info}"
+    );
     let said = text(&cli(|c| c.arg("ops").arg(&trace)).stdout);
+    assert!(
+        said.contains("; on the GPU, each node's own timestamps"),
+        "{said}"
+    );
     let line = said
         .lines()
         .find(|l| l.starts_with("Vulkan0: busy "))

@@ -164,7 +164,20 @@ fn start(setup: Setup) -> Option<Box<Recorder>> {
     if config.verbose || (op_mode == OpMode::Sched && config.op_timing == OpTiming::Threads) {
         say(format_args!("op timing: {}: {why}", op_mode.name()));
     }
-    let metadata = metadata::collect(&config, setup.ggml_version, (op_mode.name(), &why));
+    let mut metadata = metadata::collect(&config, setup.ggml_version, (op_mode.name(), &why));
+    // A GPU whose device the front end already times (it was created before the first graph
+    // compute, as ggml's backends are): how its nodes are timed, beside the CPU's mode.
+    if op_mode != OpMode::Off
+        && config.op_timing != OpTiming::Sched
+        && super::device::device_timing()
+    {
+        metadata.settings.insert(
+            "gpu_op_timing".into(),
+            "each node's own timestamps on the device (a Vulkan layer at ggml-vulkan's node \
+             labels), on a lane per device queue; nothing of the run changed"
+                .into(),
+        );
+    }
     let writer = match TraceWriter::create(file, path, layout, &config, &metadata) {
         Ok(writer) => writer,
         Err((path, err)) => {

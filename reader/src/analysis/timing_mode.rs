@@ -16,7 +16,8 @@ pub fn op_timing_mode(settings: &serde_json::Map<String, serde_json::Value>) -> 
 
 /// What a reader should be told about how op timings were taken, from the writer's settings
 /// (`op_timing`, `op_sample` of the metadata record); `None` when the trace does not say.
-/// The mode is [`op_timing_mode`]'s; `op_timing_why` says why it ran.
+/// The mode is [`op_timing_mode`]'s; `op_timing_why` says why it ran; `gpu_op_timing`, how a
+/// GPU's nodes were timed, where one was.
 pub fn op_timing_note(settings: &serde_json::Map<String, serde_json::Value>) -> Option<String> {
     let mode = op_timing_mode(settings)?;
     let sample = settings
@@ -39,6 +40,9 @@ pub fn op_timing_note(settings: &serde_json::Map<String, serde_json::Value>) -> 
     };
     if let Some(why) = settings.get("op_timing_why").and_then(|v| v.as_str()) {
         note.push_str(&format!(" [{why}]"));
+    }
+    if let Some(gpu) = settings.get("gpu_op_timing").and_then(|v| v.as_str()) {
+        note.push_str(&format!("; on the GPU, {gpu}"));
     }
     Some(note)
 }
