@@ -555,3 +555,14 @@ pub fn ops_csv_totals(trace: &Path) -> HashMap<String, (u64, u64)> {
     }
     totals
 }
+
+/// What Perfetto's own classes read in a protobuf trace (`check_perfetto.py`).
+pub fn decode_perfetto(proto: &Path) -> serde_json::Value {
+    let decoded = run({
+        let mut c = Command::new("python3");
+        c.arg(fixture("check_perfetto.py")).arg(proto);
+        c
+    });
+    assert!(decoded.status.success(), "{}", text(&decoded.stderr));
+    serde_json::from_slice(&decoded.stdout).unwrap()
+}

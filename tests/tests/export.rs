@@ -20,17 +20,6 @@ fn export(to: &str, trace: &std::path::Path, out: &std::path::Path, extra: &[&st
     assert!(done.status.success(), "{to}: {}", text(&done.stderr));
 }
 
-/// What Perfetto's own classes read in a protobuf trace (`check_perfetto.py`).
-fn decode_perfetto(proto: &std::path::Path) -> Value {
-    let decoded = run({
-        let mut c = Command::new("python3");
-        c.arg(fixture("check_perfetto.py")).arg(proto);
-        c
-    });
-    assert!(decoded.status.success(), "{}", text(&decoded.stderr));
-    serde_json::from_slice(&decoded.stdout).unwrap()
-}
-
 /// Every graph, op, wait and decode span of a real llama-simple trace is a slice with the same
 /// nanoseconds, nested on its thread's track; every buffer event a counter sample.
 #[test]

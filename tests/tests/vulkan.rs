@@ -258,6 +258,34 @@ fn every_vulkan_node_is_timed_by_the_device_once() {
     );
     assert!(line.starts_with(&expected), "{line}\nexpected {expected}");
 
+    // Perfetto (its own generated classes decode the export): the device queue is a thread
+    // track of the process, described once, with a slice per node at the trace's times.
+    let proto = dir.join("v.pftrace");
+    let done = cli(|c| {
+        c.args(["export", "--to", "perfetto", "-o"])
+            .arg(&proto)
+            .arg(&trace)
+    });
+    assert!(done.status.success(), "{}", text(&done.stderr));
+    let decoded = decode_perfetto(&proto);
+    let (track, _) = decoded["tracks"]
+        .as_object()
+        .unwrap()
+        .iter()
+        .find(|(_, t)| t["label"] == "Vulkan0 queue")
+        .expect("a track for the device queue");
+    let mut slices: Vec<(u64, u64)> = decoded["slices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|s| s["track"].as_u64() == track.parse().ok())
+        .map(|s| (s["start"].as_u64().unwrap(), s["end"].as_u64().unwrap()))
+        .collect();
+    slices.sort_unstable();
+    let mut expected: Vec<(u64, u64)> = nodes.iter().map(|(b, e, _)| (*b, *e)).collect();
+    expected.sort_unstable();
+    assert_eq!(slices, expected);
+
     // The same run with ggml's own perf logger: its entries, per op, are the trace's nodes.
     let logged = dir.join("logged.ggmlviz");
     let out = llama_simple_vulkan(Some(&logged), "99", "6", &[("GGML_VK_PERF_LOGGER", "1")]);

@@ -413,6 +413,12 @@ impl<S: RecordSink> Importer<'_, S> {
     }
 
     fn thread_index(&mut self, tid: u32) -> usize {
+        self.thread_named(tid, None)
+    }
+
+    /// [`Importer::thread_index`]; a thread met first here gets its lane named `name` (a
+    /// THREAD_BEGIN's label) rather than `thread <tid>`, described once.
+    fn thread_named(&mut self, tid: u32, name: Option<String>) -> usize {
         let i = match self.thread_of.get(&tid) {
             Some(&i) => i,
             None => {
@@ -421,7 +427,7 @@ impl<S: RecordSink> Importer<'_, S> {
                     id: lane,
                     process: self.process,
                     tid: Some(tid as u64),
-                    name: format!("thread {tid}"),
+                    name: name.unwrap_or_else(|| format!("thread {tid}")),
                 }));
                 self.threads.push(Thread {
                     lane,
@@ -555,13 +561,18 @@ impl<S: RecordSink> Importer<'_, S> {
                 }
             }
             (Some(ty @ (EventType::ThreadBegin | EventType::ThreadFree)), _) => {
-                let lane = self.thread(e.thread_id).lane;
-                if ty == EventType::ThreadBegin && !label.is_empty() {
+                let named = (ty == EventType::ThreadBegin && !label.is_empty())
+                    .then(|| String::from_utf8_lossy(label).into_owned());
+                let new = !self.thread_of.contains_key(&e.thread_id);
+                let i = self.thread_named(e.thread_id, named.clone().filter(|_| new));
+                let lane = self.threads[i].lane;
+                // A thread met before its THREAD_BEGIN is renamed.
+                if !new && let Some(name) = named {
                     let lane = Lane {
                         id: lane,
                         process: self.process,
                         tid: Some(e.thread_id as u64),
-                        name: String::from_utf8_lossy(label).into_owned(),
+                        name,
                     };
                     self.sink.record(Record::Lane(lane));
                 }
