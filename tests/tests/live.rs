@@ -273,3 +273,30 @@ fn a_corrupt_trace_ends_the_view_with_the_byte_offset() {
     assert_eq!(out.status.code(), Some(2), "{stderr}");
     assert!(stderr.contains(&format!("byte offset {at}")), "{stderr}");
 }
+
+/// `live FILE` on a file nothing writes yet says that it waits, and how to start a recording
+/// (it once waited without a word).
+#[test]
+fn live_on_a_missing_file_says_how_to_start_a_recording() {
+    let dir = scratch("live-missing");
+    let trace = dir.join("later.ggmlviz");
+    let mut child = Command::new(ggml_viz())
+        .args(["live", "--plain", "--interval", "0.2"])
+        .arg(&trace)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    child.kill().unwrap();
+    let out = child.wait_with_output().unwrap();
+    let said = format!("{}{}", text(&out.stdout), text(&out.stderr));
+    assert!(said.contains("waiting for"), "{said}");
+    assert!(
+        said.contains(&format!(
+            "ggml-viz record -o {} -- PROGRAM",
+            trace.display()
+        )),
+        "{said}"
+    );
+}

@@ -203,3 +203,23 @@ fn more_threads_than_cpus_is_said_with_both_counts() {
         }
     }
 }
+
+/// `record` says when it overwrites a trace (it once did so silently), and not otherwise.
+#[test]
+fn record_says_it_overwrites_a_trace() {
+    let dir = scratch("record-overwrite");
+    let trace = dir.join("again.ggmlviz");
+    let program = simple_args("2");
+    let program: Vec<&str> = program.iter().map(String::as_str).collect();
+    let said = |out: &std::process::Output| {
+        assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+        text(&out.stderr).contains("exists and will be overwritten")
+    };
+    let first = run(record(&["-o", trace.to_str().unwrap()], &program));
+    assert!(!said(&first));
+    let second = run(record(&["-o", trace.to_str().unwrap()], &program));
+    assert!(said(&second));
+    let (_, damage, stats) = read_trace(&trace);
+    assert_eq!(damage, None);
+    assert!(stats.graph_computes >= 2);
+}

@@ -155,6 +155,15 @@ pub fn run(args: RecordArgs) -> Result<u8, Failure> {
             format!("{e}; the program was not run"),
         ))
     })?;
+    // As `perf record` does: a trace already there is said to be overwritten (where the name
+    // has no %p, which makes it the program's own).
+    let existing = PathBuf::from(expand(&config.output, std::process::id()));
+    if !config.output.contains("%p") && existing.is_file() {
+        eprintln!(
+            "ggml-viz: {} exists and will be overwritten",
+            existing.display()
+        );
+    }
     let mut cmd = Command::new(&args.command[0]);
     cmd.args(&args.command[1..])
         .env(OVERRIDES_ENV, Value::Object(overrides).to_string());

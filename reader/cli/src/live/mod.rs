@@ -177,7 +177,8 @@ fn follow(
             return Ok(Stop::WriterDone);
         }
         if last_draw.elapsed().as_secs_f64() >= opts.interval {
-            screen.waiting();
+            // `live FILE`: nothing starts the writer but the user.
+            screen.waiting(matches!(gone, WriterGone::Unlocked).then_some(path));
             last_draw = Instant::now();
         }
         pause(keys);
@@ -423,18 +424,26 @@ impl Screen {
         }
     }
 
-    fn waiting(&mut self) {
+    /// Waiting for the trace to appear; `how_to_start`: the file a recording would write, said
+    /// with how to start one.
+    fn waiting(&mut self, how_to_start: Option<&Path>) {
+        let hint = how_to_start.map_or_else(String::new, |path| {
+            format!(
+                " (if no program is recording it: `ggml-viz record -o {} -- PROGRAM`)",
+                path.display()
+            )
+        });
         if self.interactive {
             let mut out = io::stdout().lock();
             let _ = write!(
                 out,
-                "\x1b[H\x1b[2Jggml-viz live  {}\r\nwaiting for the trace to be written…   (q or Ctrl-C to quit)\r\n",
+                "\x1b[H\x1b[2Jggml-viz live  {}\r\nwaiting for the trace to be written…   (q or Ctrl-C to quit)\r\n{hint}\r\n",
                 self.name
             );
             let _ = out.flush();
         } else {
             let line = format!(
-                "live {:>5.1}s waiting for {}",
+                "live {:>5.1}s waiting for {}{hint}",
                 self.started.elapsed().as_secs_f64(),
                 self.name
             );
