@@ -223,3 +223,49 @@ fn record_says_it_overwrites_a_trace() {
     assert_eq!(damage, None);
     assert!(stats.graph_computes >= 2);
 }
+
+/// `record` has flags for its main settings, which reach the hook (they once had none:
+/// `GGML_VIZ_*` variables only), and says to put `--` before a program given without it.
+#[test]
+fn record_flags_set_op_timing_sampling_and_memory() {
+    let dir = scratch("record-flags");
+    let program = simple_args("4");
+    let program: Vec<&str> = program.iter().map(String::as_str).collect();
+    let traced = |flags: &[&str], name: &str| {
+        let trace = dir.join(name);
+        let mut args = vec!["-o", trace.to_str().unwrap()];
+        args.extend_from_slice(flags);
+        let out = run(record(&args, &program));
+        assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+        let (events, damage, stats) = read_trace(&trace);
+        assert_eq!(damage, None);
+        (events, stats)
+    };
+    let (_, stats) = traced(&["--op-timing", "off"], "off.ggmlviz");
+    assert_eq!(stats.ops, 0);
+    let setting = |stats: &ggml_viz_reader::TraceStats, key: &str| {
+        stats.metadata.as_ref().unwrap().settings[key].clone()
+    };
+    assert_eq!(setting(&stats, "op_timing_mode"), "off");
+    let (events, stats) = traced(&["--op-sample", "2", "--memory"], "mem.ggmlviz");
+    assert_eq!(setting(&stats, "op_sample"), 2);
+    assert_eq!(setting(&stats, "memory_tracking"), true);
+    assert!(stats.ops > 0);
+    assert!(
+        events
+            .iter()
+            .any(|e| e.event_type() == Some(ggml_viz_reader::EventType::TensorAlloc))
+    );
+
+    let out = run({
+        let mut c = Command::new(ggml_viz());
+        c.args(["record", "ls"]);
+        c
+    });
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out.stderr).contains("put `--` before the program"),
+        "{}",
+        text(&out.stderr)
+    );
+}

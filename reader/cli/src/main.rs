@@ -71,6 +71,16 @@ fn main() -> ExitCode {
         Ok(cli) => cli,
         Err(err) => {
             let _ = err.print();
+            // `record PROGRAM` without `--`: say what it takes.
+            let mut args = std::env::args().skip(1);
+            if err.kind() == clap::error::ErrorKind::UnknownArgument
+                && args.next().as_deref() == Some("record")
+                && !args.any(|a| a == "--")
+            {
+                eprintln!(
+                    "ggml-viz: put `--` before the program to record: ggml-viz record [OPTIONS] -- PROGRAM [ARGS]"
+                );
+            }
             return if err.use_stderr() {
                 ExitCode::from(1)
             } else {

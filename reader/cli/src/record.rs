@@ -37,7 +37,7 @@ const PRELOAD_VAR: &str = "LD_PRELOAD";
 /// and in ../lib beside it (where scripts/install.sh puts it).
 #[derive(Args)]
 #[command(
-    after_help = "Examples:\n  ggml-viz record -- llama-simple -m model.gguf -n 32 \"Hello\"\n  ggml-viz record -o decode.ggmlviz --skip-graphs 1 --max-graphs 100 -- llama-bench -m model.gguf"
+    after_help = "Examples:\n  ggml-viz record -- llama-simple -m model.gguf -n 32 \"Hello\"\n  ggml-viz record --op-timing off --memory -- llama-bench -m model.gguf\n  ggml-viz record -o decode.ggmlviz --skip-graphs 1 --max-graphs 100 -- llama-bench -m model.gguf"
 )]
 pub struct RecordArgs {
     /// Trace file to write (%p: the pid, %h: the host name). Default: the configured output, else trace.ggmlviz.
@@ -61,6 +61,16 @@ pub struct RecordArgs {
     /// Graph computes to record after the skipped ones.
     #[arg(long)]
     max_graphs: Option<u64>,
+    /// How nodes are timed: auto (threads on the CPU, the device's own timestamps on a Vulkan
+    /// GPU), threads, sched (the eval callback: a sync per node), or off (graphs only).
+    #[arg(long, value_name = "MODE")]
+    op_timing: Option<String>,
+    /// Time the nodes of one graph compute in N (the others run as with op timing off).
+    #[arg(long, value_name = "N")]
+    op_sample: Option<u64>,
+    /// Record backend buffers (weights, KV cache, compute buffers) as they come and go.
+    #[arg(long)]
+    memory: bool,
     /// Event layout to write: packed (the spec's) or padded (the C++ tool's).
     #[arg(long)]
     layout: Option<String>,
@@ -97,6 +107,9 @@ impl RecordArgs {
         put("skip_graphs", self.skip_graphs.map(Value::from));
         put("max_graphs", self.max_graphs.map(Value::from));
         put("layout", self.layout.clone().map(Value::from));
+        put("op_timing", self.op_timing.clone().map(Value::from));
+        put("op_sample", self.op_sample.map(Value::from));
+        put("memory_tracking", self.memory.then_some(Value::Bool(true)));
         put("verbose", self.verbose.then_some(Value::Bool(true)));
         m
     }
