@@ -651,3 +651,44 @@ fn preloading_the_hook_adds_it_to_the_search_scope_and_moves_nothing_else() {
     expected.insert(1, "libggml_viz_hook.so".into());
     assert_eq!(hooked, expected);
 }
+
+/// A FIFO (or anything but a regular file) at the output path: the hook refuses it with one line
+/// and the program runs on untraced, its output unchanged (opening a FIFO for writing once
+/// blocked the host's first ggml call forever, as a planted one in a shared directory would).
+#[test]
+fn a_fifo_as_the_output_is_refused_and_the_program_runs() {
+    let dir = scratch("fifo-output");
+    let fifo = dir.join("planted.ggmlviz");
+    let made = run({
+        let mut c = Command::new("mkfifo");
+        c.arg(&fifo);
+        c
+    });
+    assert!(made.status.success(), "{}", text(&made.stderr));
+    let plain = run(llama_simple(4));
+    for output in [fifo.clone(), dir.clone()] {
+        let mut cmd = with_hook(
+            llama_simple(4),
+            &[("GGML_VIZ_OUTPUT", output.to_str().unwrap())],
+        );
+        let mut child = cmd
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        while child.try_wait().unwrap().is_none() {
+            if std::time::Instant::now() > deadline {
+                child.kill().unwrap();
+                panic!("the program hangs with {} as its output", output.display());
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        let out = child.wait_with_output().unwrap();
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        assert_eq!(text(&out.stdout), text(&plain.stdout));
+        let lines = hook_lines(&out.stderr);
+        assert_eq!(lines.len(), 1, "{lines:?}");
+        assert!(lines[0].contains("not a regular file"), "{lines:?}");
+    }
+}

@@ -159,14 +159,32 @@ mod unix {
     /// into programs the host executes. The lock (`flock`) is what readers check to know that
     /// the trace is still being written.
     pub fn open_locked(path: &Path) -> io::Result<Option<File>> {
+        use std::os::fd::AsRawFd;
         use std::os::unix::fs::OpenOptionsExt;
+        // Non-blocking: a FIFO with no reader fails at once (ENXIO) instead of blocking the
+        // host's ggml call until one comes; what opens is then checked to be a regular file.
         let file = std::fs::OpenOptions::new()
             .write(true)
             .create(true)
             .truncate(false)
             .mode(0o600)
-            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-            .open(path)?;
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK)
+            .open(path)
+            .map_err(|err| match err.raw_os_error() {
+                Some(libc::ENXIO | libc::EISDIR) => not_regular(),
+                _ => err,
+            })?;
+        if !file.metadata()?.is_file() {
+            return Err(not_regular());
+        }
+        // SAFETY: F_SETFL on a descriptor we own, with flags read from it less O_NONBLOCK.
+        unsafe {
+            let fd = file.as_raw_fd();
+            let flags = libc::fcntl(fd, libc::F_GETFL);
+            if flags >= 0 {
+                libc::fcntl(fd, libc::F_SETFL, flags & !libc::O_NONBLOCK);
+            }
+        }
         match file.try_lock() {
             Ok(()) => {}
             Err(std::fs::TryLockError::WouldBlock) => return Ok(None),
@@ -174,6 +192,11 @@ mod unix {
         }
         file.set_len(0)?;
         Ok(Some(file))
+    }
+
+    /// What an output that is not a regular file (a FIFO, a device, a directory) is refused with.
+    fn not_regular() -> io::Error {
+        io::Error::new(io::ErrorKind::InvalidInput, "not a regular file")
     }
 
     /// Runs `write` with SIGXFSZ blocked on this thread, so that a file-size limit (`ulimit -f`)
