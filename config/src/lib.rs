@@ -24,6 +24,7 @@
 use std::collections::BTreeMap;
 use std::ffi::OsString;
 use std::fmt;
+use std::io::Read;
 use std::path::PathBuf;
 
 use serde_json::{Map, Value};
@@ -527,9 +528,32 @@ fn read_config_file(path: &PathBuf) -> Result<Map<String, Value>, ConfigError> {
         origin: Origin::File(path.clone()),
         problem,
     };
-    let text = std::fs::read_to_string(path).map_err(|e| err(format!("cannot read it: {e}")))?;
+    // Looked at before it is opened: a FIFO would block the read (at a host's start, for the
+    // hook), a device or `/dev/stdin` would read what is not ours to read.
+    let meta = std::fs::metadata(path).map_err(|e| err(format!("cannot read it: {e}")))?;
+    if !meta.is_file() {
+        return Err(err("it is not a regular file".into()));
+    }
+    if meta.len() > MAX_CONFIG_BYTES {
+        return Err(err(format!(
+            "it is {} bytes; a configuration file is at most {MAX_CONFIG_BYTES}",
+            meta.len()
+        )));
+    }
+    let mut text = String::new();
+    std::fs::File::open(path)
+        .and_then(|f| f.take(MAX_CONFIG_BYTES + 1).read_to_string(&mut text))
+        .map_err(|e| err(format!("cannot read it: {e}")))?;
+    if text.len() as u64 > MAX_CONFIG_BYTES {
+        return Err(err(format!(
+            "it grew past {MAX_CONFIG_BYTES} bytes while read"
+        )));
+    }
     parse_object(&text).map_err(err)
 }
+
+/// The largest configuration file read (a few settings take a few hundred bytes).
+pub const MAX_CONFIG_BYTES: u64 = 1 << 20;
 
 fn parse_object(text: &str) -> Result<Map<String, Value>, String> {
     match serde_json::from_str(text) {
@@ -587,6 +611,23 @@ mod tests {
             std::env::temp_dir().join(format!("ggml-viz-config-{}-{name}", std::process::id()));
         std::fs::write(&path, text).unwrap();
         path
+    }
+
+    /// Only a regular file of at most [`MAX_CONFIG_BYTES`] is read: a directory (or a FIFO,
+    /// which would block the read) and a larger file are refused, each with the reason.
+    #[test]
+    fn a_config_file_is_a_small_regular_file() {
+        let dir = std::env::temp_dir();
+        let big = write_temp("big.json", &" ".repeat(MAX_CONFIG_BYTES as usize + 1));
+        for (path, why) in [
+            (dir, "not a regular file"),
+            (big, "a configuration file is at most"),
+        ] {
+            let mut sources = Sources::from_pairs::<&str, &str>([]);
+            sources.config_file = Some(path.clone());
+            let e = Config::load(&sources).unwrap_err();
+            assert!(e.to_string().contains(why), "{}: {e}", path.display());
+        }
     }
 
     #[test]

@@ -692,3 +692,46 @@ fn a_fifo_as_the_output_is_refused_and_the_program_runs() {
         assert!(lines[0].contains("not a regular file"), "{lines:?}");
     }
 }
+
+/// `GGML_VIZ_CONFIG` naming a FIFO: a process without ggml (`true`, every child of a shell that
+/// exported `LD_PRELOAD`) reads no configuration and runs as without the hook; a GGML program
+/// refuses it with one line and runs on untraced. (Its read once blocked `true` in its
+/// constructors forever.)
+#[test]
+fn a_fifo_as_the_config_file_blocks_nothing() {
+    let dir = scratch("fifo-config");
+    let fifo = dir.join("config.json");
+    let made = run({
+        let mut c = Command::new("mkfifo");
+        c.arg(&fifo);
+        c
+    });
+    assert!(made.status.success(), "{}", text(&made.stderr));
+    let plain = run(llama_simple(3));
+    let settings = [("GGML_VIZ_CONFIG", fifo.to_str().unwrap())];
+    for (cmd, ggml) in [(Command::new("true"), false), (llama_simple(3), true)] {
+        let mut child = with_hook(cmd, &settings)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        while child.try_wait().unwrap().is_none() {
+            if std::time::Instant::now() > deadline {
+                child.kill().unwrap();
+                panic!("a FIFO configuration file hangs the program (ggml: {ggml})");
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        let out = child.wait_with_output().unwrap();
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        let lines = hook_lines(&out.stderr);
+        if ggml {
+            assert_eq!(text(&out.stdout), text(&plain.stdout));
+            assert_eq!(lines.len(), 1, "{lines:?}");
+            assert!(lines[0].contains("not a regular file"), "{lines:?}");
+        } else {
+            assert_eq!(lines, Vec::<String>::new());
+        }
+    }
+}

@@ -7,7 +7,8 @@
 //!
 //! The patching happens in a constructor, before `main` and before any other thread exists. It
 //! costs a process without ggml in its executable one open, one map and a symbol-table scan (none
-//! at all for a stripped executable, which has no table to scan).
+//! at all for a stripped executable, which has no table to scan); only an executable that defines
+//! ggml's entry points reads the configuration.
 
 use std::collections::HashMap;
 
@@ -34,14 +35,6 @@ extern "C" fn hook_executable_ggml() {
 }
 
 fn install() {
-    // Disabled or misconfigured: no tracing will start, so nothing is patched (the session says
-    // why, at the first call).
-    let Ok(config) = Config::load(&Sources::from_process_env()) else {
-        return;
-    };
-    if config.disable {
-        return;
-    }
     let Some(symbols) = executable_symbols() else {
         return;
     };
@@ -51,6 +44,22 @@ fn install() {
         .into_iter()
         .any(|e| symbols.get(e.name()) == Some(&(exports::wrapper(e) as usize)))
     {
+        return;
+    }
+    // An executable without ggml of its own (every child of a shell that exported LD_PRELOAD)
+    // reads no configuration: nothing starts before the first ggml call.
+    if !Entry::ALL
+        .into_iter()
+        .any(|e| symbols.contains_key(e.name()))
+    {
+        return;
+    }
+    // Disabled or misconfigured: no tracing will start, so nothing is patched (the session says
+    // why, at the first call).
+    let Ok(config) = Config::load(&Sources::from_process_env()) else {
+        return;
+    };
+    if config.disable {
         return;
     }
     let mut hooked = 0;
