@@ -735,3 +735,42 @@ fn a_fifo_as_the_config_file_blocks_nothing() {
         }
     }
 }
+
+/// A file already at the trace's path: one of ours (mode 0644) becomes the trace, readable by us
+/// alone; another user's is refused with one line and the program runs on untraced. (The trace
+/// once kept the mode and owner of whatever file was there.)
+#[test]
+fn a_trace_over_a_file_that_was_there_is_ours_alone() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let dir = scratch("precreated");
+    let ours = dir.join("ours.ggmlviz");
+    std::fs::write(&ours, b"old").unwrap();
+    std::fs::set_permissions(&ours, std::fs::Permissions::from_mode(0o644)).unwrap();
+    trace_llama_simple(&ours, 2, &[]);
+    let meta = std::fs::metadata(&ours).unwrap();
+    assert_eq!(meta.mode() & 0o777, 0o600);
+    let (_, damage, stats) = read_trace(&ours);
+    assert_eq!(damage, None);
+    assert!(stats.graph_computes >= 2);
+
+    let theirs = dir.join("theirs.ggmlviz");
+    std::fs::write(&theirs, b"not ours").unwrap();
+    std::fs::set_permissions(&theirs, std::fs::Permissions::from_mode(0o666)).unwrap();
+    let chown = run({
+        let mut c = Command::new("chown");
+        c.arg("65534").arg(&theirs);
+        c
+    });
+    assert!(chown.status.success(), "{}", text(&chown.stderr));
+    let plain = run(llama_simple(2));
+    let out = run(with_hook(
+        llama_simple(2),
+        &[("GGML_VIZ_OUTPUT", theirs.to_str().unwrap())],
+    ));
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), text(&plain.stdout));
+    let lines = hook_lines(&out.stderr);
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert!(lines[0].contains("owned by another user"), "{lines:?}");
+    assert_eq!(std::fs::read(&theirs).unwrap(), b"not ours");
+}

@@ -190,6 +190,18 @@ mod unix {
             Err(std::fs::TryLockError::WouldBlock) => return Ok(None),
             Err(std::fs::TryLockError::Error(err)) => return Err(err),
         }
+        // A file that was there before is replaced only if it is ours, and then readable by us
+        // alone like a new one (the trace holds the command line, host and tensor names): one
+        // someone else created keeps neither their ownership nor their mode over our trace.
+        use std::os::unix::fs::{MetadataExt, PermissionsExt};
+        // SAFETY: geteuid has no preconditions.
+        if file.metadata()?.uid() != unsafe { libc::geteuid() } {
+            return Err(io::Error::new(
+                io::ErrorKind::PermissionDenied,
+                "owned by another user",
+            ));
+        }
+        file.set_permissions(std::fs::Permissions::from_mode(0o600))?;
         file.set_len(0)?;
         Ok(Some(file))
     }

@@ -198,7 +198,7 @@ pub fn run(args: RecordArgs) -> Result<u8, Failure> {
         expand(&config.output, std::process::id())
     ));
     if live {
-        let file = std::fs::File::create(&log).map_err(|e| {
+        let file = open_log(&log).map_err(|e| {
             Failure::Usage(format!(
                 "cannot write the program's output to {}: {e}",
                 log.display()
@@ -248,6 +248,19 @@ pub fn run(args: RecordArgs) -> Result<u8, Failure> {
 
 /// Starts the program with the dynamic loader loading the hook before its own libraries. macOS
 /// strips `DYLD_*` variables from protected (SIP) binaries: see the README.
+/// The program's output log of `record --live`: not through a symlink (its name is
+/// predictable), readable by its owner only.
+fn open_log(path: &Path) -> std::io::Result<std::fs::File> {
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true).create(true).truncate(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        options.mode(0o600).custom_flags(libc::O_NOFOLLOW);
+    }
+    options.open(path)
+}
+
 /// Whether the hook can write a trace at `path`: its directory exists and takes new files, and
 /// nothing but a regular file is there already (the hook replaces only those).
 fn check_output(path: &Path) -> std::io::Result<()> {
