@@ -322,6 +322,9 @@ pub struct TensorInfo {
     /// Floating-point operations, where well defined (MUL_MAT: 2·K·M·N; MUL_MAT_ID: 2·K per
     /// element of the result).
     pub flops: Option<u64>,
+    /// Bytes of its sources (`ggml_nbytes` of each, weights included): what the node reads,
+    /// beside the result it writes (the op events' `op_size`).
+    pub src_bytes: Option<u64>,
 }
 
 /// A [`TensorInfo`]'s fields, borrowed: what a writer has in hand when it makes the record
@@ -335,6 +338,7 @@ pub struct TensorInfoRef<'a> {
     pub type_name: &'a str,
     pub ne: [i64; 4],
     pub flops: Option<u64>,
+    pub src_bytes: Option<u64>,
 }
 
 impl<'a> From<&'a TensorInfo> for TensorInfoRef<'a> {
@@ -347,6 +351,7 @@ impl<'a> From<&'a TensorInfo> for TensorInfoRef<'a> {
             type_name: &info.type_name,
             ne: info.ne,
             flops: info.flops,
+            src_bytes: info.src_bytes,
         }
     }
 }
@@ -383,6 +388,11 @@ impl TensorInfoRef<'_> {
         }
         out.extend_from_slice(b"],\"flops\":");
         match self.flops {
+            Some(n) => out.extend_from_slice(digits.format(n).as_bytes()),
+            None => out.extend_from_slice(b"null"),
+        }
+        out.extend_from_slice(b",\"src_bytes\":");
+        match self.src_bytes {
             Some(n) => out.extend_from_slice(digits.format(n).as_bytes()),
             None => out.extend_from_slice(b"null"),
         }
@@ -741,8 +751,9 @@ mod tests {
             type_name in "\\PC{0,6}",
             ne in any::<[i64; 4]>(),
             flops in proptest::option::of(any::<u64>()),
+            src_bytes in proptest::option::of(any::<u64>()),
         ) {
-            let info = TensorInfo { name, op, op_type, op_name, type_name, ne, flops };
+            let info = TensorInfo { name, op, op_type, op_name, type_name, ne, flops, src_bytes };
             prop_assert_eq!(
                 String::from_utf8(TensorInfoRef::from(&info).to_json()).unwrap(),
                 serde_json::to_string(&info).unwrap()

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use ggml_viz_e2e::*;
-use ggml_viz_reader::format::ext::{self, Metadata};
+use ggml_viz_reader::format::ext::{self, Metadata, TensorInfo};
 use ggml_viz_reader::format::{EventType, ExtensionKind, Payload};
 use ggml_viz_reader::{Event, OpAnalysis};
 
@@ -720,4 +720,50 @@ fn op_sampling_in_threads_mode_times_one_graph_in_n() {
             "threads' shares differ in one step: {step:?}"
         );
     }
+}
+
+/// A node's bytes are what it moves: its sources read (the weights included) and its result
+/// written. The tiny model's `ffn_up-0` multiplies a 64×128 f32 weight (32,768 bytes, from the
+/// model's shapes) by one token's 64 floats into 128: every tensor info of it says 32,768 +
+/// 4·64·n of sources for n tokens, and `ops` gives each generation node at least the weight's
+/// bytes (it once counted the result alone: ~0.02 GB/s for a node bound by reading its weights).
+#[test]
+fn a_nodes_bytes_are_its_sources_and_its_result() {
+    let dir = scratch("bytes-moved");
+    let trace = dir.join("b.ggmlviz");
+    trace_llama_simple(&trace, 8, &[("GGML_VIZ_OP_TIMING", "threads")]);
+    let (events, damage, _) = read_trace(&trace);
+    assert_eq!(damage, None);
+    let infos: Vec<TensorInfo> = events
+        .iter()
+        .filter(
+            |e| matches!(e.payload, Payload::Extension(x) if x.kind == ExtensionKind::TensorInfo),
+        )
+        .filter_map(|e| ext::parse_payload::<TensorInfo>(e.label.as_deref().unwrap()))
+        .filter(|i| i.name == "ffn_up-0" && i.op == "MUL_MAT")
+        .collect();
+    assert!(!infos.is_empty());
+    for info in &infos {
+        let tokens = info.ne[1] as u64;
+        assert_eq!(
+            info.src_bytes,
+            Some(64 * 128 * 4 + 64 * 4 * tokens),
+            "{info:?}"
+        );
+    }
+    let csv = cli(|c| c.args(["ops", "--by", "name", "--csv"]).arg(&trace));
+    assert!(csv.status.success(), "{}", text(&csv.stderr));
+    let row = text(&csv.stdout)
+        .lines()
+        .find(|l| l.starts_with("generation,ffn_up-0 (MUL_MAT),"))
+        .map(str::to_string)
+        .expect("a generation row for ffn_up-0");
+    let cols: Vec<&str> = row.split(',').collect();
+    let (count, total_ns, gb_per_s): (f64, f64, f64) = (
+        cols[2].parse().unwrap(),
+        cols[3].parse().unwrap(),
+        cols[9].parse().unwrap(),
+    );
+    let per_node = gb_per_s * total_ns / count;
+    assert!(per_node >= 32_768.0, "{per_node} bytes a node: {row}");
 }

@@ -19,6 +19,8 @@ const TYPE_AT: usize = 0;
 const NE_AT: usize = 16;
 const OP_AT: usize = 80;
 const SRC_AT: usize = 152;
+/// `GGML_MAX_SRC`: the `src` array's length.
+const MAX_SRC: usize = 10;
 /// Where `name[64]` lies in the ggml of 2024 on (after `src[10]`, `view_src`, `view_offs` and
 /// `data`): a hint for prefetching only, never read at this offset (ggml_get_name says where the
 /// name is).
@@ -194,6 +196,7 @@ pub unsafe fn read_tensor(h: &Helpers, tensor: Ptr, fused_first: Option<Ptr>) ->
         type_name: "",
         ne: [0; 4],
         flops: None,
+        src_bytes: None,
     };
     // SAFETY: `tensor` is a live tensor of the copy `h` belongs to (the contract).
     if !unsafe { layout_ok(h, tensor, &desc) } {
@@ -234,6 +237,10 @@ pub unsafe fn read_tensor(h: &Helpers, tensor: Ptr, fused_first: Option<Ptr>) ->
     if fused_first.is_none() && (desc == "MUL_MAT" || desc == "MUL_MAT_ID") {
         info.flops = unsafe { mul_mat_flops(tensor, ne) };
     }
+    // SAFETY: a live tensor whose layout was checked; its sources are live tensors.
+    if fused_first.is_none() {
+        info.src_bytes = Some(unsafe { source_bytes(h, tensor) });
+    }
     TensorInfo {
         json: info.to_json(),
         name: name.into(),
@@ -241,6 +248,25 @@ pub unsafe fn read_tensor(h: &Helpers, tensor: Ptr, fused_first: Option<Ptr>) ->
         op_name: op_name.into(),
         group: 0,
     }
+}
+
+/// `ggml_nbytes` of each of `tensor`'s sources, summed: what computing it reads.
+///
+/// # Safety
+/// `tensor` is a live tensor of the copy `h` belongs to, whose layout was checked.
+unsafe fn source_bytes(h: &Helpers, tensor: Ptr) -> u64 {
+    (0..MAX_SRC)
+        .map(|i| {
+            // SAFETY: per the contract; `src` holds MAX_SRC pointers, null past the last source.
+            let src: Ptr = unsafe { field(tensor, SRC_AT + 8 * i) };
+            if src.is_null() {
+                0
+            } else {
+                // SAFETY: a non-null source of a live node is a live tensor of the same copy.
+                unsafe { h.nbytes(src) }
+            }
+        })
+        .fold(0u64, u64::saturating_add)
 }
 
 /// 2·K·M·N for `dst = src0ᵀ·src1` (src0: K×M, src1: K×N), when the shapes agree. The same for

@@ -135,6 +135,7 @@ fn tensor_of(r: &Recorder, node: &DeviceNode<'_>) -> u16 {
             type_name: "",
             ne: [0; 4],
             flops: None,
+            src_bytes: None,
         };
         TensorInfo {
             json: info.to_json(),

@@ -18,8 +18,9 @@ use crate::input::{Input, ReadStop};
 use crate::progress::stream_bar;
 
 /// Show per-op timings: count, total, mean/p50/p99 time (p50 and p99 within 1 %), GFLOP/s
-/// (MUL_MAT, MUL_MAT_ID) and GB/s (result bytes per second) per op type, tensor name, backend or
-/// layer, and the share of graph time spent in ops. With llama_decode spans in the trace, prefill
+/// (MUL_MAT, MUL_MAT_ID) and GB/s (bytes moved per second: the sources read, weights included,
+/// and the result written) per op type, tensor name, backend or layer, and the share of graph
+/// time spent in ops. With llama_decode spans in the trace, prefill
 /// (multi-token batches) and generation (single tokens) are shown separately.
 ///
 /// Op timings exist when the hook ran with op timing on (GGML_VIZ_OP_TIMING=auto, the

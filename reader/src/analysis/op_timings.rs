@@ -63,7 +63,8 @@ pub struct OpSample {
     /// once it has shared out its work): part of `thread_ns`.
     pub inner_wait_ns: u64,
     pub flops: Option<u64>,
-    /// Bytes of the result (`ggml_nbytes`).
+    /// Bytes moved: its sources read (weights included, where the trace says them) and its
+    /// result written (`ggml_nbytes` of each).
     pub bytes: u64,
     /// From the enclosing llama_decode / llama_encode span, when there is one.
     pub phase: Option<Phase>,
@@ -541,10 +542,10 @@ fn thread_totals(threads: &mut Vec<ThreadTotals>, thread_id: u32) -> &mut Thread
     &mut threads[i]
 }
 
-/// A node's op, backend and FLOPs, as the name tables give them.
-type Named = (Text, Text, Option<u64>);
+/// A node's op, backend, FLOPs and the bytes of its sources, as the name tables give them.
+type Named = (Text, Text, Option<u64>, u64);
 
-/// The op, backend and FLOPs of a node of tensor `name` (`key`: its index, op type and backend
+/// The op, backend, FLOPs and source bytes of a node of tensor `name` (`key`: its index, op type and backend
 /// pointer) as the tables give them now, made once while they do not change (`cache`).
 fn named_now(
     tables: &NameTables,
@@ -565,7 +566,12 @@ fn named_now(
                 None if backend == 0 => "CPU".into(),
                 None => format!("{backend:#x}").into(),
             };
-            (op, backend, info.and_then(|i| i.flops))
+            (
+                op,
+                backend,
+                info.and_then(|i| i.flops),
+                info.and_then(|i| i.src_bytes).unwrap_or(0),
+            )
         })
         .clone()
 }
@@ -612,7 +618,7 @@ fn sample_of(node: &[Share], tensors: &[Text]) -> OpSample {
         .iter()
         .find(|s| !tensor(s).is_empty())
         .unwrap_or(&node[0]);
-    let (op, backend, flops) = first.named.clone();
+    let (op, backend, flops, src_bytes) = first.named.clone();
     let begin = node.iter().map(|s| s.begin).min().unwrap_or(0);
     let end = node.iter().map(|s| s.end).max().unwrap_or(begin);
     let slowest_ns = node.iter().map(|s| s.end - s.begin).max().unwrap_or(0);
@@ -641,7 +647,12 @@ fn sample_of(node: &[Share], tensors: &[Text]) -> OpSample {
             .iter()
             .fold(0u64, |a, s| a.saturating_add(s.inner_wait_ns)),
         flops,
-        bytes: node.iter().map(|s| s.bytes).max().unwrap_or(0),
+        bytes: node
+            .iter()
+            .map(|s| s.bytes)
+            .max()
+            .unwrap_or(0)
+            .saturating_add(src_bytes),
         phase: node.iter().find_map(|s| s.phase),
     }
 }
