@@ -14,12 +14,11 @@ use serde::Serialize;
 use ggml_viz_reader::telemetry::{Record, RecordSink, Span};
 use ggml_viz_reader::{GroupBy, OpSample, imbalance, wait_share};
 
+use super::sampling::TimelineSample;
 use super::sequences::{SequenceRow, SequenceTable};
 use super::series::{Latency, POINT_BUDGET, Series, TopKind, TopSpan, latency, memory};
 use super::span_args::{arg_str, arg_uint};
 
-/// Spans the timeline carries at most (about 40 bytes of HTML each).
-pub const SPAN_BUDGET: u64 = 150_000;
 /// Rows of the per-tensor table.
 const TOP_TENSORS: usize = 40;
 
@@ -185,16 +184,10 @@ impl OpRows {
 /// A [`RecordSink`] that builds [`ReportData`] as the records arrive.
 pub struct ReportBuilder {
     data: ReportData,
-    /// Op spans are drawn whose [`op_key`] is a multiple of this; doubled
-    /// (and the drawn ops thinned to match) whenever they outgrow their room in the budget.
-    op_stride: u64,
-    /// For each drawn span, its [`op_key`] if it is an op (`None`: always drawn).
-    drawn_op_parents: Vec<Option<u64>>,
-    drawn_ops: u64,
+    /// Which spans are drawn (all, up to the budget).
+    sample: TimelineSample,
     /// The current input's op spans (see [`ReportBuilder::end_input`]).
     input_ops: OpRows,
-    /// Spans that are not ops: all drawn.
-    others: u64,
     /// Spans, counter samples and instants met: what an input had, for inputs that are not
     /// traces.
     pub items: u64,
@@ -218,36 +211,6 @@ pub struct ReportBuilder {
     counters: HashMap<String, Vec<(u64, f64)>>,
     first_ns: u64,
     last_ns: u64,
-}
-
-/// Worker threads' shares (op spans with no parent span on their lane) are sampled by the window
-/// of this many nanoseconds (about a millisecond, 2^20 ns) they start in, the same windows on
-/// every lane: a window kept shows every worker's shares in it.
-const SHARE_WINDOW_SHIFT: u32 = 20;
-/// Past this stride no op span is drawn: it is reached only by op spans no stride thins (more
-/// than their room under the one key every stride divides, 0), and ends the doubling.
-const MAX_OP_STRIDE: u64 = 1 << 40;
-
-/// Whether an op span of key `key` is drawn at `stride`.
-fn drawn_at(key: u64, stride: u64) -> bool {
-    stride <= MAX_OP_STRIDE && key.is_multiple_of(stride)
-}
-
-/// The key an op span is drawn by: its parent's (a graph compute's ops are drawn together), or
-/// for a parentless share its time window's. Distinct from a parent's key: a window is salted.
-fn op_key(span: &Span) -> u64 {
-    match span.parent {
-        Some(parent) => mix(parent),
-        None => mix((span.start_ns >> SHARE_WINDOW_SHIFT) ^ 0x5a5a_5a5a_0000_0000),
-    }
-}
-
-fn mix(mut x: u64) -> u64 {
-    // splitmix64's finalizer: parents are kept by a hash of their id, never by its residue
-    // (ids of graphs with a fixed op count are evenly spaced and would alias with a stride).
-    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    x ^ (x >> 31)
 }
 
 /// The row of `key`, made empty if new.
@@ -310,11 +273,8 @@ impl ReportBuilder {
                 generator: format!("ggml-viz {}", env!("CARGO_PKG_VERSION")),
                 ..ReportData::default()
             },
-            op_stride: 1,
-            drawn_op_parents: Vec::new(),
-            drawn_ops: 0,
+            sample: TimelineSample::new(),
             input_ops: OpRows::default(),
-            others: 0,
             items: 0,
             earliest_ns: u64::MAX,
             string_ids: HashMap::new(),
@@ -451,8 +411,8 @@ impl ReportBuilder {
                 prefill: arg_uint(span, "prefill_tokens").map(|n| n > 0),
             });
         }
-        let op_parent = is_op.then(|| op_key(span));
-        if op_parent.is_some_and(|p| !drawn_at(p, self.op_stride)) {
+        let key = TimelineSample::key(span, is_op);
+        if !self.sample.admits(key) {
             return;
         }
         let lane = self.lane_index(span.lane);
@@ -484,37 +444,8 @@ impl ReportBuilder {
         c.tensor.push(tensor);
         c.detail.push(detail);
         c.bytes.push(bytes);
-        self.drawn_op_parents.push(op_parent);
-        if is_op {
-            self.drawn_ops += 1;
-        } else {
-            self.others += 1;
-        }
-        self.fit_the_budget();
-    }
-
-    /// Room for op spans: what the other spans leave of [`SPAN_BUDGET`], at least a tenth of it.
-    fn op_room(&self) -> u64 {
-        SPAN_BUDGET
-            .saturating_sub(self.others)
-            .max(SPAN_BUDGET / 10)
-    }
-
-    /// While the drawn op spans outgrow their room, doubles the stride and keeps the ops of the
-    /// parents it still selects: exactly those a pass with that stride from the start would have
-    /// drawn (a multiple of 2s is a multiple of s).
-    /// Bounded: past [`MAX_OP_STRIDE`] no op is drawn.
-    fn fit_the_budget(&mut self) {
-        while self.drawn_ops > self.op_room() {
-            self.op_stride *= 2;
-            let stride = self.op_stride;
-            let keep: Vec<bool> = (self.drawn_op_parents.iter())
-                .map(|p| p.is_none_or(|p| drawn_at(p, stride)))
-                .collect();
+        if let Some(keep) = self.sample.drawn(key) {
             self.data.spans.retain(&keep);
-            self.drawn_op_parents
-                .retain(|p| p.is_none_or(|p| drawn_at(p, stride)));
-            self.drawn_ops = self.drawn_op_parents.iter().flatten().count() as u64;
         }
     }
 
@@ -617,7 +548,7 @@ impl ReportBuilder {
         d.sampling = Sampling {
             total_spans: d.summary.spans,
             drawn_spans: d.spans.lane.len() as u64,
-            op_stride: self.op_stride,
+            op_stride: self.sample.stride(),
         };
         let damage = &d.summary.damage;
         d.summary.warnings.retain(|w| !damage.contains(w));
@@ -717,6 +648,7 @@ impl RecordSink for ReportBuilder {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::report::sampling::{MAX_OP_STRIDE, SHARE_WINDOW_SHIFT, SPAN_BUDGET, mix};
 
     fn top(start: u64, end: u64, kind: TopKind, n_tokens: Option<u64>) -> TopSpan {
         TopSpan {

@@ -4,6 +4,7 @@
 
 mod data;
 mod page;
+mod sampling;
 mod sequences;
 mod series;
 mod span_args;
