@@ -11,7 +11,9 @@ use crate::Failure;
 use crate::dump::parse_layout;
 use crate::input::Input;
 
-/// Summarize a trace: layout, events per type, time span, threads, graph computes, ops, labels,
+/// Summarize a trace: what it holds and who wrote it.
+///
+/// Layout, events per type, time span, threads, graph computes, ops, labels,
 /// damage, and what the writer's extension records say (process, settings, lost events).
 ///
 /// A graph compute is an outermost graph begin/end pair on its thread; pairs nested inside it

@@ -17,7 +17,9 @@ use crate::info::fmt_ns;
 use crate::input::{Input, ReadStop};
 use crate::progress::stream_bar;
 
-/// Show per-op timings: count, total, mean/p50/p99 time (p50 and p99 within 1 %), GFLOP/s
+/// Per-op timings: where the time of the graph computes went, per op, name, backend or layer.
+///
+/// Count, total, mean/p50/p99 time (p50 and p99 within 1 %), GFLOP/s
 /// (MUL_MAT, MUL_MAT_ID) and GB/s (bytes moved per second: the sources read, weights included,
 /// and the result written) per op type, tensor name, backend or layer, and the share of graph
 /// time spent in ops. With llama_decode spans in the trace, prefill

@@ -14,7 +14,9 @@ use crate::info::fmt_ns;
 use crate::reading::{InputOpts, Reading};
 use crate::timeline::say_warnings;
 
-/// Joins the traces of a ggml-rpc client and its servers: connections, clock offsets and a
+/// Join the traces of a ggml-rpc client and its servers: connections, clocks, commands.
+///
+/// Connections, clock offsets and a
 /// table per command (count, bytes, client time, MB/s). Record each process with the hook
 /// (`ggml-viz record`), on every host, then give all the traces here.
 #[derive(Args)]

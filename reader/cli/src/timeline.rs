@@ -39,7 +39,9 @@ pub fn say_warnings(warnings: &[String]) {
     }
 }
 
-/// Time per event name over one or more inputs (GGMLVIZ traces, GE logs): count, total, self,
+/// Time per event name over one or more inputs (GGMLVIZ traces, GE logs).
+///
+/// Count, total, self,
 /// mean, min, p50, p99, max and share of wall time. Nested spans of the same name count once:
 /// a 20 µs span containing two 10 µs spans of its own name is 2 spans, 20 µs. `total` is the
 /// wall time the name's spans cover; mean, min, p50, p99 and max are over the counted spans (a
@@ -136,7 +138,9 @@ fn write_csv(out: &mut impl Write, s: &Summary) -> io::Result<()> {
     Ok(())
 }
 
-/// Two runs side by side: per event name, count and total time of each and the change; with
+/// Two runs side by side: what changed, per event name or (with --ops) per op type.
+///
+/// Per event name, count and total time of each and the change; with
 /// --ops, per op type, each run's nodes and their wall time as `ggml-viz ops` has them.
 ///
 /// Counted as `summary` counts them: with threads-mode op timing an op's count and time are its

@@ -735,3 +735,33 @@ fn a_file_that_is_no_trace_fails_before_any_output() {
     );
     std::fs::remove_dir_all(dir).unwrap();
 }
+
+/// `--help` opens with what the tool is and examples (`record` among them), before the
+/// commands, each summed up in one short line (some ran to paragraphs of 100 to 200 words).
+#[test]
+fn help_opens_with_examples_and_one_line_per_command() {
+    let out = ggml_viz(&["--help"]);
+    assert!(out.status.success());
+    let help = String::from_utf8_lossy(&out.stdout);
+    let examples = help.find("Examples:").expect("examples");
+    let commands = help.find("Commands:").expect("commands");
+    assert!(examples < commands, "{help}");
+    assert!(
+        help[examples..commands].contains("ggml-viz record -- "),
+        "{help}"
+    );
+    let mut listed = 0;
+    for line in help[commands..]
+        .lines()
+        .skip(1)
+        .take_while(|l| l.starts_with("  "))
+    {
+        listed += 1;
+        let summary = line
+            .trim_start()
+            .split_once(' ')
+            .map_or("", |(_, s)| s.trim());
+        assert!(!summary.is_empty() && summary.len() <= 100, "{line}");
+    }
+    assert!(listed >= 10, "{help}");
+}

@@ -44,7 +44,9 @@ impl ViewOpts {
     }
 }
 
-/// Follow a trace while a program writes it: graphs/s, the latest graph time and its rolling
+/// Follow a trace while a program writes it, refreshed about once a second.
+///
+/// Graphs/s, the latest graph time and its rolling
 /// p50/p99, the top ops by time over the last seconds (their nodes' wall time, as `ggml-viz ops`
 /// has it), events and drops, refreshed about once a second.
 ///

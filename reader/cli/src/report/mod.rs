@@ -23,7 +23,9 @@ use crate::reading::{InputOpts, Reading};
 use data::{OpRows, ReportBuilder};
 use page::write_html;
 
-/// Write one HTML file that opens offline (everything inlined, no network): a zoomable timeline
+/// Write one HTML report that opens offline: timeline, time per op, latency, memory.
+///
+/// Everything is inlined (no network): a zoomable timeline
 /// per thread with op spans under their graphs, time per op type / tensor / backend (of a trace
 /// with op timings: per node, as `ggml-viz ops` counts them, with the threads' time, imbalance
 /// and wait), per-call
