@@ -325,6 +325,8 @@ pub struct TensorInfo {
     /// Bytes of its sources (`ggml_nbytes` of each, weights included): what the node reads,
     /// beside the result it writes (the op events' `op_size`).
     pub src_bytes: Option<u64>,
+    /// A node a GPU computed: the kernels (Vulkan pipelines) it ran, in order, `, `-separated.
+    pub kernels: Option<String>,
 }
 
 /// A [`TensorInfo`]'s fields, borrowed: what a writer has in hand when it makes the record
@@ -339,6 +341,7 @@ pub struct TensorInfoRef<'a> {
     pub ne: [i64; 4],
     pub flops: Option<u64>,
     pub src_bytes: Option<u64>,
+    pub kernels: Option<&'a str>,
 }
 
 impl<'a> From<&'a TensorInfo> for TensorInfoRef<'a> {
@@ -352,6 +355,7 @@ impl<'a> From<&'a TensorInfo> for TensorInfoRef<'a> {
             ne: info.ne,
             flops: info.flops,
             src_bytes: info.src_bytes,
+            kernels: info.kernels.as_deref(),
         }
     }
 }
@@ -394,6 +398,11 @@ impl TensorInfoRef<'_> {
         out.extend_from_slice(b",\"src_bytes\":");
         match self.src_bytes {
             Some(n) => out.extend_from_slice(digits.format(n).as_bytes()),
+            None => out.extend_from_slice(b"null"),
+        }
+        out.extend_from_slice(b",\"kernels\":");
+        match self.kernels {
+            Some(s) => json_str(&mut out, s),
             None => out.extend_from_slice(b"null"),
         }
         out.push(b'}');
@@ -752,8 +761,11 @@ mod tests {
             ne in any::<[i64; 4]>(),
             flops in proptest::option::of(any::<u64>()),
             src_bytes in proptest::option::of(any::<u64>()),
+            kernels in proptest::option::of("(\\PC|[\\x00-\\x1f])*"),
         ) {
-            let info = TensorInfo { name, op, op_type, op_name, type_name, ne, flops, src_bytes };
+            let info = TensorInfo {
+                name, op, op_type, op_name, type_name, ne, flops, src_bytes, kernels,
+            };
             prop_assert_eq!(
                 String::from_utf8(TensorInfoRef::from(&info).to_json()).unwrap(),
                 serde_json::to_string(&info).unwrap()

@@ -566,3 +566,22 @@ pub fn decode_perfetto(proto: &Path) -> serde_json::Value {
     assert!(decoded.status.success(), "{}", text(&decoded.stderr));
     serde_json::from_slice(&decoded.stdout).unwrap()
 }
+
+/// The fields of one CSV line (RFC 4180: a field in double quotes may hold commas, and `""` for
+/// a quote).
+pub fn csv_fields(line: &str) -> Vec<String> {
+    let mut fields = vec![String::new()];
+    let (mut quoted, mut chars) = (false, line.chars().peekable());
+    while let Some(c) = chars.next() {
+        match (c, quoted) {
+            ('"', true) if chars.peek() == Some(&'"') => {
+                chars.next();
+                fields.last_mut().unwrap().push('"');
+            }
+            ('"', _) => quoted = !quoted,
+            (',', false) => fields.push(String::new()),
+            (c, _) => fields.last_mut().unwrap().push(c),
+        }
+    }
+    fields
+}

@@ -298,6 +298,40 @@ fn every_vulkan_node_is_timed_by_the_device_once() {
     }
     assert_eq!(counts, expected);
 
+    // Each node's kernels (the pipelines of the dispatches inside its label): every node ran
+    // one at least, a MUL_MAT a matrix multiplication; `ops --by kernel` groups all the
+    // device's nodes.
+    use ggml_viz_reader::format::ExtensionKind;
+    use ggml_viz_reader::format::ext::{self, TensorInfo};
+    for e in &events {
+        if let Payload::Extension(x) = e.payload
+            && x.kind == ExtensionKind::TensorInfo
+            && let Some(info) = ext::parse_payload::<TensorInfo>(e.label.as_deref().unwrap())
+            && info.op_name.is_some()
+            && info.type_name.is_empty()
+        {
+            let kernels = info.kernels.clone().unwrap_or_default();
+            assert!(!kernels.is_empty(), "{info:?}");
+            if info.op == "MUL_MAT" {
+                // `mul_mat_vec_…` for one token, `matmul_…` for several.
+                assert!(
+                    kernels.starts_with("mul_mat") || kernels.starts_with("matmul"),
+                    "{info:?}"
+                );
+            }
+        }
+    }
+    let by_kernel = cli(|c| c.args(["ops", "--by", "kernel", "--csv"]).arg(&logged));
+    assert!(by_kernel.status.success(), "{}", text(&by_kernel.stderr));
+    let with_kernels: u64 = text(&by_kernel.stdout)
+        .lines()
+        .skip(1)
+        .map(csv_fields)
+        .filter(|f| f[1] != "(none)")
+        .map(|f| f[2].parse::<u64>().unwrap())
+        .sum();
+    assert_eq!(with_kernels, expected.values().sum::<u64>());
+
     // `ops --by backend` counts them on the device, apart from the CPU's.
     let ops = cli(|c| c.args(["ops", "--by", "backend", "--csv"]).arg(&logged));
     assert!(ops.status.success(), "{}", text(&ops.stderr));

@@ -197,6 +197,7 @@ pub unsafe fn read_tensor(h: &Helpers, tensor: Ptr, fused_first: Option<Ptr>) ->
         ne: [0; 4],
         flops: None,
         src_bytes: None,
+        kernels: None,
     };
     // SAFETY: `tensor` is a live tensor of the copy `h` belongs to (the contract).
     if !unsafe { layout_ok(h, tensor, &desc) } {

@@ -73,6 +73,8 @@ pub struct DeviceNode<'a> {
     pub op: &'a str,
     /// The number of its (first) op, where the ggml that runs could say.
     pub op_type: Option<u32>,
+    /// The kernels it ran, `, `-separated (empty: none known).
+    pub kernels: &'a str,
     pub begin_ns: u64,
     pub end_ns: u64,
 }
@@ -117,10 +119,15 @@ pub fn device_node(lane: &DeviceLane, device: usize, backend: &str, node: &Devic
     store_as_given(r, end, node.begin_ns + took, 2);
 }
 
-/// The tensor info of a device node, from its label: its name and op (no type or shape).
+/// The tensor info of a device node, from its label: its name and op, and the kernels it ran (no
+/// type or shape).
 fn tensor_of(r: &Recorder, node: &DeviceNode<'_>) -> u16 {
     let key = tensor_key(
-        &[node.name.as_bytes(), node.op.as_bytes()],
+        &[
+            node.name.as_bytes(),
+            node.op.as_bytes(),
+            node.kernels.as_bytes(),
+        ],
         node.op_type.unwrap_or(u32::MAX),
         u32::MAX,
         [0; 4],
@@ -136,6 +143,7 @@ fn tensor_of(r: &Recorder, node: &DeviceNode<'_>) -> u16 {
             ne: [0; 4],
             flops: None,
             src_bytes: None,
+            kernels: (!node.kernels.is_empty()).then_some(node.kernels),
         };
         TensorInfo {
             json: info.to_json(),

@@ -47,7 +47,8 @@ pub struct OpsArgs {
     /// Trace file, or - for standard input.
     file: PathBuf,
     /// Group by op type, tensor name and op (`Qcur-0 (MUL_MAT)`: one name can be several
-    /// nodes), backend, layer (llama.cpp's `<name>-<layer>`), or worker thread.
+    /// nodes), backend, layer (llama.cpp's `<name>-<layer>`), kernel (a GPU node's Vulkan
+    /// pipelines), or worker thread.
     #[arg(long, value_enum, default_value_t = By::Op)]
     by: By,
     /// Show the N groups with the most time (0: all).
@@ -72,6 +73,8 @@ enum By {
     Name,
     Backend,
     Layer,
+    /// The kernels a GPU node ran (Vulkan pipelines), where the trace knows them.
+    Kernel,
     Thread,
 }
 
@@ -199,6 +202,7 @@ pub fn run(args: OpsArgs) -> Result<(), Failure> {
         By::Name => GroupBy::Name,
         By::Backend => GroupBy::Backend,
         By::Layer => GroupBy::Layer,
+        By::Kernel => GroupBy::Kernel,
         By::Thread => GroupBy::Op,
     };
     let mut tables = Tables::new(by);

@@ -15,6 +15,8 @@ pub enum GroupBy {
     Name,
     Backend,
     Layer,
+    /// The kernels a GPU node ran (`(none)` for a node without).
+    Kernel,
 }
 
 impl GroupBy {
@@ -28,6 +30,8 @@ impl GroupBy {
             GroupBy::Layer => node
                 .layer()
                 .map_or_else(|| "(none)".into(), |l| format!("layer {l}").into()),
+            GroupBy::Kernel if node.kernels.is_empty() => "(none)".into(),
+            GroupBy::Kernel => node.kernels.as_ref().into(),
         }
     }
 }

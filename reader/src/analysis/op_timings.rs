@@ -68,6 +68,8 @@ pub struct OpSample {
     pub bytes: u64,
     /// From the enclosing llama_decode / llama_encode span, when there is one.
     pub phase: Option<Phase>,
+    /// A node a GPU computed: the kernels it ran, `, `-separated (empty where not known).
+    pub kernels: Text,
 }
 
 impl OpSample {
@@ -542,8 +544,9 @@ fn thread_totals(threads: &mut Vec<ThreadTotals>, thread_id: u32) -> &mut Thread
     &mut threads[i]
 }
 
-/// A node's op, backend, FLOPs and the bytes of its sources, as the name tables give them.
-type Named = (Text, Text, Option<u64>, u64);
+/// A node's op, backend, FLOPs, the bytes of its sources and its kernels, as the name tables
+/// give them.
+type Named = (Text, Text, Option<u64>, u64, Text);
 
 /// The op, backend, FLOPs and source bytes of a node of tensor `name` (`key`: its index, op type and backend
 /// pointer) as the tables give them now, made once while they do not change (`cache`).
@@ -571,6 +574,7 @@ fn named_now(
                 backend,
                 info.and_then(|i| i.flops),
                 info.and_then(|i| i.src_bytes).unwrap_or(0),
+                info.and_then(|i| i.kernels.as_deref()).unwrap_or("").into(),
             )
         })
         .clone()
@@ -618,7 +622,7 @@ fn sample_of(node: &[Share], tensors: &[Text]) -> OpSample {
         .iter()
         .find(|s| !tensor(s).is_empty())
         .unwrap_or(&node[0]);
-    let (op, backend, flops, src_bytes) = first.named.clone();
+    let (op, backend, flops, src_bytes, kernels) = first.named.clone();
     let begin = node.iter().map(|s| s.begin).min().unwrap_or(0);
     let end = node.iter().map(|s| s.end).max().unwrap_or(begin);
     let slowest_ns = node.iter().map(|s| s.end - s.begin).max().unwrap_or(0);
@@ -654,6 +658,7 @@ fn sample_of(node: &[Share], tensors: &[Text]) -> OpSample {
             .unwrap_or(0)
             .saturating_add(src_bytes),
         phase: node.iter().find_map(|s| s.phase),
+        kernels,
     }
 }
 
@@ -678,6 +683,7 @@ mod tests {
             flops,
             bytes: 1000,
             phase: None,
+            kernels: Text::default(),
         }
     }
 

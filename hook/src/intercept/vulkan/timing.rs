@@ -197,6 +197,8 @@ struct Timing {
 /// A node read, on `CLOCK_MONOTONIC`.
 struct Held {
     label: String,
+    /// The kernels it ran, `, `-separated.
+    kernels: String,
     begin_ns: u64,
     end_ns: u64,
     /// Its part read last was the last node of its command buffer.
@@ -225,15 +227,30 @@ struct State {
 #[derive(Default)]
 struct Recording {
     depth: u32,
-    open: Option<(String, usize, u32)>,
-    nodes: Vec<(String, usize)>,
+    open: Option<Open>,
+    nodes: Vec<Timed>,
 }
 
-/// A submitted command buffer's nodes (label, query pair), with its queue and fence.
+/// A node whose label is open: its label, query pair, depth, and the dispatches so far.
+struct Open {
+    label: String,
+    pair: usize,
+    depth: u32,
+    kernels: Vec<String>,
+}
+
+/// A node recorded: its label, query pair and kernels (`, `-separated).
+struct Timed {
+    label: String,
+    pair: usize,
+    kernels: String,
+}
+
+/// A submitted command buffer's nodes, with its queue and fence.
 struct Batch {
     queue: u64,
     fence: u64,
-    nodes: Vec<(String, usize)>,
+    nodes: Vec<Timed>,
 }
 
 impl Device {
@@ -358,7 +375,15 @@ impl Timing {
         } = &mut *state;
         let rec = recording.entry(cb.as_raw()).or_default();
         rec.depth += 1;
-        if rec.open.is_some() || !is_node_label(label) || !record::device_nodes_wanted() {
+        if let Some(open) = &mut rec.open {
+            // A dispatch inside the node: `pipeline (x,y,z)`, its pipeline named once.
+            let pipeline = label.split(" (").next().unwrap_or(label);
+            if !is_node_label(label) && open.kernels.last().is_none_or(|k| k != pipeline) {
+                open.kernels.push(pipeline.to_string());
+            }
+            return;
+        }
+        if !is_node_label(label) || !record::device_nodes_wanted() {
             return;
         }
         let Some(pair) = (0..PAIRS)
@@ -380,7 +405,12 @@ impl Timing {
                 2 * pair as u32,
             );
         }
-        rec.open = Some((label.to_string(), pair, rec.depth));
+        rec.open = Some(Open {
+            label: label.to_string(),
+            pair,
+            depth: rec.depth,
+            kernels: Vec::new(),
+        });
     }
 
     /// A label ends in `cb`: a node's second timestamp, where it is the open node's.
@@ -389,8 +419,8 @@ impl Timing {
         let Some(rec) = state.recording.get_mut(&cb.as_raw()) else {
             return;
         };
-        if let Some((_, pair, depth)) = &rec.open
-            && *depth == rec.depth
+        if let Some(open) = &rec.open
+            && open.depth == rec.depth
         {
             // SAFETY: as in `label_begins`.
             unsafe {
@@ -398,11 +428,15 @@ impl Timing {
                     cb,
                     vk::PipelineStageFlags::BOTTOM_OF_PIPE,
                     self.pool,
-                    2 * *pair as u32 + 1,
+                    2 * open.pair as u32 + 1,
                 );
             }
-            let (label, pair, _) = rec.open.take().expect("checked");
-            rec.nodes.push((label, pair));
+            let open = rec.open.take().expect("checked");
+            rec.nodes.push(Timed {
+                label: open.label,
+                pair: open.pair,
+                kernels: open.kernels.join(", "),
+            });
         }
         rec.depth = rec.depth.saturating_sub(1);
     }
@@ -411,8 +445,8 @@ impl Timing {
     fn buffer_begins(&self, cb: vk::CommandBuffer) {
         let mut state = self.state();
         if let Some(old) = state.recording.remove(&cb.as_raw()) {
-            let open = old.open.as_ref().map(|(_, pair, _)| *pair);
-            for pair in old.nodes.iter().map(|(_, pair)| *pair).chain(open) {
+            let open = old.open.as_ref().map(|o| o.pair);
+            for pair in old.nodes.iter().map(|t| t.pair).chain(open) {
                 state.busy[pair] = false;
             }
         }
@@ -476,7 +510,8 @@ impl Timing {
         let mut read = Vec::new();
         for batch in &batches {
             let last = batch.nodes.len().saturating_sub(1);
-            for (k, (label, pair)) in batch.nodes.iter().enumerate() {
+            for (k, node) in batch.nodes.iter().enumerate() {
+                let pair = &node.pair;
                 let mut ticks = [0u64; 2];
                 // SAFETY: our pool, two queries of it, into a buffer of two u64s.
                 let result = unsafe {
@@ -493,7 +528,8 @@ impl Timing {
                 };
                 state.busy[*pair] = false;
                 if result == vk::Result::SUCCESS {
-                    read.push((label.clone(), ticks, k == 0, k == last));
+                    let kernels = node.kernels.clone();
+                    read.push((node.label.clone(), kernels, ticks, k == 0, k == last));
                 }
             }
         }
@@ -509,15 +545,22 @@ impl Timing {
         // The last node read is held until the next read says whether it goes on.
         let mut held = self.held.lock().unwrap_or_else(PoisonError::into_inner);
         let mut nodes: Vec<Held> = held.take().into_iter().collect();
-        for (label, [t0, t1], first, last) in read {
+        for (label, kernels, [t0, t1], first, last) in read {
             let (begin, end) = (to_monotonic(t0), to_monotonic(t1));
             match nodes.last_mut() {
                 Some(prev) if first && prev.ends_buffer && prev.label == label => {
                     prev.end_ns = end.max(prev.end_ns);
                     prev.ends_buffer = last;
+                    if !kernels.is_empty() {
+                        if !prev.kernels.is_empty() {
+                            prev.kernels.push_str(", ");
+                        }
+                        prev.kernels.push_str(&kernels);
+                    }
                 }
                 _ => nodes.push(Held {
                     label,
+                    kernels,
                     begin_ns: begin,
                     end_ns: end.max(begin),
                     ends_buffer: last,
@@ -538,6 +581,7 @@ impl Timing {
             name,
             op,
             op_type: op_number(op.split('+').next().unwrap_or(op)),
+            kernels: &node.kernels,
             begin_ns: node.begin_ns,
             end_ns: node.end_ns,
         };

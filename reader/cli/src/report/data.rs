@@ -919,6 +919,7 @@ mod tests {
             flops: None,
             bytes: 0,
             phase: None,
+            kernels: Default::default(),
         });
         builder.end_input(nodes);
         // Another input without op analysis (not a trace): its op span counts once.
