@@ -585,3 +585,32 @@ pub fn csv_fields(line: &str) -> Vec<String> {
     }
     fields
 }
+
+/// A FIFO at `path` (`mkfifo`).
+pub fn mkfifo(path: &Path) {
+    let made = run({
+        let mut c = Command::new("mkfifo");
+        c.arg(path);
+        c
+    });
+    assert!(made.status.success(), "{}", text(&made.stderr));
+}
+
+/// Runs `cmd` to its end, its output captured; one still running after `limit` is killed and
+/// fails the test (`what` says what it hung on): a hang guard, not a timing.
+pub fn run_within(mut cmd: Command, limit: std::time::Duration, what: &str) -> Output {
+    let mut child = cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"));
+    let deadline = std::time::Instant::now() + limit;
+    while child.try_wait().unwrap().is_none() {
+        if std::time::Instant::now() > deadline {
+            child.kill().unwrap();
+            panic!("still running after {limit:?}: {what}");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    child.wait_with_output().unwrap()
+}

@@ -659,32 +659,15 @@ fn preloading_the_hook_adds_it_to_the_search_scope_and_moves_nothing_else() {
 fn a_fifo_as_the_output_is_refused_and_the_program_runs() {
     let dir = scratch("fifo-output");
     let fifo = dir.join("planted.ggmlviz");
-    let made = run({
-        let mut c = Command::new("mkfifo");
-        c.arg(&fifo);
-        c
-    });
-    assert!(made.status.success(), "{}", text(&made.stderr));
+    mkfifo(&fifo);
     let plain = run(llama_simple(4));
     for output in [fifo.clone(), dir.clone()] {
-        let mut cmd = with_hook(
+        let cmd = with_hook(
             llama_simple(4),
             &[("GGML_VIZ_OUTPUT", output.to_str().unwrap())],
         );
-        let mut child = cmd
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-        while child.try_wait().unwrap().is_none() {
-            if std::time::Instant::now() > deadline {
-                child.kill().unwrap();
-                panic!("the program hangs with {} as its output", output.display());
-            }
-            std::thread::sleep(std::time::Duration::from_millis(20));
-        }
-        let out = child.wait_with_output().unwrap();
+        let what = format!("llama-simple with {} as its output", output.display());
+        let out = run_within(cmd, std::time::Duration::from_secs(60), &what);
         assert!(out.status.success(), "{}", text(&out.stderr));
         assert_eq!(text(&out.stdout), text(&plain.stdout));
         let lines = hook_lines(&out.stderr);
@@ -701,29 +684,16 @@ fn a_fifo_as_the_output_is_refused_and_the_program_runs() {
 fn a_fifo_as_the_config_file_blocks_nothing() {
     let dir = scratch("fifo-config");
     let fifo = dir.join("config.json");
-    let made = run({
-        let mut c = Command::new("mkfifo");
-        c.arg(&fifo);
-        c
-    });
-    assert!(made.status.success(), "{}", text(&made.stderr));
+    mkfifo(&fifo);
     let plain = run(llama_simple(3));
     let settings = [("GGML_VIZ_CONFIG", fifo.to_str().unwrap())];
     for (cmd, ggml) in [(Command::new("true"), false), (llama_simple(3), true)] {
-        let mut child = with_hook(cmd, &settings)
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-        while child.try_wait().unwrap().is_none() {
-            if std::time::Instant::now() > deadline {
-                child.kill().unwrap();
-                panic!("a FIFO configuration file hangs the program (ggml: {ggml})");
-            }
-            std::thread::sleep(std::time::Duration::from_millis(20));
-        }
-        let out = child.wait_with_output().unwrap();
+        let what = format!("a FIFO as the configuration file (ggml: {ggml})");
+        let out = run_within(
+            with_hook(cmd, &settings),
+            std::time::Duration::from_secs(60),
+            &what,
+        );
         assert!(out.status.success(), "{}", text(&out.stderr));
         let lines = hook_lines(&out.stderr);
         if ggml {

@@ -125,12 +125,7 @@ fn a_bad_flag_fails_before_the_program_runs() {
 fn an_unwritable_output_fails_before_the_program_runs() {
     let dir = scratch("record-output");
     let fifo = dir.join("fifo.ggmlviz");
-    let made = run({
-        let mut c = Command::new("mkfifo");
-        c.arg(&fifo);
-        c
-    });
-    assert!(made.status.success(), "{}", text(&made.stderr));
+    mkfifo(&fifo);
     let missing = dir.join("nodir").join("x.ggmlviz");
     for (output, why) in [
         (missing.as_path(), "does not exist"),

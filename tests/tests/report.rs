@@ -424,25 +424,10 @@ fn report_of_multithreaded_llama_traces_ends_and_keeps_every_thread() {
         assert_eq!(threads.len(), 4, "{threads:?}");
 
         let page = dir.join(format!("t{n_predict}.html"));
-        let mut child = Command::new(ggml_viz())
-            .arg("report")
-            .arg(&trace)
-            .arg("-o")
-            .arg(&page)
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
-        let status = loop {
-            if let Some(status) = child.try_wait().unwrap() {
-                break status;
-            }
-            if std::time::Instant::now() > deadline {
-                child.kill().unwrap();
-                panic!("report of {n_predict} tokens still running after 120 s");
-            }
-            std::thread::sleep(std::time::Duration::from_millis(50));
-        };
+        let mut cmd = Command::new(ggml_viz());
+        cmd.arg("report").arg(&trace).arg("-o").arg(&page);
+        let what = format!("report of {n_predict} tokens");
+        let status = run_within(cmd, std::time::Duration::from_secs(120), &what).status;
         assert!(status.success(), "{status}");
 
         let data = page_data(&page);
