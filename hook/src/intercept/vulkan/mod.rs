@@ -5,11 +5,15 @@
 //! unprefixed Vulkan name, which would interpose ggml's own direct calls.
 //!
 //! This module is the layer's plumbing (loader interface version 2): negotiation, the instance
-//! and device chains, the procedure-address lookups. [`timing`] does the work: it times the
-//! nodes ggml-vulkan labels (`GGML_VK_DEBUG_MARKERS`) with timestamps of its own.
+//! and device chains, the procedure-address lookups. [`plan`] works out what a device needs for
+//! timing before it is created; [`calls`] are the device-level calls the layer answers for;
+//! [`timing`] does the work: it times the nodes ggml-vulkan labels (`GGML_VK_DEBUG_MARKERS`)
+//! with timestamps of its own.
 //!
 //! Everything else passes through untouched; in a process without ggml the layer only forwards.
 
+mod calls;
+mod plan;
 mod timing;
 
 use std::ffi::{CStr, c_char, c_void};
@@ -18,8 +22,8 @@ use std::sync::{Arc, Mutex, PoisonError};
 use ash::vk::{self, Handle};
 
 use crate::base::contained;
+pub use calls::hand_over_held;
 use timing::Device;
-pub use timing::hand_over_held;
 
 /// `VkNegotiateLayerInterface` (vk_layer.h).
 #[repr(C)]
@@ -256,7 +260,7 @@ unsafe extern "system" fn create_device(
     // What timing needs of the device, asked for in a copy of the create info.
     let plan = contained(|| {
         // SAFETY: live handles and the application's valid create info.
-        unsafe { timing::Plan::for_device(instance, physical, next_instance, &*info) }
+        unsafe { plan::Plan::for_device(instance, physical, next_instance, &*info) }
     })
     .flatten();
     let result = match &plan {
@@ -296,7 +300,7 @@ fn ours(name: &CStr) -> vk::PFN_vkVoidFunction {
         b"vkCreateInstance" => create_instance as *const (),
         b"vkDestroyInstance" => destroy_instance as *const (),
         b"vkCreateDevice" => create_device as *const (),
-        _ => return timing::intercepted(name),
+        _ => return calls::intercepted(name),
     };
     // SAFETY: a function pointer, cast to the loader's generic function pointer type.
     Some(unsafe { std::mem::transmute::<*const (), unsafe extern "system" fn()>(f) })
@@ -330,9 +334,21 @@ unsafe extern "system" fn get_device_proc_addr(
     if cname.to_bytes() == b"vkGetDeviceProcAddr" {
         return ours(cname);
     }
-    if let Some(f) = timing::intercepted(cname) {
+    if let Some(f) = calls::intercepted(cname) {
         return Some(f);
     }
     // SAFETY: the next layer's lookup, with the caller's arguments.
     unsafe { (known.next_lookup())(device, name) }
+}
+
+/// `count` items at `items` (none when the pointer is null).
+///
+/// # Safety
+/// A non-null `items` points to `count` valid items.
+pub(super) unsafe fn slice<'a, T>(items: *const T, count: u32) -> &'a [T] {
+    if items.is_null() || count == 0 {
+        return &[];
+    }
+    // SAFETY: per the contract.
+    unsafe { std::slice::from_raw_parts(items, count as usize) }
 }

@@ -19,176 +19,47 @@
 //! command. A serial driver (lavapipe) gives each node its own time.
 
 use std::collections::{HashMap, VecDeque};
-use std::ffi::{CStr, c_char, c_void};
+use std::ffi::{CStr, c_void};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Mutex, OnceLock, PoisonError};
 
 use ash::vk::{self, Handle};
 
-use super::{cast, device_of, forget_device};
-use crate::base::{contained, say_once};
+use super::plan::Plan;
+use super::{cast, slice};
+use crate::base::say_once;
 use crate::intercept::route::first_helpers;
 use crate::record::{self, DeviceLane, DeviceNode};
 
 /// Timestamp query pairs per device: nodes recorded and not yet read at once.
 const PAIRS: usize = 4096;
 
-const CALIBRATED_TIMESTAMPS: &CStr = c"VK_EXT_calibrated_timestamps";
-
-/// What timing a device needs, worked out before it is created: the extensions it is created
-/// with (the application's and the calibrated timestamps'), the timestamp period and valid bits.
-pub struct Plan {
-    extensions: Vec<*const c_char>,
-    period_ns: f64,
-    valid_bits: u32,
-}
-
-impl Plan {
-    /// The plan for a device of `physical`, or none where ggml labels nothing
-    /// (`GGML_VK_DEBUG_MARKERS` unset) or the device cannot time (said once).
-    ///
-    /// # Safety
-    /// Live handles; `next` is the next layer's instance lookup; `info` is the application's.
-    pub unsafe fn for_device(
-        instance: vk::Instance,
-        physical: vk::PhysicalDevice,
-        next: vk::PFN_vkGetInstanceProcAddr,
-        info: &vk::DeviceCreateInfo<'_>,
-    ) -> Option<Plan> {
-        std::env::var_os("GGML_VK_DEBUG_MARKERS")?;
-        static SAID: AtomicBool = AtomicBool::new(false);
-        let refuse = |why: &str| {
-            say_once(
-                &SAID,
-                format_args!(
-                    "a Vulkan device cannot time ggml's nodes ({why}): they are not recorded"
-                ),
-            );
-            None
-        };
-        // SAFETY: lookups of instance functions, of their types.
-        let (enumerate, properties, families) = unsafe {
-            (
-                cast::<vk::PFN_vkEnumerateDeviceExtensionProperties>(next(
-                    instance,
-                    c"vkEnumerateDeviceExtensionProperties".as_ptr(),
-                ))?,
-                cast::<vk::PFN_vkGetPhysicalDeviceProperties>(next(
-                    instance,
-                    c"vkGetPhysicalDeviceProperties".as_ptr(),
-                ))?,
-                cast::<vk::PFN_vkGetPhysicalDeviceQueueFamilyProperties>(next(
-                    instance,
-                    c"vkGetPhysicalDeviceQueueFamilyProperties".as_ptr(),
-                ))?,
-            )
-        };
-        let mut count = 0u32;
-        // SAFETY: the two-call idiom, with a buffer of the count asked for.
-        let offered = unsafe {
-            let _ = enumerate(physical, std::ptr::null(), &mut count, std::ptr::null_mut());
-            let mut all = vec![vk::ExtensionProperties::default(); count as usize];
-            // INCOMPLETE leaves the ones written: `count` says how many.
-            let _ = enumerate(physical, std::ptr::null(), &mut count, all.as_mut_ptr());
-            all.truncate(count as usize);
-            all
-        };
-        let has = |name: &CStr| {
-            offered
-                .iter()
-                .any(|e| e.extension_name_as_c_str() == Ok(name))
-        };
-        if !has(CALIBRATED_TIMESTAMPS) {
-            return refuse("no VK_EXT_calibrated_timestamps");
-        }
-        let mut props = vk::PhysicalDeviceProperties::default();
-        // SAFETY: a writable struct of the type asked for.
-        unsafe { properties(physical, &mut props) };
-        let period_ns = f64::from(props.limits.timestamp_period);
-        if period_ns <= 0.0 {
-            return refuse("no timestamps");
-        }
-        // SAFETY: the two-call idiom, with a buffer of the count asked for.
-        let queue_families = unsafe {
-            families(physical, &mut count, std::ptr::null_mut());
-            let mut all = vec![vk::QueueFamilyProperties::default(); count as usize];
-            families(physical, &mut count, all.as_mut_ptr());
-            all.truncate(count as usize);
-            all
-        };
-        // SAFETY: the application's create info holds this many queue create infos.
-        let queues = unsafe {
-            std::slice::from_raw_parts(
-                info.p_queue_create_infos,
-                info.queue_create_info_count as usize,
-            )
-        };
-        let valid_bits = queues
-            .iter()
-            .filter_map(|q| queue_families.get(q.queue_family_index as usize))
-            .map(|f| f.timestamp_valid_bits)
-            .min()
-            .unwrap_or(0);
-        if valid_bits == 0 {
-            return refuse("its queues keep no timestamps");
-        }
-        // SAFETY: the application's create info holds this many extension names.
-        let mut extensions = unsafe {
-            std::slice::from_raw_parts(
-                info.pp_enabled_extension_names,
-                info.enabled_extension_count as usize,
-            )
-        }
-        .to_vec();
-        // SAFETY: the application's extension names are NUL-terminated strings.
-        if !extensions
-            .iter()
-            .any(|&e| unsafe { CStr::from_ptr(e) } == CALIBRATED_TIMESTAMPS)
-        {
-            extensions.push(CALIBRATED_TIMESTAMPS.as_ptr());
-        }
-        Some(Plan {
-            extensions,
-            period_ns,
-            valid_bits,
-        })
-    }
-
-    /// The application's create info, with this plan's extensions.
-    pub fn create_info<'a>(&'a self, info: &vk::DeviceCreateInfo<'a>) -> vk::DeviceCreateInfo<'a> {
-        let mut copy = *info;
-        copy.enabled_extension_count = self.extensions.len() as u32;
-        copy.pp_enabled_extension_names = self.extensions.as_ptr();
-        copy
-    }
-}
-
 /// The next layer's device functions this layer calls.
-struct Next {
-    lookup: vk::PFN_vkGetDeviceProcAddr,
-    destroy_device: vk::PFN_vkDestroyDevice,
-    begin_command_buffer: vk::PFN_vkBeginCommandBuffer,
-    queue_submit: vk::PFN_vkQueueSubmit,
-    get_fence_status: vk::PFN_vkGetFenceStatus,
-    wait_for_fences: vk::PFN_vkWaitForFences,
-    queue_wait_idle: vk::PFN_vkQueueWaitIdle,
-    device_wait_idle: vk::PFN_vkDeviceWaitIdle,
-    begin_label: Option<vk::PFN_vkCmdBeginDebugUtilsLabelEXT>,
-    end_label: Option<vk::PFN_vkCmdEndDebugUtilsLabelEXT>,
+pub(super) struct Next {
+    pub(super) lookup: vk::PFN_vkGetDeviceProcAddr,
+    pub(super) destroy_device: vk::PFN_vkDestroyDevice,
+    pub(super) begin_command_buffer: vk::PFN_vkBeginCommandBuffer,
+    pub(super) queue_submit: vk::PFN_vkQueueSubmit,
+    pub(super) get_fence_status: vk::PFN_vkGetFenceStatus,
+    pub(super) wait_for_fences: vk::PFN_vkWaitForFences,
+    pub(super) queue_wait_idle: vk::PFN_vkQueueWaitIdle,
+    pub(super) device_wait_idle: vk::PFN_vkDeviceWaitIdle,
+    pub(super) begin_label: Option<vk::PFN_vkCmdBeginDebugUtilsLabelEXT>,
+    pub(super) end_label: Option<vk::PFN_vkCmdEndDebugUtilsLabelEXT>,
 }
 
 /// The timing side of a device: its pool, lane and calibration, and what is in flight.
-struct Timing {
+pub(super) struct Timing {
     backend: String,
     lane: DeviceLane,
     period_ns: f64,
     mask: u64,
-    pool: vk::QueryPool,
+    pub(super) pool: vk::QueryPool,
     reset: vk::PFN_vkCmdResetQueryPool,
     write: vk::PFN_vkCmdWriteTimestamp,
     results: vk::PFN_vkGetQueryPoolResults,
     calibrate: vk::PFN_vkGetCalibratedTimestampsKHR,
-    destroy_pool: vk::PFN_vkDestroyQueryPool,
+    pub(super) destroy_pool: vk::PFN_vkDestroyQueryPool,
     state: Mutex<State>,
     /// The last node read, when its command buffer ended with it: it may go on in the next.
     held: Mutex<Option<Held>>,
@@ -207,10 +78,10 @@ struct Held {
 
 /// A device this layer sits in.
 pub struct Device {
-    key: usize,
-    handle: vk::Device,
-    next: Next,
-    timing: Option<Timing>,
+    pub(super) key: usize,
+    pub(super) handle: vk::Device,
+    pub(super) next: Next,
+    pub(super) timing: Option<Timing>,
 }
 
 #[derive(Default)]
@@ -247,9 +118,9 @@ struct Timed {
 }
 
 /// A submitted command buffer's nodes, with its queue and fence.
-struct Batch {
-    queue: u64,
-    fence: u64,
+pub(super) struct Batch {
+    pub(super) queue: u64,
+    pub(super) fence: u64,
     nodes: Vec<Timed>,
 }
 
@@ -365,7 +236,7 @@ impl Timing {
     }
 
     /// A node's label begins in `cb`: its first timestamp, where the label is a node's.
-    fn label_begins(&self, cb: vk::CommandBuffer, label: &str) {
+    pub(super) fn label_begins(&self, cb: vk::CommandBuffer, label: &str) {
         let mut state = self.state();
         let State {
             busy,
@@ -414,7 +285,7 @@ impl Timing {
     }
 
     /// A label ends in `cb`: a node's second timestamp, where it is the open node's.
-    fn label_ends(&self, cb: vk::CommandBuffer) {
+    pub(super) fn label_ends(&self, cb: vk::CommandBuffer) {
         let mut state = self.state();
         let Some(rec) = state.recording.get_mut(&cb.as_raw()) else {
             return;
@@ -442,7 +313,7 @@ impl Timing {
     }
 
     /// `cb` is begun (again): what it recorded before and was never submitted is forgotten.
-    fn buffer_begins(&self, cb: vk::CommandBuffer) {
+    pub(super) fn buffer_begins(&self, cb: vk::CommandBuffer) {
         let mut state = self.state();
         if let Some(old) = state.recording.remove(&cb.as_raw()) {
             let open = old.open.as_ref().map(|o| o.pair);
@@ -457,7 +328,7 @@ impl Timing {
     ///
     /// # Safety
     /// `submits` holds `count` valid submit infos.
-    unsafe fn submitted(
+    pub(super) unsafe fn submitted(
         &self,
         queue: vk::Queue,
         count: u32,
@@ -495,7 +366,11 @@ impl Timing {
     }
 
     /// The batches `done` says are complete are read, and their nodes recorded.
-    fn complete(&self, device: vk::Device, done: impl Fn(&VecDeque<Batch>) -> Vec<usize>) {
+    pub(super) fn complete(
+        &self,
+        device: vk::Device,
+        done: impl Fn(&VecDeque<Batch>) -> Vec<usize>,
+    ) {
         let mut state = self.state();
         let indices = done(&state.pending);
         if indices.is_empty() {
@@ -589,7 +464,7 @@ impl Timing {
     }
 
     /// Records the node held back, if there is one (at exit).
-    fn hand_over_held(&self, device: vk::Device) {
+    pub(super) fn hand_over_held(&self, device: vk::Device) {
         let held = self
             .held
             .lock()
@@ -633,18 +508,6 @@ impl Timing {
     }
 }
 
-/// `count` items at `items` (none when the pointer is null).
-///
-/// # Safety
-/// A non-null `items` points to `count` valid items.
-unsafe fn slice<'a, T>(items: *const T, count: u32) -> &'a [T] {
-    if items.is_null() || count == 0 {
-        return &[];
-    }
-    // SAFETY: per the contract.
-    unsafe { std::slice::from_raw_parts(items, count as usize) }
-}
-
 /// The number of ggml's op named `name`, from the ggml that runs (its op name table).
 fn op_number(name: &str) -> Option<u32> {
     static TABLE: OnceLock<HashMap<String, u32>> = OnceLock::new();
@@ -674,194 +537,4 @@ fn is_node_label(label: &str) -> bool {
         && op
             .bytes()
             .all(|b| b.is_ascii_uppercase() || b.is_ascii_digit() || b == b'_' || b == b'+')
-}
-
-/// At exit: every device's node held back is recorded.
-pub fn hand_over_held() {
-    let devices = super::DEVICES
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner)
-        .clone();
-    for d in devices {
-        if let Some(t) = &d.timing {
-            t.hand_over_held(d.handle);
-        }
-    }
-}
-
-/// The device-level functions this layer answers for, by name.
-pub fn intercepted(name: &CStr) -> vk::PFN_vkVoidFunction {
-    let f: *const () = match name.to_bytes() {
-        b"vkDestroyDevice" => destroy_device as *const (),
-        b"vkBeginCommandBuffer" => begin_command_buffer as *const (),
-        b"vkCmdBeginDebugUtilsLabelEXT" => cmd_begin_label as *const (),
-        b"vkCmdEndDebugUtilsLabelEXT" => cmd_end_label as *const (),
-        b"vkQueueSubmit" => queue_submit as *const (),
-        b"vkGetFenceStatus" => get_fence_status as *const (),
-        b"vkWaitForFences" => wait_for_fences as *const (),
-        b"vkQueueWaitIdle" => queue_wait_idle as *const (),
-        b"vkDeviceWaitIdle" => device_wait_idle as *const (),
-        _ => return None,
-    };
-    // SAFETY: a function pointer, cast to the loader's generic function pointer type.
-    Some(unsafe { std::mem::transmute::<*const (), unsafe extern "system" fn()>(f) })
-}
-
-/// The device of `handle`; the layer was never told of it when none (then the call cannot go on:
-/// the loader only hands our functions out for devices created through the layer).
-fn known(handle: u64) -> std::sync::Arc<Device> {
-    device_of(handle).expect("a device created through this layer")
-}
-
-unsafe extern "system" fn destroy_device(
-    device: vk::Device,
-    allocator: *const vk::AllocationCallbacks<'_>,
-) {
-    let d = known(device.as_raw());
-    if let Some(t) = &d.timing {
-        // SAFETY: our pool, on the device it was made on.
-        unsafe { (t.destroy_pool)(device, t.pool, std::ptr::null()) };
-    }
-    forget_device(d.key);
-    // SAFETY: the application's arguments, passed on.
-    unsafe { (d.next.destroy_device)(device, allocator) }
-}
-
-unsafe extern "system" fn begin_command_buffer(
-    cb: vk::CommandBuffer,
-    info: *const vk::CommandBufferBeginInfo<'_>,
-) -> vk::Result {
-    let d = known(cb.as_raw());
-    if let Some(t) = &d.timing {
-        contained(|| t.buffer_begins(cb));
-    }
-    // SAFETY: the application's arguments, passed on.
-    unsafe { (d.next.begin_command_buffer)(cb, info) }
-}
-
-unsafe extern "system" fn cmd_begin_label(
-    cb: vk::CommandBuffer,
-    label: *const vk::DebugUtilsLabelEXT<'_>,
-) {
-    let d = known(cb.as_raw());
-    if let Some(begin) = d.next.begin_label {
-        // SAFETY: the application's arguments, passed on.
-        unsafe { begin(cb, label) };
-    }
-    if let Some(t) = &d.timing {
-        contained(|| {
-            // SAFETY: a valid label whose name is a NUL-terminated string (or null).
-            let name = unsafe { label.as_ref() }
-                .filter(|l| !l.p_label_name.is_null())
-                .map(|l| unsafe { CStr::from_ptr(l.p_label_name) }.to_string_lossy());
-            t.label_begins(cb, name.as_deref().unwrap_or_default());
-        });
-    }
-}
-
-unsafe extern "system" fn cmd_end_label(cb: vk::CommandBuffer) {
-    let d = known(cb.as_raw());
-    if let Some(t) = &d.timing {
-        contained(|| t.label_ends(cb));
-    }
-    if let Some(end) = d.next.end_label {
-        // SAFETY: the application's arguments, passed on.
-        unsafe { end(cb) };
-    }
-}
-
-unsafe extern "system" fn queue_submit(
-    queue: vk::Queue,
-    count: u32,
-    submits: *const vk::SubmitInfo<'_>,
-    fence: vk::Fence,
-) -> vk::Result {
-    let d = known(queue.as_raw());
-    // SAFETY: the application's arguments, passed on.
-    let result = unsafe { (d.next.queue_submit)(queue, count, submits, fence) };
-    if result == vk::Result::SUCCESS
-        && let Some(t) = &d.timing
-    {
-        // SAFETY: the application's valid submit infos.
-        contained(|| unsafe { t.submitted(queue, count, submits, fence) });
-    }
-    result
-}
-
-/// Everything on `queue` submitted up to the last batch with `fence`.
-fn up_to_fence(fence: u64) -> impl Fn(&VecDeque<Batch>) -> Vec<usize> {
-    move |pending| {
-        let Some(at) = pending.iter().rposition(|b| b.fence == fence) else {
-            return Vec::new();
-        };
-        let queue = pending[at].queue;
-        (0..=at).filter(|&i| pending[i].queue == queue).collect()
-    }
-}
-
-unsafe extern "system" fn get_fence_status(device: vk::Device, fence: vk::Fence) -> vk::Result {
-    let d = known(device.as_raw());
-    // SAFETY: the application's arguments, passed on.
-    let result = unsafe { (d.next.get_fence_status)(device, fence) };
-    if result == vk::Result::SUCCESS
-        && let Some(t) = &d.timing
-    {
-        contained(|| t.complete(device, up_to_fence(fence.as_raw())));
-    }
-    result
-}
-
-unsafe extern "system" fn wait_for_fences(
-    device: vk::Device,
-    count: u32,
-    fences: *const vk::Fence,
-    wait_all: vk::Bool32,
-    timeout: u64,
-) -> vk::Result {
-    let d = known(device.as_raw());
-    // SAFETY: the application's arguments, passed on.
-    let result = unsafe { (d.next.wait_for_fences)(device, count, fences, wait_all, timeout) };
-    if result == vk::Result::SUCCESS
-        && (wait_all == vk::TRUE || count == 1)
-        && let Some(t) = &d.timing
-    {
-        contained(|| {
-            // SAFETY: the application's fences, `count` of them.
-            for fence in unsafe { slice(fences, count) } {
-                t.complete(device, up_to_fence(fence.as_raw()));
-            }
-        });
-    }
-    result
-}
-
-unsafe extern "system" fn queue_wait_idle(queue: vk::Queue) -> vk::Result {
-    let d = known(queue.as_raw());
-    // SAFETY: the application's arguments, passed on.
-    let result = unsafe { (d.next.queue_wait_idle)(queue) };
-    if result == vk::Result::SUCCESS
-        && let Some(t) = &d.timing
-    {
-        let raw = queue.as_raw();
-        contained(|| {
-            t.complete(d.handle, |pending| {
-                (0..pending.len())
-                    .filter(|&i| pending[i].queue == raw)
-                    .collect()
-            })
-        });
-    }
-    result
-}
-
-unsafe extern "system" fn device_wait_idle(device: vk::Device) -> vk::Result {
-    let d = known(device.as_raw());
-    // SAFETY: the application's arguments, passed on.
-    let result = unsafe { (d.next.device_wait_idle)(device) };
-    if result == vk::Result::SUCCESS
-        && let Some(t) = &d.timing
-    {
-        contained(|| t.complete(device, |pending| (0..pending.len()).collect()));
-    }
-    result
 }
