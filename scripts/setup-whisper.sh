@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds whisper.cpp's command-line program (whisper-cli) from the pywhispercpp sdist on PyPI: a
+# Builds whisper.cpp's command-line program (whisper-cli) from the pywhispercpp sdist (its package index): a
 # second GGML program, not llama.cpp, with its own vendored ggml (0.13.1 in pywhispercpp 1.5.1).
 # Built the way the package builds it (shared libwhisper and libggml, OpenMP), without SDL,
 # tests or server. Prints the build directory (bin/whisper-cli, src/libwhisper.so,
@@ -8,8 +8,8 @@
 set -euo pipefail
 
 VERSION=1.5.1
-# The sdist's address and digest on PyPI (files.pythonhosted.org, as pip fetches it).
-URL="https://files.pythonhosted.org/packages/9f/35/610787a277e177e6b7983277a35a2969c0876b46c0d889bc6a0c4b4ac4a7/pywhispercpp-$VERSION.tar.gz"
+# The sdist's digest; it is fetched through pip's configured index (scripts/fetch-sdist.py:
+# `pip download` cannot, as building this sdist's metadata fails).
 SHA256=5df897e5dd9d9f16804fc937bd85b9f5880a0b29a55f8843585e0e03d76195e5
 
 cache_root="${GGML_VIZ_CACHE:-$HOME/.cache/ggml-viz}"
@@ -29,14 +29,7 @@ mkdir -p "$cache_root"
 work="$(mktemp -d "$cache_root/.build-XXXXXX")"
 trap 'rm -rf "$work"' EXIT
 echo "setup-whisper: downloading pywhispercpp==$VERSION sdist" >&2
-python3 - "$URL" "$SHA256" "$work/sdist.tar.gz" <<'EOF'
-import hashlib, sys, urllib.request
-url, digest, out = sys.argv[1:]
-data = urllib.request.urlopen(url, timeout=120).read()
-if hashlib.sha256(data).hexdigest() != digest:
-    sys.exit(f"setup-whisper: {url} does not have the expected sha256")
-open(out, "wb").write(data)
-EOF
+python3 "$(dirname "$0")/fetch-sdist.py" pywhispercpp "$VERSION" "$SHA256" "$work/sdist.tar.gz" >&2
 tar -xzf "$work/sdist.tar.gz" -C "$work"
 
 echo "setup-whisper: building whisper-cli (a few minutes on 2 cores)" >&2

@@ -11,6 +11,7 @@ mod ops;
 mod record;
 mod report;
 mod rpc;
+mod scripts;
 mod server;
 mod threads;
 mod vulkan;
