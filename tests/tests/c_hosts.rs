@@ -546,3 +546,129 @@ int main(int argc, char ** argv) {
         "the classic batch, then the embeddings"
     );
 }
+
+/// `llama_decode` and `llama_encode` take `struct llama_batch` by value, whose layout changed:
+/// before llama.cpp #9745 it had three more fields (72 bytes, `all_pos_0`, `all_pos_1`,
+/// `all_seq_id` after today's seven). A library built with that old struct gets every byte of
+/// its caller's batch through the hook, enabled or disabled (before: the hook copied today's 56
+/// bytes, and the last three fields arrived as `0 0 167772160`, read from the hook's stack), and
+/// the hook still counts the batch's tokens by sequence.
+#[test]
+fn an_older_llama_batch_reaches_the_library_whole() {
+    let dir = scratch("old-batch");
+    let batch = "struct llama_batch {\n\
+        int n_tokens; int *token; float *embd; int *pos; int *n_seq_id; int **seq_id;\n\
+        signed char *logits; int all_pos_0; int all_pos_1; int all_seq_id; };\n";
+    let library = format!(
+        "#include <stdio.h>\n{batch}\
+         static int call(const char *name, void *ctx, struct llama_batch b) {{\n\
+           printf(\"%s ctx=%p n_tokens=%d all_pos_0=%d all_pos_1=%d all_seq_id=%d\", name, ctx,\n\
+                  b.n_tokens, b.all_pos_0, b.all_pos_1, b.all_seq_id);\n\
+           for (int i = 0; i < b.n_tokens; i++)\n\
+             printf(\" token%d=%d seq=%d/%d logits=%d\", i, b.token[i], b.n_seq_id[i], b.seq_id[i][0], b.logits[i]);\n\
+           printf(\"\\n\");\n\
+           return 40 + b.n_tokens;\n\
+         }}\n\
+         int llama_decode(void *ctx, struct llama_batch b) {{ return call(\"decode\", ctx, b); }}\n\
+         int llama_encode(void *ctx, struct llama_batch b) {{ return call(\"encode\", ctx, b); }}\n"
+    );
+    let host = format!(
+        "#include <stdio.h>\n{batch}\
+         int llama_decode(void *ctx, struct llama_batch b);\n\
+         int llama_encode(void *ctx, struct llama_batch b);\n\
+         int main(void) {{\n\
+           int token[3] = {{11, 12, 13}}, pos[3] = {{0, 1, 2}}, n_seq_id[3] = {{1, 1, 1}};\n\
+           int s0 = 0, s1 = 1; int *seq_id[3] = {{&s0, &s0, &s1}};\n\
+           signed char logits[3] = {{0, 0, 1}};\n\
+           struct llama_batch b = {{3, token, 0, pos, n_seq_id, seq_id, logits, 100, 1, 7}};\n\
+           printf(\"decode returned %d\\n\", llama_decode((void *)0x1234, b));\n\
+           b.n_tokens = 2; b.all_pos_0 = -5; b.all_pos_1 = 3; b.all_seq_id = 9;\n\
+           printf(\"encode returned %d\\n\", llama_encode((void *)0x5678, b));\n\
+           return 0;\n\
+         }}\n"
+    );
+    std::fs::write(dir.join("llama_old.c"), library).unwrap();
+    std::fs::write(dir.join("host.c"), host).unwrap();
+    for args in [
+        vec![
+            "-shared",
+            "-fPIC",
+            "-O1",
+            "llama_old.c",
+            "-o",
+            "libllama.so",
+        ],
+        vec![
+            "-O1",
+            "host.c",
+            "-o",
+            "host",
+            "-L.",
+            "-lllama",
+            "-Wl,-rpath,$ORIGIN",
+        ],
+    ] {
+        let built = run({
+            let mut cc = Command::new("cc");
+            cc.current_dir(&dir).args(args);
+            cc
+        });
+        assert!(built.status.success(), "{}", text(&built.stderr));
+    }
+    let expected = "decode ctx=0x1234 n_tokens=3 all_pos_0=100 all_pos_1=1 all_seq_id=7 \
+        token0=11 seq=1/0 logits=0 token1=12 seq=1/0 logits=0 token2=13 seq=1/1 logits=1\n\
+        decode returned 43\n\
+        encode ctx=0x5678 n_tokens=2 all_pos_0=-5 all_pos_1=3 all_seq_id=9 \
+        token0=11 seq=1/0 logits=0 token1=12 seq=1/0 logits=0\n\
+        encode returned 42\n";
+    let plain = run(Command::new(dir.join("host")));
+    assert!(plain.status.success(), "{}", text(&plain.stderr));
+    assert_eq!(text(&plain.stdout), expected, "the host itself");
+
+    let trace = dir.join("old.ggmlviz");
+    for disable in ["1", "0"] {
+        let hooked = run(with_hook(
+            Command::new(dir.join("host")),
+            &[
+                ("GGML_VIZ_OUTPUT", trace.to_str().unwrap()),
+                ("GGML_VIZ_DISABLE", disable),
+            ],
+        ));
+        assert!(hooked.status.success(), "{}", text(&hooked.stderr));
+        assert_eq!(text(&hooked.stdout), expected, "GGML_VIZ_DISABLE={disable}");
+    }
+    let mut c = ggml_viz_reader::telemetry::Collected::default();
+    ggml_viz_reader::telemetry::import_path(
+        &trace,
+        None,
+        None,
+        &mut ggml_viz_reader::telemetry::Ids::default(),
+        &mut c,
+    )
+    .unwrap();
+    let spans: Vec<_> = (c.spans.iter())
+        .filter(|s| s.name.starts_with("llama_"))
+        .map(|s| {
+            let arg = |key: &str| {
+                (s.args.iter())
+                    .find(|(k, _)| k == key)
+                    .map(|(_, v)| v.to_string())
+            };
+            (s.name.to_string(), arg("n_tokens"), arg("seq_tokens"))
+        })
+        .collect();
+    let span = |name: &str, n: &str, seqs: Option<&str>| {
+        (
+            name.to_string(),
+            Some(n.to_string()),
+            seqs.map(str::to_string),
+        )
+    };
+    assert_eq!(
+        spans,
+        [
+            span("llama_decode", "3", Some("0:2 1:1")),
+            span("llama_encode", "2", None)
+        ]
+    );
+}

@@ -15,6 +15,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::batches::{self, Composition};
 use super::eval_callback::{self, OpDriver};
+#[cfg(all(target_arch = "x86_64", not(windows)))]
+use super::in_place::{self, in_place_export};
 use super::route::{Resolved, describe_route, fallback, resolve};
 use super::start::{say_no_function, start_tracing};
 use crate::base::entry::Entry;
@@ -75,15 +77,34 @@ trampoline!(ggml_graph_compute_with_ctx(ctx: Ptr, graph: Ptr, n_threads: c_int) 
 trampoline!(ggml_backend_synchronize(backend: Ptr), backend_synchronize, x86_64: "rsi", aarch64: "x1");
 trampoline!(ggml_backend_sched_synchronize(sched: Ptr), sched_synchronize, x86_64: "rsi", aarch64: "x1");
 trampoline!(ggml_backend_sched_set_eval_callback(sched: Ptr, callback: Option<EvalCallback>, user_data: Ptr), sched_set_eval_callback, x86_64: "rcx", aarch64: "x3");
-// The batch is passed in memory on x86-64 (it is over 16 bytes) and by reference on aarch64, so
-// the return address goes in the register after `ctx`.
-trampoline!(llama_decode(ctx: Ptr, batch: LlamaBatch) -> i32, llama_decode_impl, x86_64: "rsi", aarch64: "x2");
-trampoline!(llama_encode(ctx: Ptr, batch: LlamaBatch) -> i32, llama_encode_impl, x86_64: "rsi", aarch64: "x2");
-// `ggml_backend_buffer_init` takes its interface struct by value, which aarch64 and Windows pass
-// by reference (a pointer to the caller's copy: handed on as it came); x86-64 System V passes it
-// in the caller's stack frame, and that export is written by hand below.
+// Structs passed by value whose size depends on the host's version (`llama_batch`, ggml's buffer
+// interface): aarch64 and Windows pass them by reference (a pointer to the caller's copy, handed
+// on as it came); x86-64 System V in the caller's stack frame, where they are never copied
+// ([`in_place`]).
+#[cfg(any(windows, not(target_arch = "x86_64")))]
+trampoline!(llama_decode(ctx: Ptr, batch: BatchRef) -> i32, llama_decode_impl, x86_64: "rdx", aarch64: "x2");
+#[cfg(any(windows, not(target_arch = "x86_64")))]
+trampoline!(llama_encode(ctx: Ptr, batch: BatchRef) -> i32, llama_encode_impl, x86_64: "rdx", aarch64: "x2");
 #[cfg(any(windows, not(target_arch = "x86_64")))]
 trampoline!(ggml_backend_buffer_init(buft: Ptr, iface: IfaceRef, context: Ptr, size: usize) -> Ptr, buffer_init, x86_64: "rcx", aarch64: "x4");
+#[cfg(all(target_arch = "x86_64", not(windows)))]
+in_place_export!(
+    /// `llama_decode`, traced; its `llama_batch` (72 bytes before llama.cpp #9745, 56 since) is
+    /// left in the caller's frame and read there.
+    llama_decode, enter: decode_enter, exit: in_place_exit, missing: -1
+);
+#[cfg(all(target_arch = "x86_64", not(windows)))]
+in_place_export!(
+    /// `llama_encode`, traced; its batch as `llama_decode`'s.
+    llama_encode, enter: encode_enter, exit: in_place_exit, missing: -1
+);
+#[cfg(all(target_arch = "x86_64", not(windows)))]
+in_place_export!(
+    /// `ggml_backend_buffer_init`, traced; its interface struct (11 words in ggml 0.25, more or
+    /// fewer in others) is neither copied nor read (before: taken as 16 words by value, reading
+    /// 40 bytes past the caller's argument).
+    ggml_backend_buffer_init, enter: buffer_init_enter, exit: in_place_exit, missing: 0
+);
 trampoline!(ggml_backend_buffer_free(buffer: Ptr), buffer_free, x86_64: "rsi", aarch64: "x1");
 trampoline!(llama_process(ctx: Ptr, kind: c_int, batch: Ptr) -> i32, llama_process_impl, x86_64: "rcx", aarch64: "x3");
 trampoline!(llama_batch_ext_add(batch: Ptr, seq_id: i32) -> i32, batch_ext_add, x86_64: "rdx", aarch64: "x2");
@@ -463,9 +484,10 @@ unsafe extern "C" fn sched_free(sched: Ptr, ret: usize) {
     unsafe { std::mem::transmute::<usize, FreeFn>(real.real)(sched) }
 }
 
-/// `struct llama_batch` (llama.h), passed by value to llama_decode and llama_encode.
+/// The fields of `struct llama_batch` (llama.h) that are read: the first seven, at the same
+/// offsets in every layout (the struct had three more fields before llama.cpp #9745). Only ever
+/// read through a pointer to the caller's batch, never copied or passed by value.
 #[repr(C)]
-#[derive(Clone, Copy)]
 pub struct LlamaBatch {
     n_tokens: i32,
     token: Ptr,
@@ -474,6 +496,35 @@ pub struct LlamaBatch {
     n_seq_id: Ptr,
     seq_id: Ptr,
     logits: Ptr,
+}
+
+/// A pointer to the caller's `llama_batch` (how aarch64 and Windows pass it by value).
+#[cfg(any(windows, not(target_arch = "x86_64")))]
+type BatchRef = *const LlamaBatch;
+
+/// A decode or encode span's details, read from the caller's batch: its tokens (`u32::MAX`:
+/// unknown) and, for a decode, their sequences.
+///
+/// # Safety
+/// `batch` points at the caller's `llama_batch`, whose arrays are valid for its tokens (as
+/// llama_decode requires).
+unsafe fn batch_span(name: Entry, batch: *const LlamaBatch) -> (u32, Option<Composition>) {
+    // SAFETY: per the contract; the first field is at offset 0 in every layout.
+    let n_tokens = unsafe { (*batch).n_tokens };
+    let composition = if name == Entry::LlamaDecode {
+        // SAFETY: the batch's arrays, valid for its tokens, per the contract.
+        guarded(|| unsafe {
+            batches::classic_composition(
+                n_tokens,
+                (*batch).n_seq_id as *const i32,
+                (*batch).seq_id as *const *const i32,
+            )
+        })
+        .flatten()
+    } else {
+        None
+    };
+    (n_tokens.max(0) as u32, composition)
 }
 
 /// Calls the real function (`call` gets its address) between `mark(true)` and `mark(false)`;
@@ -497,56 +548,108 @@ fn traced_span(
     real: &Resolved,
     call: impl FnOnce(usize) -> i32,
 ) -> i32 {
-    let c = composition.unwrap_or_default();
-    let seqs = &c.seqs[..c.n_seqs];
     around(
         real,
-        |begin| record::span(name, begin, n_tokens, seqs, c.other_tokens),
+        |begin| span_mark(name, begin, n_tokens, composition),
         call,
     )
 }
 
-type LlamaFn = unsafe extern "C" fn(Ptr, LlamaBatch) -> i32;
-
-unsafe extern "C" fn llama_decode_impl(ctx: Ptr, batch: LlamaBatch, ret: usize) -> i32 {
-    let Some(real) = real_function(Entry::LlamaDecode, ret) else {
-        return -1;
-    };
-    let composition = if real.untraced {
-        None
-    } else {
-        // SAFETY: the batch's arrays, valid for its tokens as llama_decode requires.
-        guarded(|| unsafe {
-            batches::classic_composition(
-                batch.n_tokens,
-                batch.n_seq_id as *const i32,
-                batch.seq_id as *const *const i32,
-            )
-        })
-        .flatten()
-    };
-    // SAFETY: the real llama_decode, with the caller's arguments.
-    traced_span(
-        Entry::LlamaDecode,
-        batch.n_tokens.max(0) as u32,
-        composition,
-        real,
-        |f| unsafe { std::mem::transmute::<usize, LlamaFn>(f)(ctx, batch) },
-    )
+/// A llama span's begin or end.
+fn span_mark(name: Entry, begin: bool, n_tokens: u32, composition: Option<Composition>) {
+    let c = composition.unwrap_or_default();
+    guarded(|| record::span(name, begin, n_tokens, &c.seqs[..c.n_seqs], c.other_tokens));
 }
 
-unsafe extern "C" fn llama_encode_impl(ctx: Ptr, batch: LlamaBatch, ret: usize) -> i32 {
-    let Some(real) = real_function(Entry::LlamaEncode, ret) else {
+/// `llama_decode`/`llama_encode` where the batch comes by reference: the reference is handed on.
+#[cfg(any(windows, not(target_arch = "x86_64")))]
+fn traced_batch_call(name: Entry, ctx: Ptr, batch: BatchRef, ret: usize) -> i32 {
+    let Some(real) = real_function(name, ret) else {
         return -1;
     };
-    // SAFETY: the real llama_encode, with the caller's arguments.
-    traced_span(
-        Entry::LlamaEncode,
-        batch.n_tokens.max(0) as u32,
-        None,
-        real,
-        |f| unsafe { std::mem::transmute::<usize, LlamaFn>(f)(ctx, batch) },
-    )
+    let (n_tokens, composition) = if real.untraced {
+        (0, None)
+    } else {
+        // SAFETY: the caller's batch, per llama_decode's contract.
+        guarded(|| unsafe { batch_span(name, batch) }).unwrap_or((u32::MAX, None))
+    };
+    type LlamaFn = unsafe extern "C" fn(Ptr, BatchRef) -> i32;
+    // SAFETY: the real function, with the caller's arguments (the batch's reference as it came).
+    traced_span(name, n_tokens, composition, real, |f| unsafe {
+        std::mem::transmute::<usize, LlamaFn>(f)(ctx, batch)
+    })
+}
+
+#[cfg(any(windows, not(target_arch = "x86_64")))]
+unsafe extern "C" fn llama_decode_impl(ctx: Ptr, batch: BatchRef, ret: usize) -> i32 {
+    traced_batch_call(Entry::LlamaDecode, ctx, batch, ret)
+}
+
+#[cfg(any(windows, not(target_arch = "x86_64")))]
+unsafe extern "C" fn llama_encode_impl(ctx: Ptr, batch: BatchRef, ret: usize) -> i32 {
+    traced_batch_call(Entry::LlamaEncode, ctx, batch, ret)
+}
+
+/// Before `llama_decode`/`llama_encode` on x86-64 System V: the batch is the first stack
+/// argument; its span begins here and ends in [`in_place_exit`].
+#[cfg(all(target_arch = "x86_64", not(windows)))]
+fn batch_enter(name: Entry, batch: *const LlamaBatch, return_address: usize) -> in_place::Next {
+    let Some(real) = real_function(name, return_address) else {
+        return in_place::Next { real: 0, swap: 0 };
+    };
+    let mut swap = 0;
+    if !real.untraced {
+        // SAFETY: the caller's batch, in its frame, per llama_decode's contract.
+        let (n_tokens, composition) =
+            guarded(|| unsafe { batch_span(name, batch) }).unwrap_or((u32::MAX, None));
+        let pending = in_place::Pending::Span {
+            name,
+            n_tokens,
+            composition,
+        };
+        if in_place::push(return_address, pending) {
+            span_mark(name, true, n_tokens, composition);
+            swap = 1;
+        }
+    }
+    in_place::Next {
+        real: real.real,
+        swap,
+    }
+}
+
+#[cfg(all(target_arch = "x86_64", not(windows)))]
+extern "C" fn decode_enter(
+    _registers: &in_place::SavedRegisters,
+    stack_args: *const LlamaBatch,
+    return_address: usize,
+) -> in_place::Next {
+    batch_enter(Entry::LlamaDecode, stack_args, return_address)
+}
+
+#[cfg(all(target_arch = "x86_64", not(windows)))]
+extern "C" fn encode_enter(
+    _registers: &in_place::SavedRegisters,
+    stack_args: *const LlamaBatch,
+    return_address: usize,
+) -> in_place::Next {
+    batch_enter(Entry::LlamaEncode, stack_args, return_address)
+}
+
+/// After an in-place export's real function: records what was under way, returns where the
+/// caller's call returns to.
+#[cfg(all(target_arch = "x86_64", not(windows)))]
+extern "C" fn in_place_exit(result: usize) -> usize {
+    let (return_address, pending) = in_place::pop();
+    match pending {
+        in_place::Pending::Buffer { buft, helpers } => buffer_made(helpers, buft, result as Ptr),
+        in_place::Pending::Span {
+            name,
+            n_tokens,
+            composition,
+        } => span_mark(name, false, n_tokens, composition),
+    }
+    return_address
 }
 
 /// `llama_process(ctx, LLAMA_PROCESS_TYPE_{ENCODE,DECODE}, batch_ext)`: recorded as the
@@ -707,137 +810,26 @@ fn buffer_made(helpers: &Helpers, buft: Ptr, buffer: Ptr) {
     });
 }
 
-/// `ggml_backend_buffer_init` on x86-64 System V, where the interface struct lies in the
-/// caller's stack frame, right above the return address, and its size depends on the ggml
-/// version (11 words in ggml 0.25). The struct is never copied or read: the real function is
-/// entered by a jump with the caller's stack as it is, after the return address is swapped for
-/// ours; it returns to us, and we jump back to the caller. [`buffer_init_enter`] keeps the
-/// caller's return address meanwhile (before: the struct was taken as 16 words by value, reading
-/// 40 bytes past the caller's argument).
-///
-/// # Safety
-/// ggml's own contract: `ggml_backend_buffer_init(buft, iface, context, size)` of the caller's
-/// copy of ggml.
-#[cfg(all(target_arch = "x86_64", not(windows)))]
-#[unsafe(naked)]
-#[cfg_attr(not(target_os = "macos"), unsafe(no_mangle))]
-#[cfg_attr(
-    target_os = "macos",
-    unsafe(export_name = "ggml_viz_ggml_backend_buffer_init")
-)]
-pub unsafe extern "C" fn ggml_backend_buffer_init() {
-    core::arch::naked_asm!(
-        // rdi = buft, rsi = context, rdx = size; three pushes leave the stack 16-byte aligned.
-        "push rdi",
-        "push rsi",
-        "push rdx",
-        // buffer_init_enter(buft, context, size, return address) -> rax real, rdx swap or not
-        "mov rcx, [rsp + 24]",
-        "call {enter}",
-        "mov r11, rdx",
-        "pop rdx",
-        "pop rsi",
-        "pop rdi",
-        "test rax, rax",
-        "jz 3f",
-        "test r11, r11",
-        "jz 2f",
-        "lea r11, [rip + 1f]",
-        "mov [rsp], r11",
-        "2:",
-        "jmp rax",
-        // Back from the real function (rsp is 16-byte aligned here), with the buffer in rax.
-        "1:",
-        "push rax",
-        "sub rsp, 8",
-        "mov rdi, rax",
-        "call {exit}",
-        "mov r11, rax",
-        "add rsp, 8",
-        "pop rax",
-        "jmp r11",
-        // No loaded library defines it.
-        "3:",
-        "xor eax, eax",
-        "ret",
-        enter = sym buffer_init_enter,
-        exit = sym buffer_init_exit,
-    )
-}
-
-/// What [`buffer_init_enter`] tells the export: the real function (0: none), and whether to
-/// swap the return address (0: jump to it untraced, the caller's return address left as it is).
-#[cfg(all(target_arch = "x86_64", not(windows)))]
-#[repr(C)]
-struct BufferInitNext {
-    real: usize,
-    swap: usize,
-}
-
-/// A `ggml_backend_buffer_init` call under way on this thread.
-#[cfg(all(target_arch = "x86_64", not(windows)))]
-#[derive(Clone, Copy)]
-struct BufferInitCall {
-    return_address: usize,
-    buft: Ptr,
-    helpers: &'static Helpers,
-}
-
-#[cfg(all(target_arch = "x86_64", not(windows)))]
-thread_local! {
-    /// The calls under way on this thread, innermost last (ggml never nests them: 4 is room).
-    static BUFFER_INITS: std::cell::Cell<([Option<BufferInitCall>; 4], usize)> =
-        const { std::cell::Cell::new(([None; 4], 0)) };
-}
-
+/// Before `ggml_backend_buffer_init(buft, iface, context, size)` on x86-64 System V: `buft` is
+/// the first register argument; the interface struct on the stack is not looked at.
 #[cfg(all(target_arch = "x86_64", not(windows)))]
 extern "C" fn buffer_init_enter(
-    buft: Ptr,
-    _context: Ptr,
-    _size: usize,
+    registers: &in_place::SavedRegisters,
+    _stack_args: *const c_void,
     return_address: usize,
-) -> BufferInitNext {
+) -> in_place::Next {
     let Some(real) = real_function(Entry::BufferInit, return_address) else {
-        return BufferInitNext { real: 0, swap: 0 };
+        return in_place::Next { real: 0, swap: 0 };
     };
-    let mut swap = 0;
-    if !real.untraced {
-        BUFFER_INITS.with(|calls| {
-            let (mut stack, depth) = calls.get();
-            if depth < stack.len() {
-                stack[depth] = Some(BufferInitCall {
-                    return_address,
-                    buft,
-                    helpers: real.helpers,
-                });
-                calls.set((stack, depth + 1));
-                swap = 1;
-            }
-        });
-    }
-    BufferInitNext {
+    let pending = in_place::Pending::Buffer {
+        buft: registers[0] as Ptr,
+        helpers: real.helpers,
+    };
+    let swap = !real.untraced && in_place::push(return_address, pending);
+    in_place::Next {
         real: real.real,
-        swap,
+        swap: usize::from(swap),
     }
-}
-
-/// After the real function: records the buffer, returns where the caller's call returns to.
-#[cfg(all(target_arch = "x86_64", not(windows)))]
-extern "C" fn buffer_init_exit(buffer: Ptr) -> usize {
-    let call = BUFFER_INITS.with(|calls| {
-        let (mut stack, depth) = calls.get();
-        let top = depth.checked_sub(1)?;
-        let call = stack[top].take();
-        calls.set((stack, top));
-        call
-    });
-    // Entered only after `buffer_init_enter` pushed this call (the swapped return address
-    // brought us here), so it is there.
-    let Some(call) = call else {
-        std::process::abort()
-    };
-    buffer_made(call.helpers, call.buft, buffer);
-    call.return_address
 }
 
 unsafe extern "C" fn buffer_free(buffer: Ptr, ret: usize) {

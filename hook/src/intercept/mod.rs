@@ -2,6 +2,7 @@
 //!
 //! - [`exports`]: the exported trampolines and wrappers of ggml's entry points; each resolves
 //!   the real function, records around it, and calls it exactly once;
+//! - `in_place`: exports that leave a by-value struct in the caller's frame (x86-64 System V);
 //! - [`route`]: finding the real function behind a wrapper, chosen once per OS;
 //! - [`inline`] and [`install`]: inline hooks, for a ggml linked into the executable (Linux) and
 //!   ggml's DLLs (Windows);
@@ -19,6 +20,8 @@ mod batches;
 pub mod cpu_ops;
 mod eval_callback;
 pub mod exports;
+#[cfg(all(target_arch = "x86_64", not(windows)))]
+mod in_place;
 #[cfg(any(target_os = "linux", windows))]
 mod inline;
 #[cfg(any(target_os = "linux", windows))]
