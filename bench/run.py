@@ -146,6 +146,38 @@ def readers(quick, tmp):
            "chrome-json output", json_mb, "MB")
 
 
+def rpc(quick, tmp):
+    """The ggml-rpc reader on a long job: a synthetic client/server pair (examples/synthesize_rpc:
+    per token a decode, SET_TENSOR, GRAPH_COMPUTE and an answered GET_TENSOR), through `rpc`,
+    `export --to perfetto` (which joins the pair first, for the clock offset) and `report`; then
+    a pair whose graph computes are never answered (the case that was quadratic)."""
+    tokens = 50_000 if quick else 1_000_000
+    run(["cargo", "build", "-q", "--release", "-p", "ggml-viz-examples", "--example", "synthesize_rpc"])
+    synth = os.path.join(ROOT, "target/release/examples/synthesize_rpc")
+    viz = os.path.join(ROOT, "target/release/ggml-viz")
+    for label, extra in (("", []), ("unanswered, ", ["--unanswered"])):
+        progress(f"ggml-rpc reader: {label}{tokens} tokens")
+        client, server = os.path.join(tmp, "client.ggmlviz"), os.path.join(tmp, "server.ggmlviz")
+        events = int(run([synth, client, server, str(tokens)] + extra).stdout.split()[-1])
+        size_mb = (os.path.getsize(client) + os.path.getsize(server)) / 1e6
+        commands = [("rpc", [viz, "rpc", client, server])]
+        if not extra:
+            commands += [("export --to perfetto", [viz, "export", "--to", "perfetto", "-q", client, server,
+                                                   "-o", os.path.join(tmp, "rpc.pftrace")]),
+                         ("report", [viz, "report", "-q", client, server, "-o", os.path.join(tmp, "rpc.html")])]
+        for name, cmd in commands:
+            os.sync()
+            start = time.perf_counter()
+            rss = peak_rss(cmd)
+            seconds = time.perf_counter() - start
+            metric(f"{label}{name} of a client/server pair: tokens", tokens / seconds, "tokens/s",
+                   "tokens", tokens, "tokens")
+            metric(f"  {label}{name}: throughput", events / seconds, "events/s", "input size (MB)", size_mb, "MB")
+            metric(f"  {label}{name}: peak RSS", rss / 1024, "MB", "input size", size_mb)
+        os.remove(client)
+        os.remove(server)
+
+
 def llama(quick, tmp):
     rounds = 3 if quick else 6
     build = run(["bash", "scripts/setup-llama.sh"]).stdout.strip().splitlines()[-1]
@@ -572,8 +604,8 @@ def main():
     progress(f"wrote {len(RESULTS)} metrics to {os.path.relpath(out, ROOT)} in {machine['seconds']} s")
 
 
-SECTIONS = {"producer": producer, "decode": decode, "readers": readers, "live": live, "inert": inert,
-            "llama": llama, "vulkan": vulkan}
+SECTIONS = {"producer": producer, "decode": decode, "readers": readers, "rpc": rpc, "live": live,
+            "inert": inert, "llama": llama, "vulkan": vulkan}
 
 if __name__ == "__main__":
     main()

@@ -266,6 +266,63 @@ pub struct RpcBoundary {
     pub received: u64,
 }
 
+impl RpcBoundary {
+    /// Parses an RPC record's payload: the writer's own form (its fields in order, no spaces or
+    /// escapes) read directly, anything else through serde (RPC records are most of a ggml-rpc
+    /// trace, and serde's path costs several times as much).
+    pub fn from_json(label: &[u8]) -> Option<RpcBoundary> {
+        Self::from_writers_json(label).or_else(|| parse_payload(label))
+    }
+
+    fn from_writers_json(label: &[u8]) -> Option<RpcBoundary> {
+        let mut rest = label.strip_prefix(b"{\"part\":\"")?;
+        let part = if let Some(r) = rest.strip_prefix(b"request\"") {
+            rest = r;
+            RpcPart::Request
+        } else if let Some(r) = rest.strip_prefix(b"answer\"") {
+            rest = r;
+            RpcPart::Answer
+        } else {
+            rest = rest.strip_prefix(b"serve\"")?;
+            RpcPart::Serve
+        };
+        let mut out = RpcBoundary {
+            part,
+            ..RpcBoundary::default()
+        };
+        let number = |rest: &mut &[u8], key: &[u8]| -> Option<u64> {
+            *rest = rest.strip_prefix(key)?;
+            let digits = rest.iter().take_while(|b| b.is_ascii_digit()).count();
+            if digits > 1 && rest[0] == b'0' {
+                return None; // not JSON: serde refuses it too
+            }
+            let n = std::str::from_utf8(&rest[..digits]).ok()?.parse().ok()?;
+            *rest = &rest[digits..];
+            Some(n)
+        };
+        out.command = u8::try_from(number(&mut rest, b",\"command\":")?).ok()?;
+        out.connection = u32::try_from(number(&mut rest, b",\"connection\":")?).ok()?;
+        out.index = u32::try_from(number(&mut rest, b",\"index\":")?).ok()?;
+        if let Some(r) = rest.strip_prefix(b",\"endpoint\":\"") {
+            let len = r
+                .iter()
+                .position(|&b| b == b'"' || b == b'\\' || b < 0x20)?;
+            if r[len] != b'"' {
+                return None; // an escape (serde's to read) or a control byte (not JSON)
+            }
+            out.endpoint = Some(std::str::from_utf8(&r[..len]).ok()?.to_owned());
+            rest = &r[len + 1..];
+        }
+        if rest.starts_with(b",\"sent\":") {
+            out.sent = number(&mut rest, b",\"sent\":")?;
+        }
+        if rest.starts_with(b",\"received\":") {
+            out.received = number(&mut rest, b",\"received\":")?;
+        }
+        (rest == b"}").then_some(out)
+    }
+}
+
 fn is_zero_u64(n: &u64) -> bool {
     *n == 0
 }
@@ -594,6 +651,31 @@ mod tests {
     use proptest::prelude::*;
 
     proptest! {
+        /// The direct reading of an RPC payload gives what serde gives, for the writer's form
+        /// (endpoints that need escaping included) and for bytes a little off it (spaces, a
+        /// leading zero, a field cut or doubled), where both must agree, refusal included.
+        #[test]
+        fn rpc_payloads_read_as_serde_reads_them(
+            part in prop_oneof![Just(RpcPart::Request), Just(RpcPart::Answer), Just(RpcPart::Serve)],
+            command in any::<u8>(),
+            connection in any::<u32>(),
+            index in any::<u32>(),
+            endpoint in proptest::option::of(".{0,12}"),
+            sent in prop_oneof![Just(0u64), any::<u64>()],
+            received in prop_oneof![Just(0u64), any::<u64>()],
+            cut in 0usize..200,
+            insert in prop_oneof![Just(""), Just(" "), Just("0"), Just("\"\\u0041\""), Just(",\"sent\":1")],
+        ) {
+            let b = RpcBoundary { part, command, connection, index, endpoint, sent, received };
+            let json = serde_json::to_vec(&b).unwrap();
+            prop_assert_eq!(RpcBoundary::from_json(&json), Some(b));
+            let mut bent = json.clone();
+            let at = cut.min(bent.len());
+            bent.splice(at..at, insert.bytes());
+            prop_assert_eq!(RpcBoundary::from_json(&bent), parse_payload::<RpcBoundary>(&bent));
+            prop_assert_eq!(RpcBoundary::from_json(&json[..at]), parse_payload::<RpcBoundary>(&json[..at]));
+        }
+
         /// The hand-written payload is serde's, byte for byte, whatever the span holds (names
         /// that need escaping, no or several sequences, negative positions).
         #[test]

@@ -128,8 +128,12 @@ impl Reading {
                 .position(|p| p.id == process)
                 .and_then(|n| input_of.get(n).copied())
         };
-        self.alignments =
-            analysis.alignments(self.paths.len(), process_input, !opts.no_clock_align);
+        self.alignments = analysis.alignments(
+            &parts,
+            self.paths.len(),
+            process_input,
+            !opts.no_clock_align,
+        );
         for (path, a) in self.paths.iter().zip(&self.alignments) {
             if a.shift_ns != 0 {
                 self.bar.suspend(|| {

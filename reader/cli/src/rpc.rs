@@ -6,7 +6,7 @@ use std::io::{self, Write};
 use std::path::PathBuf;
 
 use clap::Args;
-use ggml_viz_reader::telemetry::rpc::{RpcAnalysis, RpcParts, analyse};
+use ggml_viz_reader::telemetry::rpc::{PartIndex, RpcAnalysis, RpcParts, TokenTime, analyse};
 use ggml_viz_reader::telemetry::{Format, Ids};
 
 use crate::Failure;
@@ -57,11 +57,12 @@ pub fn run(args: RpcArgs) -> Result<(), Failure> {
         ));
     }
     let analysis = analyse(&parts);
+    let tokens = analysis.tokens(&parts);
     let mut out = io::stdout().lock();
     if args.json {
-        writeln!(out, "{}", to_json(&parts, &analysis))?;
+        writeln!(out, "{}", to_json(&parts, &analysis, &tokens))?;
     } else {
-        write_tables(&mut out, &parts, &analysis)?;
+        write_tables(&mut out, &parts, &analysis, &tokens)?;
     }
     out.flush()?;
     result
@@ -75,7 +76,12 @@ fn process_name(parts: &RpcParts, id: u32) -> String {
         .map_or_else(|| format!("process {id}"), |p| p.label())
 }
 
-fn write_tables(out: &mut impl Write, parts: &RpcParts, a: &RpcAnalysis) -> io::Result<()> {
+fn write_tables(
+    out: &mut impl Write,
+    parts: &RpcParts,
+    a: &RpcAnalysis,
+    tokens: &[TokenTime],
+) -> io::Result<()> {
     writeln!(out, "connections joined: {}", a.links.len())?;
     for l in &a.links {
         writeln!(
@@ -112,7 +118,7 @@ fn write_tables(out: &mut impl Write, parts: &RpcParts, a: &RpcAnalysis) -> io::
             o.commands
         )?;
     }
-    write_tokens(out, parts, a)?;
+    write_tokens(out, parts, tokens)?;
     if !a.computes_answered.is_empty() {
         let mut ns: Vec<u64> = a.computes_answered.iter().map(|&(_, ns)| ns).collect();
         ns.sort_unstable();
@@ -149,15 +155,11 @@ fn write_tables(out: &mut impl Write, parts: &RpcParts, a: &RpcAnalysis) -> io::
 }
 
 /// Where the tokens' time went, summed over each client's decodes.
-fn write_tokens(out: &mut impl Write, parts: &RpcParts, a: &RpcAnalysis) -> io::Result<()> {
-    let mut clients: Vec<u32> = a.tokens.iter().map(|t| t.client_process).collect();
+fn write_tokens(out: &mut impl Write, parts: &RpcParts, all: &[TokenTime]) -> io::Result<()> {
+    let mut clients: Vec<u32> = all.iter().map(|t| t.client_process).collect();
     clients.dedup();
     for client in clients {
-        let tokens: Vec<_> = a
-            .tokens
-            .iter()
-            .filter(|t| t.client_process == client)
-            .collect();
+        let tokens: Vec<_> = all.iter().filter(|t| t.client_process == client).collect();
         let total: u64 = tokens.iter().map(|t| t.end_ns - t.start_ns).sum();
         let share = |ns: u64| 100.0 * ns as f64 / total.max(1) as f64;
         writeln!(
@@ -196,10 +198,11 @@ fn write_tokens(out: &mut impl Write, parts: &RpcParts, a: &RpcAnalysis) -> io::
     Ok(())
 }
 
-fn to_json(parts: &RpcParts, a: &RpcAnalysis) -> serde_json::Value {
+fn to_json(parts: &RpcParts, a: &RpcAnalysis, tokens: &[TokenTime]) -> serde_json::Value {
     use serde_json::json;
-    let part = |p: &ggml_viz_reader::telemetry::rpc::CommandPart| {
-        json!({"process": p.process, "command": p.command, "connection": p.connection,
+    let part = |n: PartIndex| {
+        let p = parts.part(n);
+        json!({"process": p.process, "command": parts.command_name(p.command), "connection": p.connection,
                "index": p.index, "start_ns": p.start_ns, "end_ns": p.end_ns,
                "sent": p.sent, "received": p.received})
     };
@@ -220,15 +223,15 @@ fn to_json(parts: &RpcParts, a: &RpcAnalysis) -> serde_json::Value {
             "request_ns": r.request_ns, "answer_ns": r.answer_ns}))).collect::<serde_json::Map<_, _>>(),
         "computes_answered": a.computes_answered.iter().map(|&(joined, ns)| json!({
             "joined": joined, "ns": ns})).collect::<Vec<_>>(),
-        "tokens": a.tokens.iter().map(|t| json!({
+        "tokens": tokens.iter().map(|t| json!({
             "client_process": t.client_process, "start_ns": t.start_ns, "end_ns": t.end_ns,
             "servers": t.servers.iter().map(|(p, ns)| json!({"process": p, "compute_ns": ns}))
                 .collect::<Vec<_>>(),
             "client_compute_ns": t.client_compute_ns, "transfer_ns": t.transfer_ns,
             "idle_ns": t.idle_ns})).collect::<Vec<_>>(),
         "joined": a.joined.iter().map(|j| json!({
-            "link": j.link, "request": part(&j.request),
-            "answer": j.answer.as_ref().map(part), "serve": part(&j.serve),
-            "server_answer": j.server_answer.as_ref().map(part)})).collect::<Vec<_>>(),
+            "link": j.link, "request": part(j.request),
+            "answer": j.answer.map(part), "serve": part(j.serve),
+            "server_answer": j.server_answer.map(part)})).collect::<Vec<_>>(),
     })
 }

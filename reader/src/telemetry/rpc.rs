@@ -14,12 +14,17 @@
 //! `θ` from both sides (`request.start − serve.start ≤ θ ≤ answer.end − server answer.start`),
 //! and a command without an answer from below; the estimate is the middle of the intersection of
 //! all the bounds, its uncertainty half the width.
+//!
+//! Cost: linear in the commands (a day of serving is millions). What is held: each command part
+//! in 48 bytes ([`CommandPart`], its command name interned), and per joined command four indices
+//! into them; the per-token breakdown ([`RpcAnalysis::tokens`]) is worked out only when asked
+//! for, in one sweep per client.
 
 use std::collections::BTreeMap;
 
-use rustc_hash::FxHashMap as HashMap;
+use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 
-use crate::telemetry::{Arg, Process, Record, RecordSink, Span};
+use crate::telemetry::{Arg, Process, Record, RecordSink, Span, Text};
 
 /// The category of the hook's RPC spans.
 pub const CATEGORY: &str = "rpc";
@@ -34,41 +39,83 @@ pub const RECEIVED: &str = "received";
 /// Which part of a command a span is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Part {
+    /// The client sends the command.
     Request,
-    /// The client's answer; in [`analyse`]'s results also a server's (inside its serve span).
+    /// An answer: the client's reading it, or (on a connection the process served) the server's
+    /// writing it, inside its serve span.
     Answer,
+    /// The server serves the command.
     Serve,
-    /// A server's answer, as [`analyse`] tells it apart.
-    ServerAnswer,
 }
 
+/// A command name, interned in its [`RpcParts`] ([`RpcParts::command_name`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct CommandId(u16);
+
 /// One part of one command.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub struct CommandPart {
     pub process: u32,
-    pub part: Part,
-    pub command: String,
     pub connection: u32,
     pub index: u32,
-    pub endpoint: Option<String>,
+    pub command: CommandId,
+    pub part: Part,
     pub start_ns: u64,
     pub end_ns: u64,
     pub sent: u64,
     pub received: u64,
 }
 
+/// An index into [`RpcParts::parts`].
+pub type PartIndex = u32;
+
 /// A sink that keeps the processes and the RPC parts of an import (everything else passes by).
 #[derive(Debug, Default)]
 pub struct RpcParts {
     pub processes: Vec<Process>,
     pub parts: Vec<CommandPart>,
+    /// Each connection's far end as first named: (process, connection) → `host:port`.
+    pub endpoints: HashMap<(u32, u32), String>,
     /// `llama_decode` spans (process, start, end): the tokens of the per-token breakdown.
     pub decodes: Vec<(u32, u64, u64)>,
     /// Graph computes on backends other than ggml-rpc's (process, start, end): a process's
     /// own compute.
     pub local_computes: Vec<(u32, u64, u64)>,
     lanes: HashMap<u32, u32>,
+    command_names: Vec<Text>,
+    command_ids: HashMap<Text, CommandId>,
     pub warnings: Vec<String>,
+}
+
+/// Command names past this many distinct ones share the last (a GGMLVIZ trace has at most 256).
+const COMMAND_NAMES: usize = u16::MAX as usize;
+
+impl RpcParts {
+    /// The interned id of command `name`.
+    pub fn command_id(&mut self, name: &Text) -> CommandId {
+        if let Some(&id) = self.command_ids.get(name) {
+            return id;
+        }
+        if self.command_names.len() == COMMAND_NAMES {
+            return CommandId(COMMAND_NAMES as u16 - 1);
+        }
+        let id = CommandId(self.command_names.len() as u16);
+        self.command_names.push(name.clone());
+        self.command_ids.insert(name.clone(), id);
+        id
+    }
+
+    pub fn command_name(&self, id: CommandId) -> &str {
+        self.command_names.get(usize::from(id.0)).map_or("?", |n| n)
+    }
+
+    pub fn part(&self, index: PartIndex) -> &CommandPart {
+        &self.parts[index as usize]
+    }
+
+    fn is_graph_compute(&self, id: CommandId) -> bool {
+        matches!(self.command_name(id), "GRAPH_COMPUTE" | "GRAPH_RECOMPUTE")
+    }
 }
 
 impl RecordSink for RpcParts {
@@ -76,9 +123,7 @@ impl RecordSink for RpcParts {
         let process = self.lanes.get(&span.lane).copied().unwrap_or(0);
         let interval = (process, span.start_ns, span.end_ns);
         if &*span.category == CATEGORY {
-            if let Some(part) = command_part(process, span) {
-                self.parts.push(part);
-            }
+            self.command_part(process, span);
         } else if &*span.name == "llama_decode" {
             self.decodes.push(interval);
         } else if &*span.category == "graph"
@@ -103,62 +148,120 @@ impl RecordSink for RpcParts {
     }
 }
 
-fn command_part(process: u32, span: &Span) -> Option<CommandPart> {
-    let arg = |key: &str| span.args.iter().find(|(k, _)| &**k == key).map(|(_, v)| v);
-    let uint = |key: &str| match arg(key) {
-        Some(Arg::UInt(n)) => *n,
-        _ => 0,
-    };
-    let part = match arg(PART) {
-        Some(Arg::Str(p)) => match &**p {
-            "request" => Part::Request,
-            "answer" => Part::Answer,
-            "serve" => Part::Serve,
-            _ => return None,
-        },
-        _ => return None,
-    };
-    Some(CommandPart {
-        process,
-        part,
-        command: span.name.to_string(),
-        connection: uint(CONNECTION) as u32,
-        index: uint(INDEX) as u32,
-        endpoint: match arg(ENDPOINT) {
-            Some(Arg::Str(e)) => Some(e.to_string()),
-            _ => None,
-        },
-        start_ns: span.start_ns,
-        end_ns: span.end_ns,
-        sent: uint(SENT),
-        received: uint(RECEIVED),
-    })
+impl RpcParts {
+    /// Keeps the command part an RPC span describes (a span without a known part is none).
+    fn command_part(&mut self, process: u32, span: &Span) {
+        let arg = |key: &str| span.args.iter().find(|(k, _)| &**k == key).map(|(_, v)| v);
+        let uint = |key: &str| match arg(key) {
+            Some(Arg::UInt(n)) => *n,
+            _ => 0,
+        };
+        let part = match arg(PART) {
+            Some(Arg::Str(p)) => match &**p {
+                "request" => Part::Request,
+                "answer" => Part::Answer,
+                "serve" => Part::Serve,
+                _ => return,
+            },
+            _ => return,
+        };
+        let connection = uint(CONNECTION) as u32;
+        if let Some(Arg::Str(e)) = arg(ENDPOINT) {
+            self.endpoints
+                .entry((process, connection))
+                .or_insert_with(|| e.to_string());
+        }
+        let command = self.command_id(&span.name);
+        self.parts.push(CommandPart {
+            process,
+            connection,
+            index: uint(INDEX) as u32,
+            command,
+            part,
+            start_ns: span.start_ns,
+            end_ns: span.end_ns,
+            sent: uint(SENT),
+            received: uint(RECEIVED),
+        });
+    }
 }
+
+/// No part.
+const NONE: PartIndex = PartIndex::MAX;
+
+/// What both ends of a connection must agree on: (index, command, request bytes) per command.
+type Signature = Vec<(u32, CommandId, u64)>;
 
 /// One connection as one end saw it.
 #[derive(Clone, Debug, Default)]
 struct Connection {
     process: u32,
     id: u32,
-    endpoint: Option<String>,
-    /// By index: request (client) or serve (server), and the answer.
-    commands: BTreeMap<u32, (Option<CommandPart>, Option<CommandPart>)>,
+    /// By command index, ascending: (index, request or serve, answer), [`NONE`] where absent.
+    commands: Vec<(u32, PartIndex, PartIndex)>,
 }
 
 impl Connection {
+    /// Files part `n` under its command.
+    fn add(&mut self, index: u32, n: PartIndex, answer: bool) {
+        let slot = match self.commands.last_mut() {
+            Some(last) if last.0 == index => last,
+            _ => {
+                self.commands.push((index, NONE, NONE));
+                self.commands.last_mut().expect("just pushed")
+            }
+        };
+        if answer { slot.2 = n } else { slot.1 = n }
+    }
+
+    /// Puts the commands in index order, one entry per index (parts arrive as their spans end:
+    /// a server's answer before its serve span, so nearly in order already).
+    fn settle(&mut self) {
+        if self.commands.is_sorted_by_key(|c| c.0)
+            && self.commands.windows(2).all(|w| w[0].0 != w[1].0)
+        {
+            return;
+        }
+        self.commands.sort_by_key(|c| c.0);
+        let mut merged: Vec<(u32, PartIndex, PartIndex)> = Vec::with_capacity(self.commands.len());
+        for &(index, main, answer) in &self.commands {
+            match merged.last_mut() {
+                Some(last) if last.0 == index => {
+                    if main != NONE {
+                        last.1 = main;
+                    }
+                    if answer != NONE {
+                        last.2 = answer;
+                    }
+                }
+                _ => merged.push((index, main, answer)),
+            }
+        }
+        self.commands = merged;
+    }
+
+    fn command(&self, index: u32) -> Option<(PartIndex, PartIndex)> {
+        let at = self.commands.binary_search_by_key(&index, |c| c.0).ok()?;
+        let (_, main, answer) = self.commands[at];
+        Some((main, answer))
+    }
+
     /// The command and request bytes per index: what both ends must agree on.
-    fn signature(&self, client: bool) -> Vec<(u32, &str, u64)> {
-        self.commands
-            .iter()
-            .filter_map(|(&i, (main, _))| {
-                let m = main.as_ref()?;
-                Some((
-                    i,
-                    m.command.as_str(),
-                    if client { m.sent } else { m.received },
-                ))
+    fn signature(&self, parts: &RpcParts, client: bool) -> Signature {
+        (self.commands.iter())
+            .filter(|c| c.1 != NONE)
+            .map(|&(i, main, _)| {
+                let m = parts.part(main);
+                (i, m.command, if client { m.sent } else { m.received })
             })
             .collect()
+    }
+
+    /// When its first command began.
+    fn first_start(&self, parts: &RpcParts) -> u64 {
+        (self.commands.iter())
+            .find(|c| c.1 != NONE)
+            .map_or(0, |c| parts.part(c.1).start_ns)
     }
 }
 
@@ -195,14 +298,15 @@ impl ClockOffset {
     }
 }
 
-/// A joined command: the client's request (and answer) with the server's serving of it.
-#[derive(Clone, Debug, PartialEq)]
+/// A joined command: the client's request (and answer) with the server's serving of it (and
+/// its answer), as indices into [`RpcParts::parts`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct JoinedCommand {
     pub link: usize,
-    pub request: CommandPart,
-    pub answer: Option<CommandPart>,
-    pub serve: CommandPart,
-    pub server_answer: Option<CommandPart>,
+    pub request: PartIndex,
+    pub answer: Option<PartIndex>,
+    pub serve: PartIndex,
+    pub server_answer: Option<PartIndex>,
 }
 
 /// Per command name over every client connection: count, bytes, time.
@@ -273,6 +377,41 @@ fn cover(
     covered.iter().map(|(a, b)| b - a).sum::<u64>() - before
 }
 
+/// Intervals sorted by start, handed out window by window for windows that move forward: each
+/// window gets those that overlap it. Each interval is taken in once and dropped once, so a
+/// sweep costs the intervals plus their overlaps with the windows.
+struct Sweep {
+    sorted: Vec<(u64, u64)>,
+    next: usize,
+    active: Vec<(u64, u64)>,
+}
+
+impl Sweep {
+    fn new(mut intervals: Vec<(u64, u64)>) -> Sweep {
+        intervals.sort_unstable();
+        Sweep {
+            sorted: intervals,
+            next: 0,
+            active: Vec::new(),
+        }
+    }
+
+    /// The intervals that overlap `[lo, hi)` (`lo` never below an earlier window's).
+    fn window(&mut self, lo: u64, hi: u64) -> &[(u64, u64)] {
+        self.active.retain(|&(_, end)| end > lo);
+        while let Some(&(start, end)) = self.sorted.get(self.next) {
+            if start >= hi {
+                break;
+            }
+            if end > lo {
+                self.active.push((start, end));
+            }
+            self.next += 1;
+        }
+        &self.active
+    }
+}
+
 /// Everything joined.
 #[derive(Clone, Debug, Default)]
 pub struct RpcAnalysis {
@@ -283,8 +422,6 @@ pub struct RpcAnalysis {
     /// Client connections no server trace joined (their server was not traced, or its trace
     /// is incomplete).
     pub unjoined_client_connections: usize,
-    /// Per token of each client (its `llama_decode` spans).
-    pub tokens: Vec<TokenTime>,
     /// Each graph compute sent (GRAPH_COMPUTE, GRAPH_RECOMPUTE: no answer of their own), from
     /// its request's start to the end of the next answer on its connection, which waited for
     /// it: (index into `joined`, ns).
@@ -301,240 +438,276 @@ impl RpcAnalysis {
 
 /// Joins and measures what `parts` holds.
 pub fn analyse(parts: &RpcParts) -> RpcAnalysis {
-    let mut clients: BTreeMap<(u32, u32), Connection> = BTreeMap::new();
-    let mut servers: BTreeMap<(u32, u32), Connection> = BTreeMap::new();
-    let mut commands: BTreeMap<String, CommandRow> = BTreeMap::new();
     // An answer on a connection that was served is the server's.
-    let served: rustc_hash::FxHashSet<(u32, u32)> = parts
-        .parts
-        .iter()
+    let served: HashSet<(u32, u32)> = (parts.parts.iter())
         .filter(|p| p.part == Part::Serve)
         .map(|p| (p.process, p.connection))
         .collect();
-    for p in &parts.parts {
-        let mut p = p.clone();
-        if p.part == Part::Answer && served.contains(&(p.process, p.connection)) {
-            p.part = Part::ServerAnswer;
-        }
-        let side = match p.part {
-            Part::Request | Part::Answer => &mut clients,
-            Part::Serve | Part::ServerAnswer => &mut servers,
+    let mut clients: BTreeMap<(u32, u32), Connection> = BTreeMap::new();
+    let mut servers: BTreeMap<(u32, u32), Connection> = BTreeMap::new();
+    let mut rows: BTreeMap<CommandId, CommandRow> = BTreeMap::new();
+    for (n, p) in parts.parts.iter().enumerate() {
+        let key = (p.process, p.connection);
+        let on_server = p.part == Part::Serve || served.contains(&key);
+        let side = if on_server {
+            &mut servers
+        } else {
+            &mut clients
         };
-        let conn = side.entry((p.process, p.connection)).or_default();
-        conn.process = p.process;
-        conn.id = p.connection;
-        if conn.endpoint.is_none() {
-            conn.endpoint.clone_from(&p.endpoint);
-        }
-        let slot = conn.commands.entry(p.index).or_default();
-        let is_client = matches!(p.part, Part::Request | Part::Answer);
-        if is_client {
-            let row = commands.entry(p.command.clone()).or_default();
+        let conn = side.entry(key).or_insert_with(|| Connection {
+            process: p.process,
+            id: p.connection,
+            commands: Vec::new(),
+        });
+        conn.add(p.index, n as PartIndex, p.part == Part::Answer);
+        if !on_server {
+            let row = rows.entry(p.command).or_default();
+            let ns = p.end_ns.saturating_sub(p.start_ns);
             if p.part == Part::Request {
                 row.count += 1;
-                row.sent += p.sent;
-                row.request_ns += p.end_ns.saturating_sub(p.start_ns);
+                row.sent = row.sent.saturating_add(p.sent);
+                row.request_ns = row.request_ns.saturating_add(ns);
             } else {
-                row.received += p.received;
-                row.answer_ns += p.end_ns.saturating_sub(p.start_ns);
+                row.received = row.received.saturating_add(p.received);
+                row.answer_ns = row.answer_ns.saturating_add(ns);
             }
         }
-        match p.part {
-            Part::Request | Part::Serve => slot.0 = Some(p),
-            Part::Answer | Part::ServerAnswer => slot.1 = Some(p),
-        }
     }
-
+    for conn in clients.values_mut().chain(servers.values_mut()) {
+        conn.settle();
+    }
     let mut analysis = RpcAnalysis {
-        commands,
+        commands: (rows.into_iter())
+            .map(|(id, row)| (parts.command_name(id).to_string(), row))
+            .collect(),
         ..RpcAnalysis::default()
     };
-    let mut taken: Vec<(u32, u32)> = Vec::new();
-    let server_signatures: Vec<_> = servers.values().map(|s| s.signature(false)).collect();
+    join(parts, &clients, &servers, &mut analysis);
+    analysis.offsets = offsets(parts, &analysis);
+    analysis.computes_answered = computes_answered(parts, &analysis.joined);
+    analysis
+}
+
+/// Joins each client connection to the server connection that saw the same commands.
+fn join(
+    parts: &RpcParts,
+    clients: &BTreeMap<(u32, u32), Connection>,
+    servers: &BTreeMap<(u32, u32), Connection>,
+    analysis: &mut RpcAnalysis,
+) {
+    let mut by_signature: HashMap<Signature, Vec<(u32, u32)>> = HashMap::default();
+    for (key, server) in servers {
+        by_signature
+            .entry(server.signature(parts, false))
+            .or_default()
+            .push(*key);
+    }
+    let endpoint = |c: &Connection| parts.endpoints.get(&(c.process, c.id));
+    fn port(endpoint: Option<&String>) -> Option<&str> {
+        endpoint.and_then(|e| e.rsplit(':').next())
+    }
+    let mut taken: HashSet<(u32, u32)> = HashSet::default();
     for client in clients.values() {
-        let signature = client.signature(true);
-        let port = |e: &Option<String>| {
-            e.as_deref()
-                .and_then(|e| e.rsplit(':').next())
-                .map(str::to_owned)
-        };
-        let candidates = servers
-            .iter()
-            .zip(&server_signatures)
-            .filter(|((key, _), theirs)| !taken.contains(key) && **theirs == signature)
-            .map(|(server, _)| server);
+        let signature = client.signature(parts, true);
+        let client_endpoint = endpoint(client);
         // The same endpoint, else the same port, else the first (in time order) that agrees.
-        let chosen = candidates
+        let chosen = (by_signature.get(&signature).into_iter().flatten())
+            .filter(|key| !taken.contains(*key))
+            .map(|key| (*key, &servers[key]))
             .min_by_key(|(_, s)| {
                 (
-                    s.endpoint != client.endpoint,
-                    port(&s.endpoint) != port(&client.endpoint),
-                    s.commands
-                        .values()
-                        .next()
-                        .and_then(|c| c.0.as_ref())
-                        .map_or(0, |c| c.start_ns),
+                    endpoint(s) != client_endpoint,
+                    port(endpoint(s)) != port(client_endpoint),
+                    s.first_start(parts),
                 )
-            })
-            .map(|(key, s)| (*key, s));
+            });
         let Some((key, server)) = chosen else {
             analysis.unjoined_client_connections += 1;
             continue;
         };
-        taken.push(key);
+        taken.insert(key);
         let link = analysis.links.len();
         analysis.links.push(Link {
             client_process: client.process,
             client_connection: client.id,
             server_process: server.process,
             server_connection: server.id,
-            endpoint: client.endpoint.clone(),
+            endpoint: client_endpoint.cloned(),
             commands: signature.len(),
         });
-        for (index, (request, answer)) in &client.commands {
-            let (Some(request), Some((Some(serve), server_answer))) =
-                (request, server.commands.get(index))
-            else {
+        let present = |n: PartIndex| (n != NONE).then_some(n);
+        for &(index, request, answer) in &client.commands {
+            let Some((serve, server_answer)) = server.command(index) else {
                 continue;
             };
+            if request == NONE || serve == NONE {
+                continue;
+            }
             analysis.joined.push(JoinedCommand {
                 link,
-                request: request.clone(),
-                answer: answer.clone(),
-                serve: serve.clone(),
-                server_answer: server_answer.clone(),
+                request,
+                answer: present(answer),
+                serve,
+                server_answer: present(server_answer),
             });
         }
     }
+}
 
-    // Offsets, per server process, from every joined command of its links.
+/// Offsets, per server process, from every joined command of its links.
+fn offsets(parts: &RpcParts, analysis: &RpcAnalysis) -> Vec<ClockOffset> {
     let mut bounds: BTreeMap<u32, (i64, Option<i64>, usize)> = BTreeMap::new();
+    let signed = |t: u64| t.min(i64::MAX as u64) as i64;
     for j in &analysis.joined {
         let server = analysis.links[j.link].server_process;
         let b = bounds.entry(server).or_insert((i64::MIN, None, 0));
-        b.0 = b.0.max(j.request.start_ns as i64 - j.serve.start_ns as i64);
-        if let (Some(answer), Some(server_answer)) = (&j.answer, &j.server_answer) {
-            let upper = answer.end_ns as i64 - server_answer.start_ns as i64;
+        let (request, serve) = (parts.part(j.request), parts.part(j.serve));
+        b.0 =
+            b.0.max(signed(request.start_ns).saturating_sub(signed(serve.start_ns)));
+        if let (Some(answer), Some(server_answer)) = (j.answer, j.server_answer) {
+            let upper = signed(parts.part(answer).end_ns)
+                .saturating_sub(signed(parts.part(server_answer).start_ns));
             b.1 = Some(b.1.map_or(upper, |u: i64| u.min(upper)));
         }
         b.2 += 1;
     }
-    let offsets: Vec<ClockOffset> = bounds
-        .into_iter()
+    (bounds.into_iter())
         .map(|(server_process, (lower, upper, commands))| ClockOffset {
             server_process,
-            offset_ns: upper.map_or(lower, |u| lower + (u - lower) / 2),
+            offset_ns: upper.map_or(lower, |u| lower.saturating_add(u.saturating_sub(lower) / 2)),
             lower_ns: lower,
             upper_ns: upper,
             commands,
         })
-        .collect();
-    analysis.offsets = offsets;
-    for (n, j) in analysis.joined.iter().enumerate() {
-        if !matches!(
-            j.request.command.as_str(),
-            "GRAPH_COMPUTE" | "GRAPH_RECOMPUTE"
-        ) {
-            continue;
-        }
-        let answered = analysis.joined[n + 1..]
-            .iter()
-            .take_while(|k| k.link == j.link)
-            .find_map(|k| k.answer.as_ref());
-        if let Some(answer) = answered {
-            let ns = answer.end_ns.saturating_sub(j.request.start_ns);
-            analysis.computes_answered.push((n, ns));
-        }
-    }
-    analysis.tokens = tokens(parts, &analysis);
-    analysis
+        .collect()
 }
 
-/// The per-token breakdown of every client's decodes.
-fn tokens(parts: &RpcParts, a: &RpcAnalysis) -> Vec<TokenTime> {
-    let on_client_clock = |server: u32, t: u64| {
-        t.saturating_add_signed(a.offset_of(server).map_or(0, |o| o.offset_ns))
-    };
-    let clients: Vec<u32> = a.links.iter().map(|l| l.client_process).collect();
-    let mut servers: Vec<u32> = a.links.iter().map(|l| l.server_process).collect();
-    servers.sort_unstable();
-    servers.dedup();
-    let server_computes = |server: u32| {
-        a.joined
-            .iter()
-            .filter(move |j| a.links[j.link].server_process == server)
-            .filter(|j| {
-                matches!(
-                    j.serve.command.as_str(),
-                    "GRAPH_COMPUTE" | "GRAPH_RECOMPUTE"
-                )
-            })
-            .map(move |j| {
-                (
-                    on_client_clock(server, j.serve.start_ns),
-                    on_client_clock(server, j.serve.end_ns),
-                )
-            })
-    };
-    // A token runs from one decode's start to the next one's: a decode returns once its
-    // graphs are sent, before the servers have computed them. The last runs to the end of its
-    // decode or of the client's last command, whichever is later.
-    let mut decodes: Vec<(u32, u64, u64)> = parts
-        .decodes
-        .iter()
-        .copied()
-        .filter(|(process, ..)| clients.contains(process))
-        .collect();
-    decodes.sort_unstable();
-    let windows: Vec<(u32, u64, u64)> = decodes
-        .iter()
-        .enumerate()
-        .map(|(i, &(client, start, end))| match decodes.get(i + 1) {
-            Some(&(next, next_start, _)) if next == client => (client, start, next_start),
-            _ => {
-                let last = parts
-                    .parts
-                    .iter()
-                    .filter(|p| p.process == client && p.start_ns >= start)
-                    .map(|p| p.end_ns)
-                    .max()
-                    .unwrap_or(end);
-                (client, start, end.max(last))
+/// Each graph compute's time from its request's start to the end of the next answer on its
+/// connection: one backward pass, remembering the next answer of the link.
+fn computes_answered(parts: &RpcParts, joined: &[JoinedCommand]) -> Vec<(usize, u64)> {
+    let mut out = Vec::new();
+    let mut next_answer: Option<(usize, u64)> = None;
+    for (n, j) in joined.iter().enumerate().rev() {
+        if next_answer.is_some_and(|(link, _)| link != j.link) {
+            next_answer = None;
+        }
+        let request = parts.part(j.request);
+        if parts.is_graph_compute(request.command)
+            && let Some((_, end)) = next_answer
+        {
+            out.push((n, end.saturating_sub(request.start_ns)));
+        }
+        if let Some(answer) = j.answer {
+            next_answer = Some((j.link, parts.part(answer).end_ns));
+        }
+    }
+    out.reverse();
+    out
+}
+
+impl RpcAnalysis {
+    /// The per-token breakdown of every client's decodes, in one sweep per client.
+    pub fn tokens(&self, parts: &RpcParts) -> Vec<TokenTime> {
+        let shift: HashMap<u32, i64> = (self.offsets.iter())
+            .map(|o| (o.server_process, o.offset_ns))
+            .collect();
+        let on_client_clock =
+            |server: u32, t: u64| t.saturating_add_signed(shift.get(&server).copied().unwrap_or(0));
+        let mut clients: Vec<u32> = self.links.iter().map(|l| l.client_process).collect();
+        clients.sort_unstable();
+        clients.dedup();
+        let mut servers: Vec<u32> = self.links.iter().map(|l| l.server_process).collect();
+        servers.sort_unstable();
+        servers.dedup();
+        // Each server's graph computes on the client's clock.
+        let mut computes: HashMap<u32, Vec<(u64, u64)>> = HashMap::default();
+        for j in &self.joined {
+            let serve = parts.part(j.serve);
+            if parts.is_graph_compute(serve.command) {
+                let server = self.links[j.link].server_process;
+                computes.entry(server).or_default().push((
+                    on_client_clock(server, serve.start_ns),
+                    on_client_clock(server, serve.end_ns),
+                ));
             }
-        })
-        .collect();
-    windows
-        .into_iter()
-        .map(|(client, lo, hi)| {
-            let mut covered = Vec::new();
-            let servers = servers
-                .iter()
-                .map(|&s| (s, cover(&mut covered, server_computes(s), lo, hi)))
+        }
+        let mut decodes: Vec<(u32, u64, u64)> = (parts.decodes.iter().copied())
+            .filter(|(process, ..)| clients.binary_search(process).is_ok())
+            .collect();
+        decodes.sort_unstable();
+        let mut out = Vec::with_capacity(decodes.len());
+        for client in clients {
+            let first = decodes.partition_point(|d| d.0 < client);
+            let last = decodes.partition_point(|d| d.0 <= client);
+            let Some(&(_, final_start, final_end)) = decodes[first..last].last() else {
+                continue;
+            };
+            let own_parts = || (parts.parts.iter()).filter(move |p| p.process == client);
+            // A token runs from one decode's start to the next one's: a decode returns once its
+            // graphs are sent, before the servers have computed them. The last runs to the end
+            // of its decode or of the client's last command, whichever is later.
+            let final_hi = (own_parts())
+                .filter(|p| p.start_ns >= final_start)
+                .map(|p| p.end_ns)
+                .max()
+                .unwrap_or(final_end)
+                .max(final_end);
+            let mut server_sweeps: Vec<(u32, Sweep)> = (servers.iter())
+                .map(|&s| (s, Sweep::new(computes.get(&s).cloned().unwrap_or_default())))
                 .collect();
-            let own = parts
-                .local_computes
+            let mut own_sweep = Sweep::new(
+                (parts.local_computes.iter())
+                    .filter(|(p, ..)| *p == client)
+                    .map(|&(_, a, b)| (a, b))
+                    .collect(),
+            );
+            let moving = own_parts().filter(|p| p.part != Part::Serve);
+            let mut moving_sweep = Sweep::new(moving.map(|p| (p.start_ns, p.end_ns)).collect());
+            let windows = decodes[first..last]
                 .iter()
-                .filter(|(p, ..)| *p == client)
-                .map(|&(_, a, b)| (a, b));
-            let client_compute_ns = cover(&mut covered, own, lo, hi);
-            let moving = parts
-                .parts
-                .iter()
-                .filter(|p| p.process == client && matches!(p.part, Part::Request | Part::Answer))
-                .map(|p| (p.start_ns, p.end_ns));
-            let transfer_ns = cover(&mut covered, moving, lo, hi);
-            let busy: u64 = covered.iter().map(|(a, b)| b - a).sum();
-            TokenTime {
-                client_process: client,
-                start_ns: lo,
-                end_ns: hi,
-                servers,
-                client_compute_ns,
-                transfer_ns,
-                idle_ns: (hi - lo).saturating_sub(busy),
+                .enumerate()
+                .map(
+                    |(i, &(_, start, _))| match decodes[first..last].get(i + 1) {
+                        Some(&(_, next_start, _)) => (start, next_start),
+                        None => (start, final_hi),
+                    },
+                );
+            for (lo, hi) in windows {
+                let mut covered = Vec::new();
+                let servers = (server_sweeps.iter_mut())
+                    .map(|(s, sweep)| {
+                        (
+                            *s,
+                            cover(&mut covered, sweep.window(lo, hi).iter().copied(), lo, hi),
+                        )
+                    })
+                    .collect();
+                let client_compute_ns = cover(
+                    &mut covered,
+                    own_sweep.window(lo, hi).iter().copied(),
+                    lo,
+                    hi,
+                );
+                let transfer_ns = cover(
+                    &mut covered,
+                    moving_sweep.window(lo, hi).iter().copied(),
+                    lo,
+                    hi,
+                );
+                let busy: u64 = covered.iter().map(|(a, b)| b - a).sum();
+                out.push(TokenTime {
+                    client_process: client,
+                    start_ns: lo,
+                    end_ns: hi,
+                    servers,
+                    client_compute_ns,
+                    transfer_ns,
+                    idle_ns: hi.saturating_sub(lo).saturating_sub(busy),
+                });
             }
-        })
-        .collect()
+        }
+        out
+    }
 }
 
 /// The argument that ties a client's request to the server's serving of it: the same number on
@@ -558,6 +731,7 @@ impl RpcAnalysis {
     /// command's two spans given one flow id.
     pub fn alignments(
         &self,
+        parts: &RpcParts,
         inputs: usize,
         input_of: impl Fn(u32) -> Option<usize>,
         clocks: bool,
@@ -602,7 +776,8 @@ impl RpcAnalysis {
             ];
             for (process, connection, served) in ends {
                 if let Some(a) = input_of(process).and_then(|i| out.get_mut(i)) {
-                    a.flows.insert((connection, j.request.index, served), id);
+                    a.flows
+                        .insert((connection, parts.part(j.request).index, served), id);
                 }
             }
         }
@@ -698,7 +873,7 @@ mod tests {
     /// and the answer takes `back` ns to arrive.
     #[allow(clippy::too_many_arguments)]
     fn command(
-        parts: &mut Vec<CommandPart>,
+        parts: &mut RpcParts,
         (client, server): (u32, u32),
         shift: i64,
         index: u32,
@@ -708,13 +883,14 @@ mod tests {
         out: u64,
         back: Option<u64>,
     ) {
+        let command = parts.command_id(&name.into());
+        let parts = &mut parts.parts;
         let part = |process, part, start_ns, end_ns, sent, received| CommandPart {
             process,
             part,
-            command: name.into(),
+            command,
             connection: 1,
             index,
-            endpoint: None,
             start_ns,
             end_ns,
             sent,
@@ -735,7 +911,7 @@ mod tests {
     #[test]
     fn joins_by_commands_and_bounds_the_offset_from_both_sides() {
         let mut parts = RpcParts::default();
-        let p = &mut parts.parts;
+        let p = &mut parts;
         // Client process 0 talks to server 1 (clock 5 ms ahead) ...
         command(
             p,
@@ -771,7 +947,7 @@ mod tests {
             Some(6_000),
         );
         // ... and server 2 saw another graph: not the same connection.
-        let mut other = Vec::new();
+        let mut other = RpcParts::default();
         command(
             &mut other,
             (9, 2),
@@ -794,7 +970,10 @@ mod tests {
             10_000,
             None,
         );
-        p.extend(other.into_iter().filter(|c| c.process == 2));
+        for part in other.parts.into_iter().filter(|c| c.process == 2) {
+            let command = parts.command_id(&other.command_names[usize::from(part.command.0)]);
+            parts.parts.push(CommandPart { command, ..part });
+        }
         let a = analyse(&parts);
 
         assert_eq!(a.links.len(), 1, "{:?}", a.links);
@@ -828,11 +1007,134 @@ mod tests {
     #[test]
     fn a_client_connection_whose_server_was_not_traced_is_counted() {
         let mut parts = RpcParts::default();
-        command(&mut parts.parts, (0, 1), 0, 0, "HELLO", 33, 0, 10, Some(10));
+        command(&mut parts, (0, 1), 0, 0, "HELLO", 33, 0, 10, Some(10));
         parts.parts.retain(|c| c.process == 0);
         let a = analyse(&parts);
         assert!(a.links.is_empty());
         assert_eq!(a.unjoined_client_connections, 1);
         assert!(a.offsets.is_empty());
+    }
+
+    /// A long irregular job (uneven gaps, overlapping computes, commands left unanswered, decodes
+    /// the servers have not finished before the next begins, the client's own computes): the
+    /// sweep's per-token breakdown and the backward pass's graph-compute times equal those of
+    /// the plain per-token scans they replaced, written out here.
+    #[test]
+    fn the_sweeps_give_what_plain_scans_give() {
+        let mut parts = RpcParts::default();
+        let mut seed = 0x2545_f491_4f6c_dd1d_u64;
+        let mut random = |n: u64| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed % n
+        };
+        let mut t = 1_000_000;
+        let mut index = 0;
+        for _ in 0..400 {
+            parts.decodes.push((0, t, t + 5_000 + random(20_000)));
+            if random(4) == 0 {
+                parts
+                    .local_computes
+                    .push((0, t + random(3_000), t + 3_000 + random(60_000)));
+            }
+            for _ in 0..1 + random(3) {
+                let name = ["GRAPH_COMPUTE", "SET_TENSOR", "GET_TENSOR"][random(3) as usize];
+                let back = (random(3) != 0).then(|| 1_000 + random(5_000));
+                command(
+                    &mut parts,
+                    (0, 1),
+                    SHIFT,
+                    index,
+                    name,
+                    64,
+                    t,
+                    500 + random(4_000),
+                    back,
+                );
+                index += 1;
+                t += 2_000 + random(40_000);
+            }
+            t += random(30_000);
+        }
+        let a = analyse(&parts);
+        assert_eq!(a.joined.len(), index as usize);
+
+        // Graph computes: the next answer on the link, scanned forward from each.
+        let mut expected = Vec::new();
+        for (n, j) in a.joined.iter().enumerate() {
+            let request = parts.part(j.request);
+            if !parts.is_graph_compute(request.command) {
+                continue;
+            }
+            let answered = (a.joined[n + 1..].iter())
+                .take_while(|k| k.link == j.link)
+                .find_map(|k| k.answer);
+            if let Some(answer) = answered {
+                expected.push((n, parts.part(answer).end_ns - request.start_ns));
+            }
+        }
+        assert!(expected.len() > 50, "{}", expected.len());
+        assert_eq!(a.computes_answered, expected);
+
+        // Tokens: every interval clipped to each window, in the order of precedence.
+        let offset = a.offset_of(1).unwrap().offset_ns;
+        let mut decodes = parts.decodes.clone();
+        decodes.sort_unstable();
+        let mut expected = Vec::new();
+        for (i, &(_, lo, end)) in decodes.iter().enumerate() {
+            let hi = match decodes.get(i + 1) {
+                Some(next) => next.1,
+                None => (parts.parts.iter())
+                    .filter(|p| p.process == 0 && p.start_ns >= lo)
+                    .map(|p| p.end_ns)
+                    .max()
+                    .unwrap_or(end)
+                    .max(end),
+            };
+            let mut busy = vec![0u8; (hi - lo) as usize];
+            let mut mark = |a: u64, b: u64, level: u8| {
+                let mut ns = 0;
+                for t in a.max(lo)..b.min(hi) {
+                    let slot = &mut busy[(t - lo) as usize];
+                    if *slot == 0 {
+                        *slot = level;
+                        ns += 1;
+                    }
+                }
+                ns
+            };
+            let mut server_ns = 0;
+            for j in &a.joined {
+                let serve = parts.part(j.serve);
+                if parts.is_graph_compute(serve.command) {
+                    let on_client = |t: u64| t.saturating_add_signed(offset);
+                    server_ns += mark(on_client(serve.start_ns), on_client(serve.end_ns), 1);
+                }
+            }
+            let own = parts
+                .local_computes
+                .iter()
+                .map(|&(_, a, b)| mark(a, b, 2))
+                .sum();
+            let moving = (parts.parts.iter())
+                .filter(|p| p.process == 0)
+                .map(|p| mark(p.start_ns, p.end_ns, 3))
+                .sum();
+            let idle = busy.iter().filter(|&&b| b == 0).count() as u64;
+            expected.push(TokenTime {
+                client_process: 0,
+                start_ns: lo,
+                end_ns: hi,
+                servers: vec![(1, server_ns)],
+                client_compute_ns: own,
+                transfer_ns: moving,
+                idle_ns: idle,
+            });
+        }
+        let tokens = a.tokens(&parts);
+        assert!(tokens.iter().filter(|t| t.client_compute_ns > 0).count() > 20);
+        assert!(tokens.iter().filter(|t| t.servers[0].1 > 0).count() > 100);
+        assert_eq!(tokens, expected);
     }
 }

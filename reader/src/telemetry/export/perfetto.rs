@@ -72,7 +72,12 @@ struct Interned {
     /// Each shared text's iid, found by its address.
     by_addr: ByAddress<u64>,
     fresh: Vec<(u64, String)>,
+    /// Hashes of strings seen once and written inline ([`Interned::repeated_iid`]).
+    seen_once: rustc_hash::FxHashSet<u64>,
 }
+
+/// Strings seen once that [`Interned::repeated_iid`] remembers (past this, it forgets them all).
+const SEEN_ONCE_KEPT: usize = 1 << 16;
 
 impl Interned {
     fn iid(&mut self, s: &str) -> u64 {
@@ -92,6 +97,30 @@ impl Interned {
         let iid = self.iid(t);
         self.by_addr.insert(t, iid);
         iid
+    }
+
+    /// `t`'s iid if it was seen before (interned on its second sight), else `None`: the caller
+    /// writes it inline. Interned strings are kept for the whole trace (the sequence refers to
+    /// them), so strings that never repeat (an RPC span's arguments: its index and bytes) are
+    /// not interned, and memory stays bounded.
+    fn repeated_iid(&mut self, t: &Text) -> Option<u64> {
+        if let Some(iid) = self.by_addr.get(t) {
+            return Some(iid);
+        }
+        // One hash for a string never seen: an interned one met anew (a new text, its address
+        // forgotten) is written inline once more, then found in `iids` on its next sight.
+        let hash = {
+            use std::hash::BuildHasher;
+            rustc_hash::FxBuildHasher.hash_one(&**t)
+        };
+        if self.seen_once.remove(&hash) {
+            return Some(self.text_iid(t));
+        }
+        if self.seen_once.len() >= SEEN_ONCE_KEPT {
+            self.seen_once.clear();
+        }
+        self.seen_once.insert(hash);
+        None
     }
 }
 
@@ -246,8 +275,13 @@ const JOINED_KEPT: usize = 1 << 16;
 
 /// A span's arguments as one text: `key=value` pairs joined with `; `.
 fn join(args: &[(Text, Arg)]) -> Text {
-    let pairs: Vec<String> = args.iter().map(|(k, v)| format!("{k}={v}")).collect();
-    pairs.join("; ").into()
+    use std::fmt::Write as _;
+    let mut text = String::with_capacity(16 * args.len());
+    for (i, (k, v)) in args.iter().enumerate() {
+        let sep = if i == 0 { "" } else { "; " };
+        let _ = write!(text, "{sep}{k}={v}");
+    }
+    text.into()
 }
 
 /// Lane `lane`'s sequence; begun, the first time, with its defaults (the lane's track, the
@@ -482,7 +516,7 @@ fn begin<W: Write>(
     });
     let name = seq.names.text_iid(&s.name);
     let category = seq.categories.text_iid(&s.category);
-    let args = joined.map(|text| (seq.args_iid(), seq.arg_values.text_iid(text)));
+    let args = joined.map(|text| (seq.args_iid(), seq.arg_values.repeated_iid(text), text));
     let flow = s.args.iter().find_map(|(k, v)| match v {
         Arg::UInt(id) if &**k == rpc::FLOW => Some(*id),
         _ => None,
@@ -495,9 +529,14 @@ fn begin<W: Write>(
                 // `flow_ids`: slices that carry one id are joined by an arrow, in time order.
                 event.fixed64(47, id);
             }
-            if let Some((key, value)) = args {
+            if let Some((key, value, text)) = args {
                 event.nested(4, |annotation| {
-                    annotation.uint(1, key).uint(17, value);
+                    annotation.uint(1, key);
+                    match value {
+                        // `string_value_iid`, else `string_value`.
+                        Some(iid) => annotation.uint(17, iid),
+                        None => annotation.string(6, text),
+                    };
                 });
             }
         });

@@ -183,7 +183,8 @@ struct Importer<'s, S: RecordSink> {
     /// lookup while events keep coming from one thread.
     threads: Vec<Thread>,
     thread_of: HashMap<u32, usize>,
-    last_thread: (u32, usize),
+    /// (None before any: a sentinel thread id would be a real one, `u32::MAX` included).
+    last_thread: Option<(u32, usize)>,
     names: NameTables,
     live: HashMap<String, i64>,
     buffers: HashMap<u64, (String, u64)>,
@@ -293,7 +294,7 @@ impl<'s, S: RecordSink> Import<'s, S> {
             process,
             threads: Vec::new(),
             thread_of: HashMap::default(),
-            last_thread: (u32::MAX, usize::MAX),
+            last_thread: None,
             names: NameTables::default(),
             live: HashMap::default(),
             buffers: HashMap::default(),
@@ -404,11 +405,9 @@ impl<S: RecordSink> Importer<'_, S> {
     /// The index of thread `tid` in [`Importer::threads`].
     #[inline(always)]
     fn thread_at(&mut self, tid: u32) -> usize {
-        let (last, i) = self.last_thread;
-        if last == tid {
-            i
-        } else {
-            self.thread_index(tid)
+        match self.last_thread {
+            Some((last, i)) if last == tid => i,
+            _ => self.thread_index(tid),
         }
     }
 
@@ -437,7 +436,7 @@ impl<S: RecordSink> Importer<'_, S> {
                 self.threads.len() - 1
             }
         };
-        self.last_thread = (tid, i);
+        self.last_thread = Some((tid, i));
         i
     }
 
@@ -829,7 +828,7 @@ impl<S: RecordSink> Importer<'_, S> {
                 }
             }
             ExtensionKind::RpcBegin => {
-                let rpc = ext::parse_payload::<ext::RpcBoundary>(bytes).unwrap_or_default();
+                let rpc = ext::RpcBoundary::from_json(bytes).unwrap_or_default();
                 let part = match rpc.part {
                     ext::RpcPart::Request => "request",
                     ext::RpcPart::Answer => "answer",
@@ -860,7 +859,7 @@ impl<S: RecordSink> Importer<'_, S> {
                 self.open(e.thread_id, opened, e.timestamp_ns);
             }
             ExtensionKind::RpcEnd => {
-                let rpc = ext::parse_payload::<ext::RpcBoundary>(bytes).unwrap_or_default();
+                let rpc = ext::RpcBoundary::from_json(bytes).unwrap_or_default();
                 let bytes = [(rpc::SENT, rpc.sent), (rpc::RECEIVED, rpc.received)]
                     .map(|(key, n)| (self.texts.get(key), Arg::UInt(n)));
                 if let Some((span, lane)) = self.close_span(End::of(e, Kind::Rpc, 0, 0, "")) {
@@ -1021,5 +1020,46 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// A thread whose id is `u32::MAX` (any id a trace holds is possible) is a thread like any
+    /// other: its graph compute becomes one span on its own lane (found by fuzzing the RPC
+    /// analysis: the importer took that id for "no thread yet" and indexed past its threads).
+    #[test]
+    fn the_largest_thread_id_is_a_thread() {
+        use crate::format::{self, Event, Layout, Payload};
+        let mut file = Vec::new();
+        format::encode_header(&mut file);
+        let graph = Payload::Graph {
+            graph_ptr: 0x1000,
+            n_nodes: 1,
+            n_threads: 1,
+            backend_ptr: 0,
+        };
+        for (type_code, ts) in [(0, 100), (1, 250)] {
+            let e = Event {
+                type_code,
+                timestamp_ns: ts,
+                thread_id: u32::MAX,
+                payload: graph,
+                label: None,
+            };
+            format::encode_event(&mut file, Layout::Packed, &e);
+        }
+        let mut collected = crate::telemetry::Collected::default();
+        let damage = import(
+            &file,
+            Layout::Packed,
+            "t",
+            &mut Ids::default(),
+            &mut collected,
+        );
+        assert_eq!(damage, None);
+        let lanes: Vec<_> = collected.lanes.iter().map(|l| l.tid).collect();
+        assert_eq!(lanes, [Some(u64::from(u32::MAX))]);
+        let spans: Vec<_> = (collected.spans.iter())
+            .map(|s| (s.start_ns, s.end_ns, s.lane == collected.lanes[0].id))
+            .collect();
+        assert_eq!(spans, [(100, 250, true)]);
     }
 }
