@@ -3,7 +3,8 @@
 //! pair). The connection opens with an answered HELLO; then per token the client decodes
 //! (a `llama_decode` span around a SET_TENSOR and a GRAPH_COMPUTE request) and reads the logits
 //! (GET_TENSOR, answered); the server serves each command, its clock 5 ms ahead of the client's.
-//! With `--unanswered` no GET_TENSOR is sent: no graph compute is ever answered.
+//! With `--unanswered` no GET_TENSOR is sent: no graph compute is ever answered. With
+//! `--drift-ppm=N` the server's clock gains N µs a second on the client's.
 //!
 //! ```sh
 //! cargo run --release -p ggml-viz-examples --example synthesize_rpc -- client.ggmlviz server.ggmlviz 1000000
@@ -117,21 +118,30 @@ impl Trace {
 fn main() -> std::io::Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let unanswered = args.iter().any(|a| a == "--unanswered");
+    let drift_ppm: f64 = (args.iter())
+        .find_map(|a| a.strip_prefix("--drift-ppm="))
+        .map_or(0.0, |n| n.parse().unwrap_or(0.0));
     let positional: Vec<&String> = args.iter().filter(|a| !a.starts_with("--")).collect();
     let (Some(client_path), Some(server_path), Some(tokens)) = (
         positional.first(),
         positional.get(1),
         positional.get(2).and_then(|n| n.parse::<u32>().ok()),
     ) else {
-        eprintln!("usage: synthesize_rpc CLIENT.ggmlviz SERVER.ggmlviz TOKENS [--unanswered]");
+        eprintln!(
+            "usage: synthesize_rpc CLIENT.ggmlviz SERVER.ggmlviz TOKENS [--unanswered] [--drift-ppm=N]"
+        );
         std::process::exit(1);
     };
     let mut client = Trace::create(client_path, 100)?;
     let mut server = Trace::create(server_path, 200)?;
-    let on_server = |t: u64| t + SERVER_AHEAD_NS;
-    let mut t = 1_700_000_000_000_000_000u64;
-    // A command the client sends at `t` (taking 2 µs), served 10 µs after it arrives; answered
-    // (if `answer`) when served, the answer arriving 3 µs later.
+    let start = 1_700_000_000_000_000_000u64;
+    let on_server = |t: u64| {
+        let drifted = (drift_ppm * 1e-6 * (t - start) as f64) as i64;
+        (t + SERVER_AHEAD_NS).saturating_add_signed(drifted)
+    };
+    let mut t = start;
+    // A command the client sends at `t` (taking 2 µs), served as it arrives, for `serve_ns`;
+    // answered (if `answer`) in the serve's last microsecond, the answer arriving 3 µs after.
     let command = |client: &mut Trace,
                    server: &mut Trace,
                    t: u64,
@@ -148,7 +158,7 @@ fn main() -> std::io::Result<()> {
         if answer {
             // The server's answer is inside its serve span; the client waits from its request's end.
             server.rpc(RpcPart::Answer, command, index, (done - 1_000, done), 16, 0)?;
-            let arrived = done - SERVER_AHEAD_NS + 3_000;
+            let arrived = t + 2_000 + serve_ns + 3_000;
             client.rpc(RpcPart::Answer, command, index, (t + 2_000, arrived), 0, 16)?;
             return Ok(arrived);
         }

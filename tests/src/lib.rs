@@ -542,6 +542,20 @@ pub fn synthesize(path: &Path, events: u64) {
     assert!(out.status.success(), "{}", text(&out.stderr));
 }
 
+/// A synthetic ggml-rpc job (the workspace's `synthesize_rpc` example): a client's trace and
+/// its server's, `tokens` long, with the example's `extra` options.
+pub fn synthesize_rpc(client: &Path, server: &Path, tokens: u32, extra: &[&str]) {
+    let out = run({
+        let mut c = Command::new(built("examples/synthesize_rpc"));
+        c.arg(client)
+            .arg(server)
+            .arg(tokens.to_string())
+            .args(extra);
+        c
+    });
+    assert!(out.status.success(), "{}", text(&out.stderr));
+}
+
 /// Per group of `ops --csv` of `trace`, its nodes and their wall time, summed over the phases.
 pub fn ops_csv_totals(trace: &Path) -> HashMap<String, (u64, u64)> {
     let csv = cli(|c| c.args(["ops", "--csv"]).arg(trace));

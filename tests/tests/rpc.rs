@@ -638,3 +638,108 @@ fn llama_server_over_rpc_records_its_rpc_commands_and_not_its_http() {
     assert_eq!(uint(&a["unjoined_client_connections"]), 0);
     assert_eq!(a["joined"].as_array().unwrap().len(), requests.len());
 }
+
+/// A server whose clock gains 100 µs a second on its client's (the synthetic job: requests take
+/// 2 µs, answers 3 µs, so one offset fits a run of a few tens of milliseconds at most): `rpc`
+/// finds no constant offset and reports the drift it fits, with the offset at the first command
+/// and its uncertainty (from the synthesizer's own numbers: −5 ms, and the bounds' −2 µs and
+/// +4 µs around it); the export moves the server's spans along that line. Without drift the
+/// offset stays one number.
+#[test]
+fn a_drifting_server_clock_is_fitted_with_a_line() {
+    let dir = scratch("rpc-drift");
+    let (client, server) = (dir.join("client.ggmlviz"), dir.join("server.ggmlviz"));
+    synthesize_rpc(&client, &server, 2_000, &["--drift-ppm=100"]);
+    let json = cli(|c| c.args(["rpc", "--json"]).arg(&client).arg(&server));
+    assert!(json.status.success(), "{}", text(&json.stderr));
+    let analysis: Value = serde_json::from_slice(&json.stdout).unwrap();
+    let offset = &analysis["offsets"][0];
+    assert_eq!(offset["kept_own_clock"], false, "{offset}");
+    let slope = offset["drift"]["slope"]
+        .as_f64()
+        .unwrap_or_else(|| panic!("no drift: {offset}"));
+    assert!((slope + 100e-6).abs() < 1e-6, "{slope}");
+    assert!(
+        offset["disagreement_ns"].as_i64().unwrap() > 10_000,
+        "{offset}"
+    );
+    // The first command's bounds: −2 µs (its way out) and +4 µs (the answer's way back and the
+    // server's last microsecond) around −5 ms.
+    let at_start = offset["offset_ns"].as_i64().unwrap();
+    assert!((-5_002_000..=-4_996_000).contains(&at_start), "{at_start}");
+    assert!(
+        offset["uncertainty_ns"].as_i64().unwrap() <= 3_000,
+        "{offset}"
+    );
+
+    let tables = cli(|c| c.arg("rpc").arg(&client).arg(&server));
+    assert!(
+        text(&tables.stdout).contains("drifting -100.0 µs a second"),
+        "{}",
+        text(&tables.stdout)
+    );
+    let export = cli(|c| {
+        c.args(["export", "--to", "chrome-json"])
+            .arg(&client)
+            .arg(&server)
+            .arg("-o")
+            .arg(dir.join("t.json"))
+    });
+    assert!(
+        text(&export.stderr).contains("drifting"),
+        "{}",
+        text(&export.stderr)
+    );
+    // Moved along the line, every answered command keeps its order of causes on the client's
+    // clock: served after its request began, answered before its answer ended, the last as the
+    // first (a constant offset leaves the late answers 20 µs after they arrived).
+    let exported: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("t.json")).unwrap()).unwrap();
+    let mut commands: std::collections::BTreeMap<(u64, &str, u64), f64> = Default::default();
+    for e in exported["traceEvents"].as_array().unwrap() {
+        if let (Some(index), Some(part), Some(pid)) = (
+            e["args"]["index"].as_u64(),
+            e["args"]["rpc_part"].as_str(),
+            e["pid"].as_u64(),
+        ) {
+            let (ts, dur) = (e["ts"].as_f64().unwrap(), e["dur"].as_f64().unwrap());
+            let client_answer = part == "answer" && pid == 1;
+            commands.insert(
+                (index, part, pid),
+                if client_answer { ts + dur } else { ts },
+            );
+        }
+    }
+    let mut answered = 0;
+    for index in 0..6_001u64 {
+        let at = |part: &'static str, pid: u64| commands.get(&(index, part, pid)).copied();
+        let (Some(request), Some(serve)) = (at("request", 1), at("serve", 2)) else {
+            panic!("command {index} not exported whole");
+        };
+        assert!(
+            request <= serve,
+            "command {index}: served {serve}, requested {request}"
+        );
+        if let (Some(arrived), Some(answering)) = (at("answer", 1), at("answer", 2)) {
+            assert!(
+                answering <= arrived,
+                "command {index}: answered {answering}, arrived {arrived}"
+            );
+            answered += 1;
+        }
+    }
+    assert_eq!(answered, 2_001, "the HELLO and every GET_TENSOR");
+
+    synthesize_rpc(&client, &server, 2_000, &[]);
+    let json = cli(|c| c.args(["rpc", "--json"]).arg(&client).arg(&server));
+    let analysis: Value = serde_json::from_slice(&json.stdout).unwrap();
+    let offset = &analysis["offsets"][0];
+    assert!(
+        offset["drift"].is_null() && offset["disagreement_ns"].is_null(),
+        "{offset}"
+    );
+    assert_eq!(
+        offset["offset_ns"], -4_999_000,
+        "the middle of −5 ms −2 µs and −5 ms +4 µs"
+    );
+}

@@ -7,7 +7,7 @@ use std::fs::File;
 use std::path::{Path, PathBuf};
 
 use clap::Args;
-use ggml_viz_reader::telemetry::rpc::{Aligned, Alignment, RpcParts, analyse};
+use ggml_viz_reader::telemetry::rpc::{Aligned, Alignment, ClockOffset, RpcParts, analyse};
 use ggml_viz_reader::telemetry::{
     Format, Ids, ImportError, RecordSink, detect, import_path_reporting,
 };
@@ -16,6 +16,7 @@ use indicatif::ProgressBar;
 
 use crate::Failure;
 use crate::dump::parse_layout;
+use crate::info::fmt_ns;
 use crate::progress::{bar, file_name, len};
 
 /// Options every telemetry command takes.
@@ -135,15 +136,23 @@ impl Reading {
             !opts.no_clock_align,
         );
         for (path, a) in self.paths.iter().zip(&self.alignments) {
-            if a.shift_ns != 0 {
+            if let Some(clock) = &a.clock
+                && (clock.offset_ns != 0 || clock.drift.is_some())
+            {
                 self.bar.suspend(|| {
                     eprintln!(
-                        "ggml-viz: {}: times moved by {:+} ns onto its ggml-rpc client's clock \
+                        "ggml-viz: {}: times moved by {} onto its ggml-rpc client's clock \
                          (--no-clock-align keeps them)",
                         path.display(),
-                        a.shift_ns
+                        clock_sentence(clock)
                     )
                 });
+            }
+        }
+        for o in analysis.offsets.iter().filter(|o| o.kept_own_clock) {
+            if let Some(path) = process_input(o.server_process).and_then(|i| self.paths.get(i)) {
+                self.bar
+                    .suspend(|| eprintln!("ggml-viz: {}: {}", path.display(), clock_sentence(o)));
             }
         }
     }
@@ -209,5 +218,38 @@ impl Drop for Reading {
     /// Takes the bar off the terminal, whatever ended the reading.
     fn drop(&mut self) {
         self.bar.finish_and_clear();
+    }
+}
+
+/// A server's clock offset in words: the estimate and its uncertainty; its drift, where one
+/// offset could not fit the whole run; or why there is none.
+pub fn clock_sentence(o: &ClockOffset) -> String {
+    let signed = |ns: i64| {
+        let sign = if ns < 0 { "-" } else { "+" };
+        format!("{sign}{}", fmt_ns(ns.unsigned_abs() as f64))
+    };
+    let spread = |o: &ClockOffset| {
+        o.uncertainty_ns().map_or_else(
+            || "unbounded above".to_string(),
+            |u| format!("± {}", fmt_ns(u as f64)),
+        )
+    };
+    let disagreement = o.disagreement_ns().unwrap_or(0) as f64;
+    match o.drift {
+        _ if o.kept_own_clock => format!(
+            "no clock offset: its commands' bounds disagree by {} and no steady drift fits them \
+             (a connection joined to the wrong server, or a clock that jumped); its times stay on \
+             its own clock",
+            fmt_ns(disagreement)
+        ),
+        Some(d) => format!(
+            "{} at its first command, drifting {:+.1} µs a second ({}; one offset cannot fit \
+             the run: its bounds disagree by {})",
+            signed(o.offset_ns),
+            d.slope * 1e6,
+            spread(o),
+            fmt_ns(disagreement)
+        ),
+        None => format!("{} {}", signed(o.offset_ns), spread(o)),
     }
 }

@@ -11,7 +11,7 @@ use ggml_viz_reader::telemetry::{Format, Ids};
 
 use crate::Failure;
 use crate::info::fmt_ns;
-use crate::reading::{InputOpts, Reading};
+use crate::reading::{InputOpts, Reading, clock_sentence};
 use crate::timeline::say_warnings;
 
 /// Join the traces of a ggml-rpc client and its servers: connections, clocks, commands.
@@ -104,17 +104,11 @@ fn write_tables(
     }
     writeln!(out, "clock offsets (add to the server's times):")?;
     for o in &a.offsets {
-        let spread = o.uncertainty_ns().map_or_else(
-            || "unbounded above".to_string(),
-            |u| format!("± {}", fmt_ns(u as f64)),
-        );
         writeln!(
             out,
-            "  {}: {}{} {} ({} commands)",
+            "  {}: {} ({} commands)",
             process_name(parts, o.server_process),
-            if o.offset_ns < 0 { "-" } else { "+" },
-            fmt_ns(o.offset_ns.unsigned_abs() as f64),
-            spread,
+            clock_sentence(o),
             o.commands
         )?;
     }
@@ -216,7 +210,10 @@ fn to_json(parts: &RpcParts, a: &RpcAnalysis, tokens: &[TokenTime]) -> serde_jso
         "unjoined_client_connections": a.unjoined_client_connections,
         "offsets": a.offsets.iter().map(|o| json!({
             "server_process": o.server_process, "offset_ns": o.offset_ns,
-            "lower_ns": o.lower_ns, "upper_ns": o.upper_ns, "commands": o.commands}))
+            "lower_ns": o.lower_ns, "upper_ns": o.upper_ns, "commands": o.commands,
+            "uncertainty_ns": o.uncertainty_ns(), "disagreement_ns": o.disagreement_ns(),
+            "drift": o.drift.map(|d| json!({"reference_ns": d.reference_ns, "slope": d.slope})),
+            "kept_own_clock": o.kept_own_clock}))
             .collect::<Vec<_>>(),
         "commands": a.commands.iter().map(|(name, r)| (name.clone(), json!({
             "count": r.count, "sent": r.sent, "received": r.received,

@@ -281,20 +281,61 @@ pub struct Link {
 #[derive(Clone, Debug, PartialEq)]
 pub struct ClockOffset {
     pub server_process: u32,
-    /// Add to the server's times to put them on the client's clock: the estimate, and the
-    /// interval the commands allow (`lower ≤ θ ≤ upper`; `upper` is `None` when no command was
-    /// answered).
+    /// Add to the server's times to put them on the client's clock (with `drift`: at its
+    /// reference time; 0 when `kept_own_clock`).
     pub offset_ns: i64,
+    /// What the commands allow for one constant offset: `lower ≤ θ ≤ upper` (`upper` is `None`
+    /// when no command was answered). `lower > upper` when none fits: the server's clock drifted
+    /// against the client's over a long run, or a connection was joined to the wrong server.
     pub lower_ns: i64,
     pub upper_ns: Option<i64>,
     /// Commands that gave bounds.
     pub commands: usize,
+    /// Where no constant offset fits but a line does: the offset changes with time.
+    pub drift: Option<Drift>,
+    /// Half the width of the interval the commands allow around the estimate (`None`: no
+    /// command was answered, unbounded above).
+    pub uncertainty: Option<i64>,
+    /// Neither a constant offset nor a line fits the commands: the server's times are left on
+    /// its own clock.
+    pub kept_own_clock: bool,
+}
+
+/// An offset that changes with time: `offset_ns + slope × (t − reference_ns)` at client time `t`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Drift {
+    pub reference_ns: u64,
+    /// Nanoseconds of offset per nanosecond of the client's clock (−1e-4: the server's clock
+    /// gains 100 µs a second on the client's).
+    pub slope: f64,
 }
 
 impl ClockOffset {
     /// Half the width of the interval: how far the estimate can be from the truth.
     pub fn uncertainty_ns(&self) -> Option<i64> {
-        self.upper_ns.map(|u| (u - self.lower_ns).max(0) / 2)
+        self.uncertainty
+    }
+
+    /// By how much the commands' bounds on one constant offset contradict each other.
+    pub fn disagreement_ns(&self) -> Option<i64> {
+        let upper = self.upper_ns?;
+        (self.lower_ns > upper).then(|| self.lower_ns.saturating_sub(upper))
+    }
+
+    /// The offset at client time `t`.
+    pub fn at(&self, t: u64) -> i64 {
+        match self.drift {
+            Some(d) => {
+                let since = t as f64 - d.reference_ns as f64;
+                self.offset_ns.saturating_add((d.slope * since) as i64)
+            }
+            None => self.offset_ns,
+        }
+    }
+
+    /// Server time `t` on the client's clock.
+    pub fn on_client_clock(&self, t: u64) -> u64 {
+        t.saturating_add_signed(self.at(t.saturating_add_signed(self.offset_ns)))
     }
 }
 
@@ -554,32 +595,135 @@ fn join(
     }
 }
 
-/// Offsets, per server process, from every joined command of its links.
-fn offsets(parts: &RpcParts, analysis: &RpcAnalysis) -> Vec<ClockOffset> {
-    let mut bounds: BTreeMap<u32, (i64, Option<i64>, usize)> = BTreeMap::new();
+/// A command's bounds on a server's offset: (client time, lower, upper if answered).
+type Bound = (u64, i64, Option<i64>);
+
+/// The bounds joined command `j` puts on its server's offset.
+fn bound(parts: &RpcParts, j: &JoinedCommand) -> Bound {
     let signed = |t: u64| t.min(i64::MAX as u64) as i64;
+    let (request, serve) = (parts.part(j.request), parts.part(j.serve));
+    let lower = signed(request.start_ns).saturating_sub(signed(serve.start_ns));
+    let upper = j
+        .answer
+        .zip(j.server_answer)
+        .map(|(answer, server_answer)| {
+            signed(parts.part(answer).end_ns)
+                .saturating_sub(signed(parts.part(server_answer).start_ns))
+        });
+    (request.start_ns, lower, upper)
+}
+
+/// Offsets, per server process, from every joined command of its links: one constant offset
+/// where the bounds allow one, else a line (drift), else none.
+fn offsets(parts: &RpcParts, analysis: &RpcAnalysis) -> Vec<ClockOffset> {
+    let server_of = |j: &JoinedCommand| analysis.links[j.link].server_process;
+    let mut bounds: BTreeMap<u32, (i64, Option<i64>, usize)> = BTreeMap::new();
     for j in &analysis.joined {
-        let server = analysis.links[j.link].server_process;
-        let b = bounds.entry(server).or_insert((i64::MIN, None, 0));
-        let (request, serve) = (parts.part(j.request), parts.part(j.serve));
-        b.0 =
-            b.0.max(signed(request.start_ns).saturating_sub(signed(serve.start_ns)));
-        if let (Some(answer), Some(server_answer)) = (j.answer, j.server_answer) {
-            let upper = signed(parts.part(answer).end_ns)
-                .saturating_sub(signed(parts.part(server_answer).start_ns));
+        let b = bounds.entry(server_of(j)).or_insert((i64::MIN, None, 0));
+        let (_, lower, upper) = bound(parts, j);
+        b.0 = b.0.max(lower);
+        if let Some(upper) = upper {
             b.1 = Some(b.1.map_or(upper, |u: i64| u.min(upper)));
         }
         b.2 += 1;
     }
     (bounds.into_iter())
-        .map(|(server_process, (lower, upper, commands))| ClockOffset {
-            server_process,
-            offset_ns: upper.map_or(lower, |u| lower.saturating_add(u.saturating_sub(lower) / 2)),
-            lower_ns: lower,
-            upper_ns: upper,
-            commands,
+        .map(|(server_process, (lower, upper, commands))| {
+            let mut offset = ClockOffset {
+                server_process,
+                offset_ns: upper
+                    .map_or(lower, |u| lower.saturating_add(u.saturating_sub(lower) / 2)),
+                lower_ns: lower,
+                upper_ns: upper,
+                commands,
+                drift: None,
+                uncertainty: upper.map(|u| u.saturating_sub(lower).max(0) / 2),
+                kept_own_clock: false,
+            };
+            if offset.disagreement_ns().is_some() {
+                let all: Vec<Bound> = (analysis.joined.iter())
+                    .filter(|j| server_of(j) == server_process)
+                    .map(|j| bound(parts, j))
+                    .collect();
+                match fit_line(&all) {
+                    Some((drift, intercept, half_width)) => {
+                        offset.offset_ns = intercept;
+                        offset.drift = Some(drift);
+                        offset.uncertainty = Some(half_width);
+                    }
+                    None => {
+                        offset.offset_ns = 0;
+                        offset.uncertainty = None;
+                        offset.kept_own_clock = true;
+                    }
+                }
+            }
+            offset
         })
         .collect()
+}
+
+/// Drifts considered: up to a millisecond a second either way (quartz clocks drift by tens of
+/// microseconds a second).
+const MAX_SLOPE: f64 = 1e-3;
+
+/// A line through the bounds where no constant offset fits them. For a slope `b`, the
+/// intercepts every command allows form an interval, whose width is a concave function of `b`
+/// (a minimum of lines less a maximum of lines): its widest point is found by golden-section
+/// search, and the line is its middle. `None` when even the widest is empty (a misjoined
+/// connection, or a clock that jumped): no line fits.
+fn fit_line(bounds: &[Bound]) -> Option<(Drift, i64, i64)> {
+    let reference_ns = bounds.iter().map(|b| b.0).min()?;
+    let since = |t: u64| (t - reference_ns) as f64;
+    // The intercepts slope `b` allows: (lowest, highest).
+    let allowed = |b: f64| {
+        let (mut lowest, mut highest) = (f64::NEG_INFINITY, f64::INFINITY);
+        for &(t, l, u) in bounds {
+            let along = b * since(t);
+            lowest = lowest.max(l as f64 - along);
+            if let Some(u) = u {
+                highest = highest.min(u as f64 - along);
+            }
+        }
+        (lowest, highest)
+    };
+    let width = |b: f64| {
+        let (lowest, highest) = allowed(b);
+        highest - lowest
+    };
+    let ratio = (5f64.sqrt() - 1.0) / 2.0;
+    let (mut lo, mut hi) = (-MAX_SLOPE, MAX_SLOPE);
+    let (mut x1, mut x2) = (hi - ratio * (hi - lo), lo + ratio * (hi - lo));
+    let (mut w1, mut w2) = (width(x1), width(x2));
+    // 80 steps shrink the bracket by 0.618^80 ≈ 2e-17: far below a nanosecond over any run.
+    for _ in 0..80 {
+        if w1 < w2 {
+            lo = x1;
+            (x1, w1) = (x2, w2);
+            x2 = lo + ratio * (hi - lo);
+            w2 = width(x2);
+        } else {
+            hi = x2;
+            (x2, w2) = (x1, w1);
+            x1 = hi - ratio * (hi - lo);
+            w1 = width(x1);
+        }
+    }
+    let slope = (lo + hi) / 2.0;
+    let (lowest, highest) = allowed(slope);
+    if !(lowest <= highest && highest.is_finite()) {
+        return None;
+    }
+    let intercept = ((lowest + highest) / 2.0) as i64;
+    let half_width = ((highest - lowest) / 2.0) as i64;
+    Some((
+        Drift {
+            reference_ns,
+            slope,
+        },
+        intercept,
+        half_width,
+    ))
 }
 
 /// Each graph compute's time from its request's start to the end of the next answer on its
@@ -608,11 +752,11 @@ fn computes_answered(parts: &RpcParts, joined: &[JoinedCommand]) -> Vec<(usize, 
 impl RpcAnalysis {
     /// The per-token breakdown of every client's decodes, in one sweep per client.
     pub fn tokens(&self, parts: &RpcParts) -> Vec<TokenTime> {
-        let shift: HashMap<u32, i64> = (self.offsets.iter())
-            .map(|o| (o.server_process, o.offset_ns))
+        let offsets: HashMap<u32, &ClockOffset> = (self.offsets.iter())
+            .map(|o| (o.server_process, o))
             .collect();
         let on_client_clock =
-            |server: u32, t: u64| t.saturating_add_signed(shift.get(&server).copied().unwrap_or(0));
+            |server: u32, t: u64| offsets.get(&server).map_or(t, |o| o.on_client_clock(t));
         let mut clients: Vec<u32> = self.links.iter().map(|l| l.client_process).collect();
         clients.sort_unstable();
         clients.dedup();
@@ -718,7 +862,8 @@ pub const FLOW: &str = "flow_id";
 /// ids of its joined RPC spans, by (connection, index, served).
 #[derive(Clone, Debug, Default)]
 pub struct Alignment {
-    pub shift_ns: i64,
+    /// The server's offset onto its client's clock (none: the input's own clock).
+    pub clock: Option<ClockOffset>,
     /// Its part in the job (`ggml-rpc server at 10.0.0.2:50052`, `ggml-rpc client of …`),
     /// added to its process's name.
     pub role: Option<String>,
@@ -739,8 +884,10 @@ impl RpcAnalysis {
         let mut out = vec![Alignment::default(); inputs];
         if clocks {
             for o in &self.offsets {
-                if let Some(a) = input_of(o.server_process).and_then(|i| out.get_mut(i)) {
-                    a.shift_ns = o.offset_ns;
+                if let Some(a) = input_of(o.server_process).and_then(|i| out.get_mut(i))
+                    && !o.kept_own_clock
+                {
+                    a.clock = Some(o.clone());
                 }
             }
         }
@@ -803,7 +950,7 @@ impl<'a, S: RecordSink> Aligned<'a, S> {
     }
 
     fn shift(&self, t: u64) -> u64 {
-        t.saturating_add_signed(self.alignment.shift_ns)
+        (self.alignment.clock.as_ref()).map_or(t, |clock| clock.on_client_clock(t))
     }
 }
 
@@ -1136,5 +1283,123 @@ mod tests {
         assert!(tokens.iter().filter(|t| t.client_compute_ns > 0).count() > 20);
         assert!(tokens.iter().filter(|t| t.servers[0].1 > 0).count() > 100);
         assert_eq!(tokens, expected);
+    }
+
+    /// A server whose clock gains 100 µs a second on the client's, over 200 s of commands
+    /// answered within a millisecond: the 20 ms it drifts make the commands' bounds on one
+    /// constant offset contradict each other, and the offset is then a line. Its slope is the
+    /// drift, every command's bounds hold on it, and it puts server times on the client's clock
+    /// within its stated uncertainty at the start and at the end.
+    #[test]
+    fn a_drifting_clock_gets_a_line() {
+        let drift = 100e-6;
+        let mut parts = RpcParts::default();
+        let mut seed = 0x9e37_79b9_7f4a_7c15_u64;
+        let mut random = |n: u64| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed % n
+        };
+        let start = 1_000_000_000u64;
+        let true_offset = |t: u64| -SHIFT - (drift * (t - start) as f64) as i64;
+        for index in 0..2_000u32 {
+            let at = start + u64::from(index) * 100_000_000;
+            // The request arrives `out` later; the server's clock then reads `at + out − θ`.
+            let (out, back) = (20_000 + random(400_000), 20_000 + random(400_000));
+            let shift = -true_offset(at + out);
+            command(
+                &mut parts,
+                (0, 1),
+                shift,
+                index,
+                "GET_TENSOR",
+                64,
+                at,
+                out,
+                Some(back),
+            );
+        }
+        let a = analyse(&parts);
+        let o = a.offset_of(1).unwrap();
+        let disagreement = o.disagreement_ns().expect("one constant offset cannot fit");
+        assert!(disagreement > 10_000_000, "{disagreement}");
+        assert!(!o.kept_own_clock);
+        let d = o.drift.expect("a drift");
+        assert!((d.slope + drift).abs() < 2e-6, "{}", d.slope);
+        let uncertainty = o.uncertainty_ns().unwrap();
+        assert!((0..500_000).contains(&uncertainty), "{uncertainty}");
+        for j in &a.joined {
+            let (t, lower, upper) = bound(&parts, j);
+            let at = o.at(t);
+            assert!(
+                lower <= at + 1 && at <= upper.unwrap() + 1,
+                "{lower} {at} {upper:?}"
+            );
+        }
+        for t in [start, start + 199 * 1_000_000_000] {
+            let error = (o.at(t) - true_offset(t)).abs();
+            assert!(error <= uncertainty + 1, "{error} > {uncertainty} at {t}");
+        }
+    }
+
+    /// Bounds that no line fits (two servers' commands filed under one connection, their clocks
+    /// 40 ms apart): the server keeps its own clock (offset 0, nothing to align), and how much
+    /// the bounds disagree is told.
+    #[test]
+    fn bounds_no_line_fits_keep_the_servers_own_clock() {
+        let mut parts = RpcParts::default();
+        for index in 0..400u32 {
+            let shift = if index % 2 == 0 {
+                SHIFT
+            } else {
+                SHIFT + 40_000_000
+            };
+            let at = 1_000_000 + u64::from(index) * 1_000_000;
+            command(
+                &mut parts,
+                (0, 1),
+                shift,
+                index,
+                "GET_TENSOR",
+                64,
+                at,
+                50_000,
+                Some(50_000),
+            );
+        }
+        let a = analyse(&parts);
+        let o = a.offset_of(1).unwrap();
+        assert!(o.kept_own_clock);
+        assert_eq!((o.offset_ns, o.drift, o.uncertainty_ns()), (0, None, None));
+        // Lower bounds reach −SHIFT − 50 µs (the way out), upper ones come down to
+        // −SHIFT − 40 ms + 50 µs (the way back).
+        assert_eq!(o.disagreement_ns(), Some(40_000_000 - 100_000));
+        let alignments = a.alignments(&parts, 2, |p| Some(p as usize), true);
+        assert!(alignments[1].clock.is_none());
+    }
+
+    /// Times and bounds at the ends of their ranges (a hostile or corrupt trace) give bounds and
+    /// an uncertainty, never an overflow.
+    #[test]
+    fn extreme_times_saturate() {
+        let mut parts = RpcParts::default();
+        command(&mut parts, (0, 1), 0, 0, "HELLO", 1, 0, 10, Some(10));
+        let serve = parts
+            .parts
+            .iter_mut()
+            .find(|p| p.part == Part::Serve)
+            .unwrap();
+        serve.start_ns = u64::MAX;
+        let client_answer = (parts.parts.iter_mut())
+            .find(|p| p.part == Part::Answer && p.process == 0)
+            .unwrap();
+        client_answer.end_ns = u64::MAX;
+        let a = analyse(&parts);
+        let o = a.offset_of(1).unwrap();
+        assert_eq!(o.lower_ns, -i64::MAX);
+        assert_eq!(o.upper_ns, Some(i64::MAX - 2_010)); // less the server answer's start
+        assert_eq!(o.uncertainty_ns(), Some(i64::MAX / 2));
+        let _ = a.tokens(&parts);
     }
 }
