@@ -66,6 +66,9 @@ pub struct Counters {
     /// Op events recorded without tensor info (name, type, shape, FLOPs): the tensor table was
     /// full.
     pub without_tensor_info: u64,
+    /// ggml-rpc transport calls that no command's record follows: the connection table's lock
+    /// was not had (after a `fork`), or the table was full of live connections.
+    pub rpc_calls_unfollowed: u64,
 }
 
 impl Counters {

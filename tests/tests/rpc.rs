@@ -743,3 +743,124 @@ fn a_drifting_server_clock_is_fitted_with_a_line() {
         "the middle of −5 ms −2 µs and −5 ms +4 µs"
     );
 }
+
+/// One ggml-rpc command as a client sends it: the command byte, the payload's size, the payload.
+fn send_command(stream: &mut std::net::TcpStream, command: u8, size: u64, payload: &[u8]) {
+    use std::io::Write;
+    stream.write_all(&[command]).unwrap();
+    stream.write_all(&size.to_le_bytes()).unwrap();
+    stream.write_all(payload).unwrap();
+}
+
+/// An answer's payload (its 8-byte size first).
+fn read_answer(stream: &mut std::net::TcpStream) -> Vec<u8> {
+    use std::io::Read;
+    let mut size = [0u8; 8];
+    stream.read_exact(&mut size).unwrap();
+    let mut payload = vec![0u8; u64::from_le_bytes(size) as usize];
+    stream.read_exact(&mut payload).unwrap();
+    payload
+}
+
+/// Waits for the server to end the connection (it reads no more from a broken one).
+fn until_closed(stream: &mut std::net::TcpStream) {
+    use std::io::Read;
+    stream
+        .set_read_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
+    let mut rest = Vec::new();
+    let _ = stream.read_to_end(&mut rest);
+}
+
+/// ggml-rpc's server ends a connection without a failed call when its client breaks the
+/// protocol: a payload size it cannot allocate (1 PiB), a HELLO of the wrong size (33), an
+/// unknown command byte (200), a second HELLO. The next client's socket then sits at the same
+/// address. Each broken connection is followed by a good client (HELLO, then DEVICE_COUNT),
+/// which the real server answers; the server's trace has each good session whole, on a
+/// connection of its own, numbered from its HELLO (before: the size left the next session
+/// unrecorded, the 33 swallowed its HELLO as payload, the 200 named its HELLO "command 200").
+#[test]
+fn a_broken_connection_leaves_nothing_to_the_next() {
+    let dir = scratch("rpc-broken");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let host = Host {
+        name: "local".into(),
+        netns: None,
+        veth: None,
+        address: "127.0.0.1".into(),
+        port,
+    };
+    let trace = dir.join("server.ggmlviz");
+    let env = [
+        ("LD_PRELOAD", hook().display().to_string()),
+        ("GGML_VIZ_OUTPUT", trace.display().to_string()),
+    ];
+    let server = host.serve(&env, &dir.join("server.log"));
+    let connect = || std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    let hello = |stream: &mut std::net::TcpStream| {
+        send_command(stream, 14, 24, &[0; 24]);
+        assert_eq!(read_answer(stream).len(), 28, "HELLO's answer");
+    };
+    type Breakage = fn(&mut std::net::TcpStream);
+    let breakages: [(&str, Breakage); 4] = [
+        // (u64::MAX itself makes the server throw `length_error`, uncaught: it dies.)
+        ("a size past memory", |s| {
+            send_command(s, 6, 1 << 50, &[0; 64])
+        }),
+        ("a HELLO of 33 bytes", |s| send_command(s, 14, 33, &[0; 8])),
+        ("an unknown command", |s| {
+            use std::io::Write;
+            s.write_all(&[200]).unwrap();
+        }),
+        ("a second HELLO", |s| send_command(s, 14, 24, &[0; 24])),
+    ];
+    for (what, breakage) in breakages {
+        let mut broken = connect();
+        if what != "a HELLO of 33 bytes" {
+            hello(&mut broken);
+        }
+        breakage(&mut broken);
+        until_closed(&mut broken);
+        let mut good = connect();
+        hello(&mut good);
+        send_command(&mut good, 15, 0, &[]);
+        let count = read_answer(&mut good);
+        assert_eq!(count, 1u32.to_le_bytes(), "DEVICE_COUNT after {what}");
+    }
+    stop(server);
+
+    let mut parts = ggml_viz_reader::telemetry::rpc::RpcParts::default();
+    ggml_viz_reader::telemetry::import_path(
+        &trace,
+        None,
+        None,
+        &mut ggml_viz_reader::telemetry::Ids::default(),
+        &mut parts,
+    )
+    .unwrap();
+    let serves: Vec<(u32, u32, &str)> = (parts.parts.iter())
+        .filter(|p| p.part == ggml_viz_reader::telemetry::rpc::Part::Serve)
+        .map(|p| (p.connection, p.index, parts.command_name(p.command)))
+        .collect();
+    // The good sessions: a DEVICE_COUNT at index 1 after a HELLO at 0 on the same connection.
+    let good: Vec<u32> = (serves.iter())
+        .filter(|&&(c, i, name)| {
+            name == "DEVICE_COUNT" && i == 1 && serves.contains(&(c, 0, "HELLO"))
+        })
+        .map(|&(c, ..)| c)
+        .collect();
+    assert_eq!(good.len(), 4, "{serves:?}");
+    let mut distinct = good.clone();
+    distinct.dedup();
+    assert_eq!(distinct, good, "one connection each: {serves:?}");
+    // A HELLO, and only a HELLO, opens each connection (the broken ones' own commands, the
+    // unknown 200 among them, stay on theirs).
+    assert!(
+        (serves.iter()).all(|&(_, i, name)| (name == "HELLO") == (i == 0)),
+        "{serves:?}"
+    );
+}

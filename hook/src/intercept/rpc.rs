@@ -2,7 +2,8 @@
 //! on both ends of every connection, and nothing of any other socket in the process.
 //!
 //! `libggml-rpc.so` calls its transport's methods (`transport.h`: `socket_t::send_data`,
-//! `recv_data`, `flush`, and the static `connect` and `create_server`) through the PLT, so the
+//! `recv_data`, `flush`, `accept`, the destructor, and the static `connect` and
+//! `create_server`) through the PLT, so the
 //! dynamic loader binds those calls to the wrappers exported here under the methods' Itanium
 //! names. They carry every byte of the protocol whatever the medium (TCP, or RDMA after the
 //! HELLO upgrade), and only ggml-rpc's: a libc `send`/`recv` wrapper would cost every other
@@ -17,7 +18,7 @@
 use std::ffi::{CStr, c_char, c_int, c_void};
 
 use super::route::{Callee, Resolved, fallback_callee, resolve_callee};
-use super::rpc_names::{CONNECT, CREATE_SERVER, FLUSH, NAMES, RECV, SEND};
+use super::rpc_names::{ACCEPT, CONNECT, CREATE_SERVER, DESTROY, FLUSH, NAMES, RECV, SEND};
 use super::start::{say_no_function, start_tracing};
 use crate::base::contained;
 use crate::record::{self, Transfer};
@@ -27,11 +28,11 @@ type Ptr = *mut c_void;
 /// An exported wrapper under a C++ name that jumps to `$imp` with the return address after the
 /// method's own `$n` arguments (in `$reg`).
 macro_rules! method {
-    ($name:ident = $export:literal ($($arg:ident: $ty:ty),*) -> $ret:ty, $imp:ident, $reg:literal) => {
+    ($name:ident = $export:literal ($($arg:ident: $ty:ty),*) $(-> $ret:ty)?, $imp:ident, $reg:literal) => {
         #[doc = concat!("`", $export, "`, traced.\n\n# Safety\nggml-rpc's own contract.")]
         #[unsafe(naked)]
         #[unsafe(export_name = $export)]
-        pub unsafe extern "C" fn $name($($arg: $ty),*) -> $ret {
+        pub unsafe extern "C" fn $name($($arg: $ty),*) $(-> $ret)? {
             // The return address is at [rsp] on entry; the jump leaves the stack as the caller
             // made it, so `$imp` returns straight to the caller.
             core::arch::naked_asm!(concat!("mov ", $reg, ", [rsp]"), "jmp {imp}", imp = sym $imp)
@@ -47,6 +48,10 @@ method!(socket_flush = "_ZN8socket_t5flushEv"(socket: Ptr) -> bool, flush, "rsi"
 // first word.
 method!(socket_connect = "_ZN8socket_t7connectEPKci"(slot: *mut Ptr, host: *const c_char, port: c_int) -> *mut Ptr, connect, "rcx");
 method!(socket_create_server = "_ZN8socket_t13create_serverEPKci"(slot: *mut Ptr, host: *const c_char, port: c_int) -> *mut Ptr, create_server, "rcx");
+// `accept` is a method returning one too: the slot in rdi, `this` in rsi.
+method!(socket_accept = "_ZN8socket_t6acceptEv"(slot: *mut Ptr, server: Ptr) -> *mut Ptr, accept, "rdx");
+// The destructor (the complete-object one, which `shared_ptr`'s deleter calls).
+method!(socket_destroy = "_ZN8socket_tD1Ev"(socket: Ptr), destroy, "rsi");
 
 /// The real method of `row` for the call site `ret`; tracing starts with the first.
 fn real(row: u8, ret: usize) -> Option<&'static Resolved> {
@@ -165,4 +170,37 @@ unsafe extern "C" fn create_server(
     ret: usize,
 ) -> *mut Ptr {
     make_socket(CREATE_SERVER, slot, host, port, ret)
+}
+
+unsafe extern "C" fn accept(slot: *mut Ptr, server: Ptr, ret: usize) -> *mut Ptr {
+    let Some(real) = real(ACCEPT, ret) else {
+        // SAFETY: the caller's slot for a `std::shared_ptr` (two words): an empty one.
+        unsafe { slot.cast::<[usize; 2]>().write([0, 0]) };
+        return slot;
+    };
+    type AcceptFn = unsafe extern "C" fn(*mut Ptr, Ptr) -> *mut Ptr;
+    // SAFETY: the real method, with the caller's arguments.
+    let out = unsafe { std::mem::transmute::<usize, AcceptFn>(real.real)(slot, server) };
+    if !real.untraced {
+        // SAFETY: the returned shared_ptr's first word is the socket (null: none).
+        let socket = unsafe { *out };
+        if !socket.is_null() {
+            contained(|| record::rpc_accepted(socket as usize));
+        }
+    }
+    out
+}
+
+/// The socket's connection ends before the real destructor runs (after it, the address may be
+/// the next socket's).
+unsafe extern "C" fn destroy(socket: Ptr, ret: usize) {
+    let Some(real) = real(DESTROY, ret) else {
+        return;
+    };
+    if !real.untraced {
+        contained(|| record::rpc_closed(socket as usize));
+    }
+    type DestroyFn = unsafe extern "C" fn(Ptr);
+    // SAFETY: the real destructor, with the caller's object.
+    unsafe { std::mem::transmute::<usize, DestroyFn>(real.real)(socket) }
 }

@@ -7,18 +7,22 @@ use std::sync::atomic::AtomicBool;
 use crate::base::say_once;
 
 /// The wrapped methods, by row.
-pub const NAMES: [&CStr; 5] = [
+pub const NAMES: [&CStr; 7] = [
     c"_ZN8socket_t9send_dataEPKvm",
     c"_ZN8socket_t9recv_dataEPvm",
     c"_ZN8socket_t5flushEv",
     c"_ZN8socket_t7connectEPKci",
     c"_ZN8socket_t13create_serverEPKci",
+    c"_ZN8socket_t6acceptEv",
+    c"_ZN8socket_tD1Ev",
 ];
 pub const SEND: u8 = 0;
 pub const RECV: u8 = 1;
 pub const FLUSH: u8 = 2;
 pub const CONNECT: u8 = 3;
 pub const CREATE_SERVER: u8 = 4;
+pub const ACCEPT: u8 = 5;
+pub const DESTROY: u8 = 6;
 
 /// Said once, at the start of tracing, when this process has ggml-rpc (its C API is there) but
 /// none of the transport methods wrapped here: its calls will not reach us.

@@ -38,7 +38,9 @@ pub use packing::SPAN_SEQS;
 pub use recorder::Recorder;
 #[cfg(all(target_os = "linux", target_arch = "x86_64"))]
 pub use recorder::THREAD_OPS_NOW;
-pub use rpc::{Transfer, rpc_after, rpc_before, rpc_connected, rpc_listening};
+pub use rpc::{
+    Transfer, rpc_accepted, rpc_after, rpc_before, rpc_closed, rpc_connected, rpc_listening,
+};
 #[cfg(all(target_os = "linux", target_arch = "x86_64"))]
 pub use session::thread_ops_never;
 pub use session::{Setup, active, finish, start_once};

@@ -215,6 +215,7 @@ impl Recorder {
             missed_while_starting: MISSED_WHILE_STARTING.load(Ordering::Relaxed),
             unnamed: self.names.refused(),
             without_tensor_info: self.tensors.refused(),
+            rpc_calls_unfollowed: super::rpc::rpc_calls_unfollowed(),
         };
         Drain {
             rings,

@@ -17,12 +17,16 @@
 //! Every connection opens with HELLO (command 14 in every protocol version): it numbers the
 //! connection and restarts its count of commands, on both ends alike, which is how the two ends'
 //! traces join. A connection's state lives in a small table keyed by its `socket_t` (a client's
-//! HELLO and its later commands are sent from different threads); the table's lock is only
-//! tried, a bounded number of times, so a lock left held by a `fork` never blocks the host:
-//! that call then goes unrecorded.
+//! HELLO and its later commands are sent from different threads), for the socket's lifetime:
+//! made when the socket is (`connect`, `accept`), dropped when it is destroyed, so nothing of one
+//! connection leaks into the next socket at the same address, and a closed socket never takes
+//! a live one's room. A HELLO starts a connection afresh whatever came before. The table's lock
+//! is only tried, a bounded number of times, so a lock left held by a `fork` never blocks the
+//! host: that call then goes unrecorded, and is counted, as are the calls of a socket that found
+//! the table full of live ones.
 
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use ggml_viz_format::ext::RpcPart;
 
@@ -140,11 +144,20 @@ static TABLE: Mutex<Table> = Mutex::new(Table {
     listening: None,
 });
 
-/// Connections a table holds at most (a client has one per server; closed ones are reused by
-/// the next socket at their address, or dropped oldest first).
+/// Live connections a table holds at most (a client has one per server, a server one per
+/// client it is serving); a socket that finds it full of live ones goes unrecorded, counted.
 const MAX_CONNS: usize = 64;
 
-/// The table, if its lock can be had within a few tries (see the module's notes).
+/// Transport calls not followed: the table's lock was not had, or it was full of live sockets.
+static UNFOLLOWED: AtomicU64 = AtomicU64::new(0);
+
+/// Transport calls of ggml-rpc that no connection's record follows ([`UNFOLLOWED`]).
+pub fn rpc_calls_unfollowed() -> u64 {
+    UNFOLLOWED.load(Ordering::Relaxed)
+}
+
+/// The table, if its lock can be had within a few tries (see the module's notes); else the
+/// call is counted as not followed.
 fn table() -> Option<std::sync::MutexGuard<'static, Table>> {
     for _ in 0..64 {
         match TABLE.try_lock() {
@@ -153,29 +166,58 @@ fn table() -> Option<std::sync::MutexGuard<'static, Table>> {
             Err(std::sync::TryLockError::WouldBlock) => std::thread::yield_now(),
         }
     }
+    UNFOLLOWED.fetch_add(1, Ordering::Relaxed);
     None
 }
 
 impl Table {
-    fn conn(&mut self, socket: usize) -> &mut Conn {
+    /// `socket`'s connection (one made before tracing began is met here first); `None`, counted,
+    /// when the table is full of live ones.
+    fn conn(&mut self, socket: usize) -> Option<&mut Conn> {
         if let Some(i) = self.conns.iter().position(|c| c.socket == socket) {
-            return &mut self.conns[i];
+            return Some(&mut self.conns[i]);
         }
+        self.fresh(socket, self.listening.clone())
+    }
+
+    /// A new connection on `socket`, whatever the table held for that address before.
+    fn fresh(&mut self, socket: usize, endpoint: Option<Box<str>>) -> Option<&mut Conn> {
+        self.conns.retain(|c| c.socket != socket);
         if self.conns.len() == MAX_CONNS {
-            self.conns.remove(0);
+            UNFOLLOWED.fetch_add(1, Ordering::Relaxed);
+            return None;
         }
-        let endpoint = self.listening.clone();
         self.conns.push(Conn::new(socket, endpoint));
-        self.conns.last_mut().expect("just pushed")
+        self.conns.last_mut()
     }
 }
 
 /// A client connected `socket` to `host:port`.
 pub fn rpc_connected(socket: usize, endpoint: &str) {
     let Some(mut t) = table() else { return };
-    t.conns.retain(|c| c.socket != socket);
-    let conn = t.conn(socket);
-    conn.endpoint = Some(endpoint.into());
+    t.fresh(socket, Some(endpoint.into()));
+}
+
+/// A server accepted a client on `socket`: a connection begins, named by the address served.
+pub fn rpc_accepted(socket: usize) {
+    let Some(mut t) = table() else { return };
+    let endpoint = t.listening.clone();
+    if let Some(conn) = t.fresh(socket, endpoint) {
+        conn.role = Some(Role::Server);
+    }
+}
+
+/// `socket` is being destroyed: its connection ends, and leaves the table. A server's client
+/// is done: what it recorded is written now (a server is stopped by a signal).
+pub fn rpc_closed(socket: usize) {
+    let Some(mut t) = table() else { return };
+    let Some(i) = t.conns.iter().position(|c| c.socket == socket) else {
+        return;
+    };
+    let conn = t.conns.swap_remove(i);
+    if conn.role == Some(Role::Server) && conn.id != 0 {
+        write_soon();
+    }
 }
 
 /// A server listens on `host:port`: its connections are named by it.
@@ -190,7 +232,7 @@ pub fn rpc_listening(endpoint: &str) {
 /// For a send, `data` points to `size` readable bytes (the transport's own contract).
 pub unsafe fn rpc_before(socket: usize, transfer: Transfer, data: *const u8, size: usize) {
     let Some(mut t) = table() else { return };
-    let conn = t.conn(socket);
+    let Some(conn) = t.conn(socket) else { return };
     match (transfer, conn.role) {
         (Transfer::Send, None) => conn.role = Some(Role::Client),
         (Transfer::Recv, None) => conn.role = Some(Role::Server),
@@ -256,7 +298,7 @@ pub unsafe fn rpc_before(socket: usize, transfer: Transfer, data: *const u8, siz
 /// For a successful receive, `data` points to `size` readable bytes.
 pub unsafe fn rpc_after(socket: usize, transfer: Transfer, data: *const u8, size: usize, ok: bool) {
     let Some(mut t) = table() else { return };
-    let conn = t.conn(socket);
+    let Some(conn) = t.conn(socket) else { return };
     if !ok {
         // The connection failed or closed: nothing of it is open any more. A server's client
         // is done: what it recorded is written now (a server is stopped by a signal).
@@ -290,9 +332,13 @@ pub unsafe fn rpc_after(socket: usize, transfer: Transfer, data: *const u8, size
                 rpc_edge(false, &conn.edge(RpcPart::Answer));
             }
         }
-        (Some(Role::Server), Transfer::Recv, State::Idle) if size == 1 => {
+        (Some(Role::Server), Transfer::Recv, State::Idle | State::Lost) if size == 1 => {
             // SAFETY: one byte just received.
-            conn.command_begins(unsafe { *data });
+            let command = unsafe { *data };
+            if conn.state == State::Lost && command != HELLO {
+                return;
+            }
+            conn.command_begins(command);
             if conn.state == State::Size {
                 conn.received = 1;
                 rpc_edge(true, &conn.edge(RpcPart::Serve));

@@ -241,6 +241,14 @@ impl TraceWriter {
                 MAX_TENSORS
             ));
         }
+        if counters.rpc_calls_unfollowed > 0 {
+            say(format_args!(
+                "{} ggml-rpc transport call(s) in {} not followed (the connection table was busy \
+                 or full of live connections): their commands are not recorded",
+                counters.rpc_calls_unfollowed,
+                self.path.display(),
+            ));
+        }
         Ok(())
     }
 

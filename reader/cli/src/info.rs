@@ -266,6 +266,13 @@ fn write_extensions(out: &mut impl Write, stats: &TraceStats) -> io::Result<()> 
                 c.without_tensor_info
             )?;
         }
+        if c.rpc_calls_unfollowed > 0 {
+            writeln!(
+                out,
+                "ggml-rpc:        {} transport call(s) not followed (connection table busy or full): their commands are missing",
+                c.rpc_calls_unfollowed
+            )?;
+        }
     }
     if stats.unreadable_extensions > 0 {
         writeln!(
