@@ -672,3 +672,124 @@ fn an_older_llama_batch_reaches_the_library_whole() {
         ]
     );
 }
+
+/// Batches made and freed one after another, more of them than the hook's 64 slots, most at a
+/// freed one's address (a C host on this llama.cpp's `llama_batch_ext`, each batch of 1–3
+/// tokens of sequence 0 or 1, decoded through `llama_process`, then freed): every decode span
+/// carries its own batch's tokens and sequences (before: a batch at a reused address started
+/// with the old batch's counts, and past 64 batches the counts were unknown).
+#[test]
+fn freed_batches_leave_nothing_to_the_next() {
+    let dir = scratch("batch-free");
+    let llama = ggml_source().join("..");
+    let source = r#"#include <stdio.h>
+#include "llama.h"
+
+int main(int argc, char ** argv) {
+    llama_backend_init();
+    struct llama_model * model = llama_model_load_from_file(argv[1], llama_model_default_params());
+    struct llama_context_params cp = llama_context_default_params();
+    cp.n_ctx = 64;
+    cp.n_batch = 16;
+    cp.n_seq_max = 2;
+    cp.kv_unified = true;
+    cp.n_threads = cp.n_threads_batch = 1;
+    struct llama_context * ctx = llama_init_from_model(model, cp);
+    if (!model || !ctx) return 2;
+    struct llama_batch_ext * previous = NULL;
+    int reused = 0;
+    for (int i = 0; i < 70; i++) {
+        struct llama_batch_ext * batch = llama_batch_ext_init(ctx);
+        reused += batch == previous;
+        previous = batch;
+        const int n = 1 + i % 3, seq = i % 2;
+        llama_memory_clear(llama_get_memory(ctx), true);
+        for (int t = 0; t < n; t++) {
+            const int idx = llama_batch_ext_add_token(batch, seq, 10 + t);
+            llama_pos pos[4] = { t, 0, 0, 0 };
+            if (idx != t || !llama_batch_ext_set_pos(batch, idx, pos)) return 3;
+        }
+        llama_batch_ext_set_output_logits(batch, n - 1, true);
+        const int ret = llama_process(ctx, LLAMA_PROCESS_TYPE_DECODE, batch);
+        printf("batch %d: %d token(s) of sequence %d, process %d\n", i, n, seq, ret);
+        llama_batch_ext_free(batch);
+    }
+    printf("reused %d\n", reused);
+    llama_free(ctx);
+    llama_model_free(model);
+    return 0;
+}
+"#;
+    let file = dir.join("batches.c");
+    std::fs::write(&file, source).unwrap();
+    let exe = dir.join("batches");
+    let bin = llama_bin();
+    let built = run({
+        let mut cc = Command::new("cc");
+        cc.arg(&file)
+            .arg("-o")
+            .arg(&exe)
+            .arg(format!("-I{}", llama.join("include").display()))
+            .arg(format!("-I{}", llama.join("ggml/include").display()))
+            .arg(format!("-L{}", bin.display()))
+            .args(["-lllama", "-lggml-base"])
+            .arg(format!("-Wl,-rpath,{}", bin.display()));
+        cc
+    });
+    assert!(built.status.success(), "{}", text(&built.stderr));
+    let program = || {
+        let mut c = Command::new(&exe);
+        c.arg(tiny_model());
+        c
+    };
+    let plain = run(program());
+    assert!(plain.status.success(), "{}", text(&plain.stderr));
+    let said = text(&plain.stdout);
+    // What the program says it put in each batch, and that most addresses came back.
+    let batches: Vec<(String, String)> = (said.lines())
+        .filter_map(|l| {
+            let (n, seq) = l.split_once(" token(s) of sequence ")?;
+            let n = n.rsplit(' ').next()?;
+            let seq = seq.split(',').next()?;
+            assert!(l.ends_with("process 0"), "{l}");
+            Some((n.to_string(), format!("{seq}:{n}")))
+        })
+        .collect();
+    assert_eq!(batches.len(), 70, "{said}");
+    let reused: u32 = said
+        .lines()
+        .find_map(|l| l.strip_prefix("reused ")?.parse().ok())
+        .unwrap();
+    assert!(
+        reused > 30,
+        "addresses were not reused, so this checks little: {said}"
+    );
+
+    let trace = dir.join("batches.ggmlviz");
+    let hooked = run(with_hook(
+        program(),
+        &[("GGML_VIZ_OUTPUT", trace.to_str().unwrap())],
+    ));
+    assert!(hooked.status.success(), "{}", text(&hooked.stderr));
+    let mut c = ggml_viz_reader::telemetry::Collected::default();
+    ggml_viz_reader::telemetry::import_path(
+        &trace,
+        None,
+        None,
+        &mut ggml_viz_reader::telemetry::Ids::default(),
+        &mut c,
+    )
+    .unwrap();
+    let decodes: Vec<(String, String)> = (c.spans.iter())
+        .filter(|s| s.name == "llama_decode")
+        .map(|s| {
+            let arg = |key: &str| {
+                (s.args.iter())
+                    .find(|(k, _)| k == key)
+                    .map_or_else(|| "-".to_string(), |(_, v)| v.to_string())
+            };
+            (arg("n_tokens"), arg("seq_tokens"))
+        })
+        .collect();
+    assert_eq!(decodes, batches);
+}

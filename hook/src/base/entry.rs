@@ -29,10 +29,11 @@ pub enum Entry {
     LlamaBatchExtAddEmbd = 19,
     LlamaBatchExtAddSeq = 20,
     LlamaMemorySeqRm = 21,
+    LlamaBatchExtFree = 22,
 }
 
 impl Entry {
-    pub const ALL: [Entry; 21] = [
+    pub const ALL: [Entry; 22] = [
         Entry::SchedGraphCompute,
         Entry::SchedGraphComputeAsync,
         Entry::BackendGraphCompute,
@@ -54,6 +55,7 @@ impl Entry {
         Entry::LlamaBatchExtAddEmbd,
         Entry::LlamaBatchExtAddSeq,
         Entry::LlamaMemorySeqRm,
+        Entry::LlamaBatchExtFree,
     ];
 
     pub fn from_code(code: u8) -> Option<Entry> {
@@ -83,6 +85,7 @@ impl Entry {
             Entry::LlamaBatchExtAddEmbd => c"llama_batch_ext_add_embd",
             Entry::LlamaBatchExtAddSeq => c"llama_batch_ext_add_seq",
             Entry::LlamaMemorySeqRm => c"llama_memory_seq_rm",
+            Entry::LlamaBatchExtFree => c"llama_batch_ext_free",
         }
     }
 

@@ -5,7 +5,8 @@
 //! opaque `llama_batch_ext` of newer llama.cpp does not, so the tokens added to each one
 //! (`llama_batch_ext_add[_token]`, which return the token's index) are followed here
 //! (`_add_embd` too: an input embedding is one entry), and `llama_batch_ext_clear` starts it
-//! over. The sequence each token was added to is counted too
+//! over, and `llama_batch_ext_free` forgets it (its slot, one of 64, is then free for the next
+//! batch, which may be made at its address). The sequence each token was added to is counted too
 //! (and each further sequence `llama_batch_ext_add_seq` puts it in): a server's batch says how
 //! many tokens each sequence (slot) put in it.
 
@@ -148,13 +149,25 @@ fn count_for(s: &BatchSize, seq_id: i32) {
 /// `llama_batch_ext_clear(batch)`.
 pub fn batch_cleared(batch: *mut c_void) {
     if let Some(s) = slot(batch, false) {
-        s.tokens.store(0, Ordering::Relaxed);
-        for (k, n) in s.seqs.iter().zip(&s.seq_tokens) {
-            k.store(-1, Ordering::Relaxed);
-            n.store(0, Ordering::Relaxed);
-        }
-        s.other_tokens.store(0, Ordering::Relaxed);
+        forget_counts(s);
     }
+}
+
+/// `llama_batch_ext_free(batch)`: its slot is emptied and released.
+pub fn batch_freed(batch: *mut c_void) {
+    if let Some(s) = slot(batch, false) {
+        forget_counts(s);
+        s.batch.store(0, Ordering::Release);
+    }
+}
+
+fn forget_counts(s: &BatchSize) {
+    s.tokens.store(0, Ordering::Relaxed);
+    for (k, n) in s.seqs.iter().zip(&s.seq_tokens) {
+        k.store(-1, Ordering::Relaxed);
+        n.store(0, Ordering::Relaxed);
+    }
+    s.other_tokens.store(0, Ordering::Relaxed);
 }
 
 /// The sequences of `batch`'s tokens as far as we saw them added; `None` for a batch we never saw.

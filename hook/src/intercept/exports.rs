@@ -110,6 +110,7 @@ trampoline!(llama_process(ctx: Ptr, kind: c_int, batch: Ptr) -> i32, llama_proce
 trampoline!(llama_batch_ext_add(batch: Ptr, seq_id: i32) -> i32, batch_ext_add, x86_64: "rdx", aarch64: "x2");
 trampoline!(llama_batch_ext_add_token(batch: Ptr, seq_id: i32, token: i32) -> i32, batch_ext_add_token, x86_64: "rcx", aarch64: "x3");
 trampoline!(llama_batch_ext_clear(batch: Ptr), batch_ext_clear, x86_64: "rsi", aarch64: "x1");
+trampoline!(llama_batch_ext_free(batch: Ptr), batch_ext_free, x86_64: "rsi", aarch64: "x1");
 trampoline!(ggml_backend_sched_free(sched: Ptr), sched_free, x86_64: "rsi", aarch64: "x1");
 // The embedding is passed in memory on x86-64 (24 bytes) and by reference on aarch64, so the
 // return address goes in the register after `seq_id` on x86-64 and after the reference on aarch64.
@@ -136,6 +137,7 @@ pub fn wrapper(entry: Entry) -> *const () {
         Entry::LlamaBatchExtAdd => llama_batch_ext_add as *const (),
         Entry::LlamaBatchExtAddToken => llama_batch_ext_add_token as *const (),
         Entry::LlamaBatchExtClear => llama_batch_ext_clear as *const (),
+        Entry::LlamaBatchExtFree => llama_batch_ext_free as *const (),
         Entry::LlamaBatchExtAddEmbd => llama_batch_ext_add_embd as *const (),
         Entry::LlamaBatchExtAddSeq => llama_batch_ext_add_seq as *const (),
         Entry::LlamaMemorySeqRm => llama_memory_seq_rm as *const (),
@@ -767,6 +769,20 @@ unsafe extern "C" fn batch_ext_clear(batch: Ptr, ret: usize) {
     if !real.untraced {
         guarded(|| batches::batch_cleared(batch));
     }
+}
+
+/// A batch is freed: what was counted for it is forgotten, its slot free for the next (which may
+/// be made at the same address).
+unsafe extern "C" fn batch_ext_free(batch: Ptr, ret: usize) {
+    let Some(real) = real_function(Entry::LlamaBatchExtFree, ret) else {
+        return;
+    };
+    if !real.untraced {
+        guarded(|| batches::batch_freed(batch));
+    }
+    type FreeFn = unsafe extern "C" fn(Ptr);
+    // SAFETY: the real llama_batch_ext_free, with the caller's argument.
+    unsafe { std::mem::transmute::<usize, FreeFn>(real.real)(batch) };
 }
 
 /// A pointer to the caller's copy of `struct ggml_backend_buffer_i` (how aarch64 and Windows

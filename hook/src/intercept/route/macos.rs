@@ -58,6 +58,7 @@ interpose_table!(
     "llama_batch_ext_add_embd",
     "llama_batch_ext_add_seq",
     "llama_memory_seq_rm",
+    "llama_batch_ext_free",
 );
 
 unsafe extern "C" {
