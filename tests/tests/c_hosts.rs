@@ -793,3 +793,133 @@ int main(int argc, char ** argv) {
         .collect();
     assert_eq!(decodes, batches);
 }
+
+/// C++ exceptions thrown by a wrapped function toward its caller (llama.cpp's `llama_decode` has
+/// no catch; ggml-vulkan rethrows a lost device; `new` fails in a buffer's making): a C++ library
+/// whose `llama_decode`, `llama_encode`, `llama_memory_seq_rm` and `ggml_backend_buffer_init`
+/// throw, and a host (built -O2, values live in callee-saved registers across each call) that
+/// catches them. With the hook, enabled or disabled, the host prints the same lines: every
+/// exception reaches its handler, the registers the host kept come back, and decodes after them
+/// (more throws than the hook nests calls) are still counted (before: every throw through a
+/// wrapper terminated the host).
+#[test]
+fn exceptions_thrown_through_the_wrappers_reach_the_host() {
+    let dir = scratch("exceptions");
+    let declarations = "struct llama_batch { int n_tokens; int *token; float *embd; int *pos;\n\
+        int *n_seq_id; int **seq_id; signed char *logits; };\n\
+        struct iface { void *f[11]; };\n\
+        extern \"C\" int llama_decode(void *ctx, llama_batch b);\n\
+        extern \"C\" int llama_encode(void *ctx, llama_batch b);\n\
+        extern \"C\" bool llama_memory_seq_rm(void *mem, int seq, int p0, int p1);\n\
+        extern \"C\" void *ggml_backend_buffer_init(void *buft, iface i, void *ctx, unsigned long size);\n";
+    let library = format!(
+        "#include <new>\n#include <stdexcept>\n{declarations}\
+         int llama_decode(void *, llama_batch b) {{\n\
+           if (b.n_tokens < 0) throw std::runtime_error(\"a batch of no tokens\");\n\
+           return 40 + b.n_tokens;\n\
+         }}\n\
+         int llama_encode(void *, llama_batch) {{ throw std::logic_error(\"no encoder\"); }}\n\
+         bool llama_memory_seq_rm(void *, int seq, int, int) {{ throw std::out_of_range(\"sequence \" + std::to_string(seq)); }}\n\
+         void *ggml_backend_buffer_init(void *, iface, void *, unsigned long) {{ throw std::bad_alloc(); }}\n"
+    );
+    let host = format!(
+        "#include <cstdio>\n#include <cstdlib>\n#include <exception>\n{declarations}\
+         template <class F> static long attempt(const char *what, F f, long a, long b, long c, long d, long e) {{\n\
+           try {{ long r = f(); std::printf(\"%s returned %ld\\n\", what, r); }}\n\
+           catch (const std::exception &x) {{ std::printf(\"%s threw: %s\\n\", what, x.what()); }}\n\
+           return a * 3 + b * 5 + c * 7 + d * 11 + e * 13;\n\
+         }}\n\
+         int main(int argc, char **) {{\n\
+           int token[2] = {{1, 2}}, n_seq_id[2] = {{1, 1}}, s0 = 0; int *seq_id[2] = {{&s0, &s0}};\n\
+           signed char logits[2] = {{0, 1}};\n\
+           llama_batch good = {{2, token, 0, 0, n_seq_id, seq_id, logits}}, bad = good;\n\
+           bad.n_tokens = -1;\n\
+           long a = argc * 17, b = argc * 19, c = argc * 23, d = argc * 29, e = argc * 31, kept = 0;\n\
+           kept += attempt(\"decode\", [&] {{ return (long) llama_decode((void *) 1, good); }}, a, b, c, d, e);\n\
+           for (int round = 0; round < 6; round++)\n\
+             kept += attempt(\"decode\", [&] {{ return (long) llama_decode((void *) 1, bad); }}, a + round, b, c, d, e);\n\
+           kept += attempt(\"encode\", [&] {{ return (long) llama_encode((void *) 1, good); }}, a, b, c, d, e);\n\
+           kept += attempt(\"seq_rm\", [&] {{ return (long) llama_memory_seq_rm((void *) 1, 3, 0, -1); }}, a, b, c, d, e);\n\
+           iface i = {{}};\n\
+           kept += attempt(\"buffer\", [&] {{ return (long) ggml_backend_buffer_init((void *) 1, i, 0, 64); }}, a, b, c, d, e);\n\
+           kept += attempt(\"decode\", [&] {{ return (long) llama_decode((void *) 1, good); }}, a, b, c, d, e);\n\
+           std::printf(\"kept %ld\\n\", kept + a + b + c + d + e);\n\
+           return 0;\n\
+         }}\n"
+    );
+    std::fs::write(dir.join("throwing.cpp"), library).unwrap();
+    std::fs::write(dir.join("host.cpp"), host).unwrap();
+    for args in [
+        vec![
+            "-shared",
+            "-fPIC",
+            "-O1",
+            "throwing.cpp",
+            "-o",
+            "libthrowing.so",
+        ],
+        vec![
+            "-O2",
+            "host.cpp",
+            "-o",
+            "host",
+            "-L.",
+            "-lthrowing",
+            "-Wl,-rpath,$ORIGIN",
+        ],
+    ] {
+        let built = run({
+            let mut cxx = Command::new("g++");
+            cxx.current_dir(&dir).args(args);
+            cxx
+        });
+        assert!(built.status.success(), "{}", text(&built.stderr));
+    }
+    let plain = run(Command::new(dir.join("host")));
+    assert!(plain.status.success(), "{}", text(&plain.stderr));
+    let expected = text(&plain.stdout);
+    assert_eq!(expected.matches(" threw: ").count(), 9, "{expected}");
+    assert_eq!(
+        expected.matches("decode returned 42").count(),
+        2,
+        "{expected}"
+    );
+
+    let trace = dir.join("t.ggmlviz");
+    for disable in ["1", "0"] {
+        let hooked = run(with_hook(
+            Command::new(dir.join("host")),
+            &[
+                ("GGML_VIZ_OUTPUT", trace.to_str().unwrap()),
+                ("GGML_VIZ_DISABLE", disable),
+            ],
+        ));
+        assert!(
+            hooked.status.success(),
+            "GGML_VIZ_DISABLE={disable}: {:?} {}",
+            hooked.status,
+            text(&hooked.stderr)
+        );
+        assert_eq!(text(&hooked.stdout), expected, "GGML_VIZ_DISABLE={disable}");
+    }
+    // Traced: both good decodes' spans whole, with their tokens, the last after every throw.
+    let mut c = ggml_viz_reader::telemetry::Collected::default();
+    ggml_viz_reader::telemetry::import_path(
+        &trace,
+        None,
+        None,
+        &mut ggml_viz_reader::telemetry::Ids::default(),
+        &mut c,
+    )
+    .unwrap();
+    let whole: Vec<_> = (c.spans.iter())
+        .filter(|s| s.name == "llama_decode" && s.end_ns > s.start_ns)
+        .filter_map(|s| {
+            s.args
+                .iter()
+                .find(|(k, _)| k == "n_tokens")
+                .map(|(_, v)| v.to_string())
+        })
+        .collect();
+    assert!(whole.iter().filter(|n| *n == "2").count() == 2, "{whole:?}");
+}

@@ -744,12 +744,18 @@ fn a_drifting_server_clock_is_fitted_with_a_line() {
     );
 }
 
-/// One ggml-rpc command as a client sends it: the command byte, the payload's size, the payload.
-fn send_command(stream: &mut std::net::TcpStream, command: u8, size: u64, payload: &[u8]) {
+/// One ggml-rpc command as a client sends it: the command byte, the payload's size, the payload
+/// (a broken one's may find the connection closed by the server midway).
+fn send_command(
+    stream: &mut std::net::TcpStream,
+    command: u8,
+    size: u64,
+    payload: &[u8],
+) -> std::io::Result<()> {
     use std::io::Write;
-    stream.write_all(&[command]).unwrap();
-    stream.write_all(&size.to_le_bytes()).unwrap();
-    stream.write_all(payload).unwrap();
+    stream.write_all(&[command])?;
+    stream.write_all(&size.to_le_bytes())?;
+    stream.write_all(payload)
 }
 
 /// An answer's payload (its 8-byte size first).
@@ -802,21 +808,25 @@ fn a_broken_connection_leaves_nothing_to_the_next() {
     let server = host.serve(&env, &dir.join("server.log"));
     let connect = || std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
     let hello = |stream: &mut std::net::TcpStream| {
-        send_command(stream, 14, 24, &[0; 24]);
+        send_command(stream, 14, 24, &[0; 24]).unwrap();
         assert_eq!(read_answer(stream).len(), 28, "HELLO's answer");
     };
     type Breakage = fn(&mut std::net::TcpStream);
     let breakages: [(&str, Breakage); 4] = [
         // (u64::MAX itself makes the server throw `length_error`, uncaught: it dies.)
         ("a size past memory", |s| {
-            send_command(s, 6, 1 << 50, &[0; 64])
+            let _ = send_command(s, 6, 1 << 50, &[0; 64]);
         }),
-        ("a HELLO of 33 bytes", |s| send_command(s, 14, 33, &[0; 8])),
+        ("a HELLO of 33 bytes", |s| {
+            let _ = send_command(s, 14, 33, &[0; 8]);
+        }),
         ("an unknown command", |s| {
             use std::io::Write;
-            s.write_all(&[200]).unwrap();
+            let _ = s.write_all(&[200]);
         }),
-        ("a second HELLO", |s| send_command(s, 14, 24, &[0; 24])),
+        ("a second HELLO", |s| {
+            let _ = send_command(s, 14, 24, &[0; 24]);
+        }),
     ];
     for (what, breakage) in breakages {
         let mut broken = connect();
@@ -827,7 +837,7 @@ fn a_broken_connection_leaves_nothing_to_the_next() {
         until_closed(&mut broken);
         let mut good = connect();
         hello(&mut good);
-        send_command(&mut good, 15, 0, &[]);
+        send_command(&mut good, 15, 0, &[]).unwrap();
         let count = read_answer(&mut good);
         assert_eq!(count, 1u32.to_le_bytes(), "DEVICE_COUNT after {what}");
     }

@@ -14,7 +14,7 @@ use super::{VERBOSE, say};
 type Ptr = *mut c_void;
 
 /// The eval callback of `ggml_backend_sched` (`ggml_backend_sched_eval_callback`).
-pub type EvalCallback = unsafe extern "C" fn(Ptr, bool, Ptr) -> bool;
+pub type EvalCallback = unsafe extern "C-unwind" fn(Ptr, bool, Ptr) -> bool;
 
 /// The functions, by index into [`Helpers::fns`].
 #[derive(Clone, Copy)]

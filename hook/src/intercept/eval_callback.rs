@@ -202,7 +202,7 @@ pub unsafe fn node_info(h: &Helpers, r: &Recorder, tensor: Ptr, backend: Ptr) ->
 ///
 /// # Safety
 /// Called by ggml with a live node and the `OpDriver` we installed as user data.
-unsafe extern "C" fn eval_callback(tensor: Ptr, ask: bool, user_data: Ptr) -> bool {
+unsafe extern "C-unwind" fn eval_callback(tensor: Ptr, ask: bool, user_data: Ptr) -> bool {
     // SAFETY: per the contract: the driver outlives the compute and only this thread uses it.
     let driver = unsafe { &mut *(user_data as *mut OpDriver) };
     let (app, app_data) = driver.app;

@@ -39,7 +39,7 @@ macro_rules! trampoline {
         #[unsafe(naked)]
         #[cfg_attr(not(target_os = "macos"), unsafe(no_mangle))]
         #[cfg_attr(target_os = "macos", unsafe(export_name = concat!("ggml_viz_", stringify!($name))))]
-        pub unsafe extern "C" fn $name($($arg: $ty),*) $(-> $ret)? {
+        pub unsafe extern "C-unwind" fn $name($($arg: $ty),*) $(-> $ret)? {
             // The return address is at [rsp] on entry; the jump leaves the stack as the caller
             // made it, so `$imp` returns straight to the caller.
             core::arch::naked_asm!(concat!("mov ", $x86, ", [rsp]"), "jmp {imp}", imp = sym $imp)
@@ -50,7 +50,7 @@ macro_rules! trampoline {
         #[unsafe(naked)]
         #[cfg_attr(not(target_os = "macos"), unsafe(no_mangle))]
         #[cfg_attr(target_os = "macos", unsafe(export_name = concat!("ggml_viz_", stringify!($name))))]
-        pub unsafe extern "C" fn $name($($arg: $ty),*) $(-> $ret)? {
+        pub unsafe extern "C-unwind" fn $name($($arg: $ty),*) $(-> $ret)? {
             // The return address is in the link register, x30.
             core::arch::naked_asm!(concat!("mov ", $arm, ", x30"), "b {imp}", imp = sym $imp)
         }
@@ -61,7 +61,7 @@ macro_rules! trampoline {
         #[cfg(any(windows, not(any(target_arch = "x86_64", target_arch = "aarch64"))))]
         #[cfg_attr(not(target_os = "macos"), unsafe(no_mangle))]
         #[cfg_attr(target_os = "macos", unsafe(export_name = concat!("ggml_viz_", stringify!($name))))]
-        pub unsafe extern "C" fn $name($($arg: $ty),*) $(-> $ret)? {
+        pub unsafe extern "C-unwind" fn $name($($arg: $ty),*) $(-> $ret)? {
             // SAFETY: forwarding the caller's arguments; no return address.
             unsafe { $imp($($arg,)* 0) }
         }
@@ -255,9 +255,9 @@ fn object_graph(h: &Helpers, r: &Recorder, object: Ptr, owner: Owner, graph: Ptr
     }
 }
 
-type ComputeFn = unsafe extern "C" fn(Ptr, Ptr) -> c_int;
-type ComputeWithCtxFn = unsafe extern "C" fn(Ptr, Ptr, c_int) -> c_int;
-type WaitFn = unsafe extern "C" fn(Ptr);
+type ComputeFn = unsafe extern "C-unwind" fn(Ptr, Ptr) -> c_int;
+type ComputeWithCtxFn = unsafe extern "C-unwind" fn(Ptr, Ptr, c_int) -> c_int;
+type WaitFn = unsafe extern "C-unwind" fn(Ptr);
 
 /// Calls the real two-argument compute function at `real`.
 fn call2(real: usize, a: Ptr, b: Ptr) -> c_int {
@@ -351,7 +351,7 @@ fn say_once_sched_for_devices() {
     );
 }
 
-unsafe extern "C" fn sched_graph_compute(sched: Ptr, graph: Ptr, ret: usize) -> c_int {
+unsafe extern "C-unwind" fn sched_graph_compute(sched: Ptr, graph: Ptr, ret: usize) -> c_int {
     object_compute(
         Entry::SchedGraphCompute,
         Owner::Scheduler,
@@ -361,7 +361,7 @@ unsafe extern "C" fn sched_graph_compute(sched: Ptr, graph: Ptr, ret: usize) -> 
     )
 }
 
-unsafe extern "C" fn sched_graph_compute_async(sched: Ptr, graph: Ptr, ret: usize) -> c_int {
+unsafe extern "C-unwind" fn sched_graph_compute_async(sched: Ptr, graph: Ptr, ret: usize) -> c_int {
     object_compute(
         Entry::SchedGraphComputeAsync,
         Owner::Scheduler,
@@ -371,7 +371,7 @@ unsafe extern "C" fn sched_graph_compute_async(sched: Ptr, graph: Ptr, ret: usiz
     )
 }
 
-unsafe extern "C" fn backend_graph_compute(backend: Ptr, graph: Ptr, ret: usize) -> c_int {
+unsafe extern "C-unwind" fn backend_graph_compute(backend: Ptr, graph: Ptr, ret: usize) -> c_int {
     object_compute(
         Entry::BackendGraphCompute,
         Owner::Backend,
@@ -381,7 +381,11 @@ unsafe extern "C" fn backend_graph_compute(backend: Ptr, graph: Ptr, ret: usize)
     )
 }
 
-unsafe extern "C" fn backend_graph_compute_async(backend: Ptr, graph: Ptr, ret: usize) -> c_int {
+unsafe extern "C-unwind" fn backend_graph_compute_async(
+    backend: Ptr,
+    graph: Ptr,
+    ret: usize,
+) -> c_int {
     object_compute(
         Entry::BackendGraphComputeAsync,
         Owner::Backend,
@@ -399,7 +403,7 @@ struct CplanPrefix {
     n_threads: c_int,
 }
 
-unsafe extern "C" fn graph_compute(graph: Ptr, cplan: Ptr, ret: usize) -> c_int {
+unsafe extern "C-unwind" fn graph_compute(graph: Ptr, cplan: Ptr, ret: usize) -> c_int {
     let describe = |h: &Helpers, _: &Recorder| GraphInfo {
         graph,
         // SAFETY: `graph` is the caller's graph of this copy of ggml.
@@ -418,7 +422,7 @@ unsafe extern "C" fn graph_compute(graph: Ptr, cplan: Ptr, ret: usize) -> c_int 
     })
 }
 
-unsafe extern "C" fn graph_compute_with_ctx(
+unsafe extern "C-unwind" fn graph_compute_with_ctx(
     ctx: Ptr,
     graph: Ptr,
     n_threads: c_int,
@@ -443,7 +447,7 @@ fn call_wait(real: usize, object: Ptr) {
     unsafe { std::mem::transmute::<usize, WaitFn>(real)(object) }
 }
 
-unsafe extern "C" fn backend_synchronize(backend: Ptr, ret: usize) {
+unsafe extern "C-unwind" fn backend_synchronize(backend: Ptr, ret: usize) {
     traced_wait(
         Entry::BackendSynchronize,
         ret,
@@ -453,13 +457,13 @@ unsafe extern "C" fn backend_synchronize(backend: Ptr, ret: usize) {
     )
 }
 
-unsafe extern "C" fn sched_synchronize(sched: Ptr, ret: usize) {
+unsafe extern "C-unwind" fn sched_synchronize(sched: Ptr, ret: usize) {
     traced_wait(Entry::SchedSynchronize, ret, sched, Owner::Scheduler, |f| {
         call_wait(f, sched)
     })
 }
 
-unsafe extern "C" fn sched_set_eval_callback(
+unsafe extern "C-unwind" fn sched_set_eval_callback(
     sched: Ptr,
     callback: Option<EvalCallback>,
     user_data: Ptr,
@@ -469,19 +473,19 @@ unsafe extern "C" fn sched_set_eval_callback(
         return;
     };
     guarded(|| eval_callback::remember_app_callback(sched, callback, user_data));
-    type SetFn = unsafe extern "C" fn(Ptr, Option<EvalCallback>, Ptr);
+    type SetFn = unsafe extern "C-unwind" fn(Ptr, Option<EvalCallback>, Ptr);
     // SAFETY: the real ggml_backend_sched_set_eval_callback, with the caller's arguments.
     unsafe { std::mem::transmute::<usize, SetFn>(real.real)(sched, callback, user_data) }
 }
 
 /// A scheduler is freed: the application's callback remembered for it is forgotten, so that a
 /// new scheduler at the same address does not inherit it (and its freed user data).
-unsafe extern "C" fn sched_free(sched: Ptr, ret: usize) {
+unsafe extern "C-unwind" fn sched_free(sched: Ptr, ret: usize) {
     let Some(real) = real_function(Entry::SchedFree, ret) else {
         return;
     };
     guarded(|| eval_callback::forget_app_callback(sched));
-    type FreeFn = unsafe extern "C" fn(Ptr);
+    type FreeFn = unsafe extern "C-unwind" fn(Ptr);
     // SAFETY: the real ggml_backend_sched_free, with the caller's argument.
     unsafe { std::mem::transmute::<usize, FreeFn>(real.real)(sched) }
 }
@@ -575,7 +579,7 @@ fn traced_batch_call(name: Entry, ctx: Ptr, batch: BatchRef, ret: usize) -> i32 
         // SAFETY: the caller's batch, per llama_decode's contract.
         guarded(|| unsafe { batch_span(name, batch) }).unwrap_or((u32::MAX, None))
     };
-    type LlamaFn = unsafe extern "C" fn(Ptr, BatchRef) -> i32;
+    type LlamaFn = unsafe extern "C-unwind" fn(Ptr, BatchRef) -> i32;
     // SAFETY: the real function, with the caller's arguments (the batch's reference as it came).
     traced_span(name, n_tokens, composition, real, |f| unsafe {
         std::mem::transmute::<usize, LlamaFn>(f)(ctx, batch)
@@ -583,12 +587,12 @@ fn traced_batch_call(name: Entry, ctx: Ptr, batch: BatchRef, ret: usize) -> i32 
 }
 
 #[cfg(any(windows, not(target_arch = "x86_64")))]
-unsafe extern "C" fn llama_decode_impl(ctx: Ptr, batch: BatchRef, ret: usize) -> i32 {
+unsafe extern "C-unwind" fn llama_decode_impl(ctx: Ptr, batch: BatchRef, ret: usize) -> i32 {
     traced_batch_call(Entry::LlamaDecode, ctx, batch, ret)
 }
 
 #[cfg(any(windows, not(target_arch = "x86_64")))]
-unsafe extern "C" fn llama_encode_impl(ctx: Ptr, batch: BatchRef, ret: usize) -> i32 {
+unsafe extern "C-unwind" fn llama_encode_impl(ctx: Ptr, batch: BatchRef, ret: usize) -> i32 {
     traced_batch_call(Entry::LlamaEncode, ctx, batch, ret)
 }
 
@@ -597,9 +601,9 @@ unsafe extern "C" fn llama_encode_impl(ctx: Ptr, batch: BatchRef, ret: usize) ->
 #[cfg(all(target_arch = "x86_64", not(windows)))]
 fn batch_enter(name: Entry, batch: *const LlamaBatch, return_address: usize) -> in_place::Next {
     let Some(real) = real_function(name, return_address) else {
-        return in_place::Next { real: 0, swap: 0 };
+        return in_place::Next::NONE;
     };
-    let mut swap = 0;
+    let mut frame = std::ptr::null_mut();
     if !real.untraced {
         // SAFETY: the caller's batch, in its frame, per llama_decode's contract.
         let (n_tokens, composition) =
@@ -609,14 +613,16 @@ fn batch_enter(name: Entry, batch: *const LlamaBatch, return_address: usize) -> 
             n_tokens,
             composition,
         };
-        if in_place::push(return_address, pending) {
+        // The stack pointer at the export's entry: just below the stack arguments.
+        let entry_sp = batch as usize - 8;
+        frame = in_place::push(entry_sp, return_address, pending);
+        if !frame.is_null() {
             span_mark(name, true, n_tokens, composition);
-            swap = 1;
         }
     }
     in_place::Next {
         real: real.real,
-        swap,
+        frame,
     }
 }
 
@@ -638,25 +644,30 @@ extern "C" fn encode_enter(
     batch_enter(Entry::LlamaEncode, stack_args, return_address)
 }
 
-/// After an in-place export's real function: records what was under way, returns where the
-/// caller's call returns to.
+/// After an in-place export's real function: records what was under way.
 #[cfg(all(target_arch = "x86_64", not(windows)))]
-extern "C" fn in_place_exit(result: usize) -> usize {
-    let (return_address, pending) = in_place::pop();
-    match pending {
-        in_place::Pending::Buffer { buft, helpers } => buffer_made(helpers, buft, result as Ptr),
-        in_place::Pending::Span {
+extern "C" fn in_place_exit(result: usize) {
+    match in_place::pop() {
+        Some(in_place::Pending::Buffer { buft, helpers }) => {
+            buffer_made(helpers, buft, result as Ptr)
+        }
+        Some(in_place::Pending::Span {
             name,
             n_tokens,
             composition,
-        } => span_mark(name, false, n_tokens, composition),
+        }) => span_mark(name, false, n_tokens, composition),
+        None => {}
     }
-    return_address
 }
 
 /// `llama_process(ctx, LLAMA_PROCESS_TYPE_{ENCODE,DECODE}, batch_ext)`: recorded as the
 /// llama_encode / llama_decode span it stands for.
-unsafe extern "C" fn llama_process_impl(ctx: Ptr, kind: c_int, batch: Ptr, ret: usize) -> i32 {
+unsafe extern "C-unwind" fn llama_process_impl(
+    ctx: Ptr,
+    kind: c_int,
+    batch: Ptr,
+    ret: usize,
+) -> i32 {
     let Some(real) = real_function(Entry::LlamaProcess, ret) else {
         return -1;
     };
@@ -669,18 +680,18 @@ unsafe extern "C" fn llama_process_impl(ctx: Ptr, kind: c_int, batch: Ptr, ret: 
         .flatten()
         .unwrap_or(u32::MAX);
     let composition = guarded(|| batches::batch_composition(batch)).flatten();
-    type ProcessFn = unsafe extern "C" fn(Ptr, c_int, Ptr) -> i32;
+    type ProcessFn = unsafe extern "C-unwind" fn(Ptr, c_int, Ptr) -> i32;
     // SAFETY: the real llama_process, with the caller's arguments.
     traced_span(name, n_tokens, composition, real, |f| unsafe {
         std::mem::transmute::<usize, ProcessFn>(f)(ctx, kind, batch)
     })
 }
 
-unsafe extern "C" fn batch_ext_add(batch: Ptr, seq_id: i32, ret: usize) -> i32 {
+unsafe extern "C-unwind" fn batch_ext_add(batch: Ptr, seq_id: i32, ret: usize) -> i32 {
     let Some(real) = real_function(Entry::LlamaBatchExtAdd, ret) else {
         return -1;
     };
-    type AddFn = unsafe extern "C" fn(Ptr, i32) -> i32;
+    type AddFn = unsafe extern "C-unwind" fn(Ptr, i32) -> i32;
     // SAFETY: the real llama_batch_ext_add, with the caller's arguments.
     let index = unsafe { std::mem::transmute::<usize, AddFn>(real.real)(batch, seq_id) };
     if !real.untraced {
@@ -689,11 +700,16 @@ unsafe extern "C" fn batch_ext_add(batch: Ptr, seq_id: i32, ret: usize) -> i32 {
     index
 }
 
-unsafe extern "C" fn batch_ext_add_token(batch: Ptr, seq_id: i32, token: i32, ret: usize) -> i32 {
+unsafe extern "C-unwind" fn batch_ext_add_token(
+    batch: Ptr,
+    seq_id: i32,
+    token: i32,
+    ret: usize,
+) -> i32 {
     let Some(real) = real_function(Entry::LlamaBatchExtAddToken, ret) else {
         return -1;
     };
-    type AddTokenFn = unsafe extern "C" fn(Ptr, i32, i32) -> i32;
+    type AddTokenFn = unsafe extern "C-unwind" fn(Ptr, i32, i32) -> i32;
     // SAFETY: the real llama_batch_ext_add_token, with the caller's arguments.
     let index =
         unsafe { std::mem::transmute::<usize, AddTokenFn>(real.real)(batch, seq_id, token) };
@@ -713,7 +729,7 @@ pub struct LlamaEmbd {
     n_embd: usize,
 }
 
-unsafe extern "C" fn batch_ext_add_embd(
+unsafe extern "C-unwind" fn batch_ext_add_embd(
     batch: Ptr,
     seq_id: i32,
     embd: LlamaEmbd,
@@ -722,7 +738,7 @@ unsafe extern "C" fn batch_ext_add_embd(
     let Some(real) = real_function(Entry::LlamaBatchExtAddEmbd, ret) else {
         return -1;
     };
-    type AddEmbdFn = unsafe extern "C" fn(Ptr, i32, LlamaEmbd) -> i32;
+    type AddEmbdFn = unsafe extern "C-unwind" fn(Ptr, i32, LlamaEmbd) -> i32;
     // SAFETY: the real llama_batch_ext_add_embd, with the caller's arguments.
     let index = unsafe { std::mem::transmute::<usize, AddEmbdFn>(real.real)(batch, seq_id, embd) };
     if !real.untraced {
@@ -731,11 +747,16 @@ unsafe extern "C" fn batch_ext_add_embd(
     index
 }
 
-unsafe extern "C" fn batch_ext_add_seq(batch: Ptr, idx: i32, seq_id: i32, ret: usize) -> bool {
+unsafe extern "C-unwind" fn batch_ext_add_seq(
+    batch: Ptr,
+    idx: i32,
+    seq_id: i32,
+    ret: usize,
+) -> bool {
     let Some(real) = real_function(Entry::LlamaBatchExtAddSeq, ret) else {
         return false;
     };
-    type AddSeqFn = unsafe extern "C" fn(Ptr, i32, i32) -> bool;
+    type AddSeqFn = unsafe extern "C-unwind" fn(Ptr, i32, i32) -> bool;
     // SAFETY: the real llama_batch_ext_add_seq, with the caller's arguments.
     let added = unsafe { std::mem::transmute::<usize, AddSeqFn>(real.real)(batch, idx, seq_id) };
     if added && !real.untraced {
@@ -746,11 +767,17 @@ unsafe extern "C" fn batch_ext_add_seq(batch: Ptr, idx: i32, seq_id: i32, ret: u
 
 /// A span around `llama_memory_seq_rm`: a server clears a slot's sequence (from position 0) when
 /// its next request starts, which tells where a request begins.
-unsafe extern "C" fn memory_seq_rm(mem: Ptr, seq_id: i32, p0: i32, p1: i32, ret: usize) -> bool {
+unsafe extern "C-unwind" fn memory_seq_rm(
+    mem: Ptr,
+    seq_id: i32,
+    p0: i32,
+    p1: i32,
+    ret: usize,
+) -> bool {
     let Some(real) = real_function(Entry::LlamaMemorySeqRm, ret) else {
         return false;
     };
-    type SeqRmFn = unsafe extern "C" fn(Ptr, i32, i32, i32) -> bool;
+    type SeqRmFn = unsafe extern "C-unwind" fn(Ptr, i32, i32, i32) -> bool;
     around(
         real,
         |begin| record::seq_removed(begin, seq_id, p0, p1),
@@ -759,11 +786,11 @@ unsafe extern "C" fn memory_seq_rm(mem: Ptr, seq_id: i32, p0: i32, p1: i32, ret:
     )
 }
 
-unsafe extern "C" fn batch_ext_clear(batch: Ptr, ret: usize) {
+unsafe extern "C-unwind" fn batch_ext_clear(batch: Ptr, ret: usize) {
     let Some(real) = real_function(Entry::LlamaBatchExtClear, ret) else {
         return;
     };
-    type ClearFn = unsafe extern "C" fn(Ptr);
+    type ClearFn = unsafe extern "C-unwind" fn(Ptr);
     // SAFETY: the real llama_batch_ext_clear, with the caller's argument.
     unsafe { std::mem::transmute::<usize, ClearFn>(real.real)(batch) };
     if !real.untraced {
@@ -773,14 +800,14 @@ unsafe extern "C" fn batch_ext_clear(batch: Ptr, ret: usize) {
 
 /// A batch is freed: what was counted for it is forgotten, its slot free for the next (which may
 /// be made at the same address).
-unsafe extern "C" fn batch_ext_free(batch: Ptr, ret: usize) {
+unsafe extern "C-unwind" fn batch_ext_free(batch: Ptr, ret: usize) {
     let Some(real) = real_function(Entry::LlamaBatchExtFree, ret) else {
         return;
     };
     if !real.untraced {
         guarded(|| batches::batch_freed(batch));
     }
-    type FreeFn = unsafe extern "C" fn(Ptr);
+    type FreeFn = unsafe extern "C-unwind" fn(Ptr);
     // SAFETY: the real llama_batch_ext_free, with the caller's argument.
     unsafe { std::mem::transmute::<usize, FreeFn>(real.real)(batch) };
 }
@@ -791,7 +818,7 @@ unsafe extern "C" fn batch_ext_free(batch: Ptr, ret: usize) {
 type IfaceRef = *const c_void;
 
 #[cfg(any(windows, not(target_arch = "x86_64")))]
-unsafe extern "C" fn buffer_init(
+unsafe extern "C-unwind" fn buffer_init(
     buft: Ptr,
     iface: IfaceRef,
     context: Ptr,
@@ -801,7 +828,7 @@ unsafe extern "C" fn buffer_init(
     let Some(real) = real_function(Entry::BufferInit, ret) else {
         return std::ptr::null_mut();
     };
-    type InitFn = unsafe extern "C" fn(Ptr, IfaceRef, Ptr, usize) -> Ptr;
+    type InitFn = unsafe extern "C-unwind" fn(Ptr, IfaceRef, Ptr, usize) -> Ptr;
     // SAFETY: the real ggml_backend_buffer_init, with the caller's arguments (the interface by
     // reference, as it came).
     let buffer =
@@ -831,24 +858,28 @@ fn buffer_made(helpers: &Helpers, buft: Ptr, buffer: Ptr) {
 #[cfg(all(target_arch = "x86_64", not(windows)))]
 extern "C" fn buffer_init_enter(
     registers: &in_place::SavedRegisters,
-    _stack_args: *const c_void,
+    stack_args: *const c_void,
     return_address: usize,
 ) -> in_place::Next {
     let Some(real) = real_function(Entry::BufferInit, return_address) else {
-        return in_place::Next { real: 0, swap: 0 };
+        return in_place::Next::NONE;
     };
     let pending = in_place::Pending::Buffer {
         buft: registers[0] as Ptr,
         helpers: real.helpers,
     };
-    let swap = !real.untraced && in_place::push(return_address, pending);
+    let frame = if real.untraced {
+        std::ptr::null_mut()
+    } else {
+        in_place::push(stack_args as usize - 8, return_address, pending)
+    };
     in_place::Next {
         real: real.real,
-        swap: usize::from(swap),
+        frame,
     }
 }
 
-unsafe extern "C" fn buffer_free(buffer: Ptr, ret: usize) {
+unsafe extern "C-unwind" fn buffer_free(buffer: Ptr, ret: usize) {
     let Some(real) = real_function(Entry::BufferFree, ret) else {
         return;
     };
@@ -861,7 +892,7 @@ unsafe extern "C" fn buffer_free(buffer: Ptr, ret: usize) {
             });
         });
     }
-    type FreeFn = unsafe extern "C" fn(Ptr);
+    type FreeFn = unsafe extern "C-unwind" fn(Ptr);
     // SAFETY: the real ggml_backend_buffer_free, with the caller's argument.
     unsafe { std::mem::transmute::<usize, FreeFn>(real.real)(buffer) }
 }

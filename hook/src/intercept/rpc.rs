@@ -32,7 +32,7 @@ macro_rules! method {
         #[doc = concat!("`", $export, "`, traced.\n\n# Safety\nggml-rpc's own contract.")]
         #[unsafe(naked)]
         #[unsafe(export_name = $export)]
-        pub unsafe extern "C" fn $name($($arg: $ty),*) $(-> $ret)? {
+        pub unsafe extern "C-unwind" fn $name($($arg: $ty),*) $(-> $ret)? {
             // The return address is at [rsp] on entry; the jump leaves the stack as the caller
             // made it, so `$imp` returns straight to the caller.
             core::arch::naked_asm!(concat!("mov ", $reg, ", [rsp]"), "jmp {imp}", imp = sym $imp)
@@ -69,7 +69,7 @@ fn real(row: u8, ret: usize) -> Option<&'static Resolved> {
     })
 }
 
-type TransferFn = unsafe extern "C" fn(Ptr, *const u8, usize) -> bool;
+type TransferFn = unsafe extern "C-unwind" fn(Ptr, *const u8, usize) -> bool;
 
 /// `send_data` and `recv_data`: the protocol reader hears the call before and after it.
 fn transfer(
@@ -98,19 +98,24 @@ fn transfer(
     ok
 }
 
-unsafe extern "C" fn send_data(socket: Ptr, data: *const u8, size: usize, ret: usize) -> bool {
+unsafe extern "C-unwind" fn send_data(
+    socket: Ptr,
+    data: *const u8,
+    size: usize,
+    ret: usize,
+) -> bool {
     transfer(SEND, Transfer::Send, socket, data, size, ret)
 }
 
-unsafe extern "C" fn recv_data(socket: Ptr, data: *mut u8, size: usize, ret: usize) -> bool {
+unsafe extern "C-unwind" fn recv_data(socket: Ptr, data: *mut u8, size: usize, ret: usize) -> bool {
     transfer(RECV, Transfer::Recv, socket, data, size, ret)
 }
 
-unsafe extern "C" fn flush(socket: Ptr, ret: usize) -> bool {
+unsafe extern "C-unwind" fn flush(socket: Ptr, ret: usize) -> bool {
     let Some(real) = real(FLUSH, ret) else {
         return false;
     };
-    type FlushFn = unsafe extern "C" fn(Ptr) -> bool;
+    type FlushFn = unsafe extern "C-unwind" fn(Ptr) -> bool;
     // SAFETY: the real method, with the caller's socket.
     let ok = unsafe { std::mem::transmute::<usize, FlushFn>(real.real)(socket) };
     if !real.untraced {
@@ -122,7 +127,7 @@ unsafe extern "C" fn flush(socket: Ptr, ret: usize) -> bool {
     ok
 }
 
-type MakeSocketFn = unsafe extern "C" fn(*mut Ptr, *const c_char, c_int) -> *mut Ptr;
+type MakeSocketFn = unsafe extern "C-unwind" fn(*mut Ptr, *const c_char, c_int) -> *mut Ptr;
 
 /// `connect` and `create_server`: the socket made, and the endpoint it was made for.
 fn make_socket(row: u8, slot: *mut Ptr, host: *const c_char, port: c_int, ret: usize) -> *mut Ptr {
@@ -154,7 +159,7 @@ fn make_socket(row: u8, slot: *mut Ptr, host: *const c_char, port: c_int, ret: u
     out
 }
 
-unsafe extern "C" fn connect(
+unsafe extern "C-unwind" fn connect(
     slot: *mut Ptr,
     host: *const c_char,
     port: c_int,
@@ -163,7 +168,7 @@ unsafe extern "C" fn connect(
     make_socket(CONNECT, slot, host, port, ret)
 }
 
-unsafe extern "C" fn create_server(
+unsafe extern "C-unwind" fn create_server(
     slot: *mut Ptr,
     host: *const c_char,
     port: c_int,
@@ -172,13 +177,13 @@ unsafe extern "C" fn create_server(
     make_socket(CREATE_SERVER, slot, host, port, ret)
 }
 
-unsafe extern "C" fn accept(slot: *mut Ptr, server: Ptr, ret: usize) -> *mut Ptr {
+unsafe extern "C-unwind" fn accept(slot: *mut Ptr, server: Ptr, ret: usize) -> *mut Ptr {
     let Some(real) = real(ACCEPT, ret) else {
         // SAFETY: the caller's slot for a `std::shared_ptr` (two words): an empty one.
         unsafe { slot.cast::<[usize; 2]>().write([0, 0]) };
         return slot;
     };
-    type AcceptFn = unsafe extern "C" fn(*mut Ptr, Ptr) -> *mut Ptr;
+    type AcceptFn = unsafe extern "C-unwind" fn(*mut Ptr, Ptr) -> *mut Ptr;
     // SAFETY: the real method, with the caller's arguments.
     let out = unsafe { std::mem::transmute::<usize, AcceptFn>(real.real)(slot, server) };
     if !real.untraced {
@@ -193,14 +198,14 @@ unsafe extern "C" fn accept(slot: *mut Ptr, server: Ptr, ret: usize) -> *mut Ptr
 
 /// The socket's connection ends before the real destructor runs (after it, the address may be
 /// the next socket's).
-unsafe extern "C" fn destroy(socket: Ptr, ret: usize) {
+unsafe extern "C-unwind" fn destroy(socket: Ptr, ret: usize) {
     let Some(real) = real(DESTROY, ret) else {
         return;
     };
     if !real.untraced {
         contained(|| record::rpc_closed(socket as usize));
     }
-    type DestroyFn = unsafe extern "C" fn(Ptr);
+    type DestroyFn = unsafe extern "C-unwind" fn(Ptr);
     // SAFETY: the real destructor, with the caller's object.
     unsafe { std::mem::transmute::<usize, DestroyFn>(real.real)(socket) }
 }
