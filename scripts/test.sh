@@ -108,7 +108,7 @@ done
 GGML_VIZ_MACOS_OBJECTS="$(IFS=:; echo "${macos_objects[*]}")"
 export GGML_VIZ_MACOS_OBJECTS
 # The end-to-end tests (tests/) preload the built hook and run the built CLI: build them first.
-cargo build --workspace --release --locked --examples
+cargo build --workspace --release --locked --lib --bins --examples
 # The examples (examples/README.md), each run once on a trace or a sample file.
 examples_dir="$(mktemp -d)"
 target/release/examples/synthesize "$examples_dir/synthetic.ggmlviz" 20000

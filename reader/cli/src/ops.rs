@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 
 use clap::{Args, ValueEnum};
 use ggml_viz_reader::Layout;
+use ggml_viz_reader::PhaseOps;
 use ggml_viz_reader::telemetry::export::summary::csv_cell;
 use ggml_viz_reader::{
     GroupBy, OpAnalysis, OpCollector, OpGroups, OpSample, Phase, ThreadTotals,
@@ -189,11 +190,15 @@ pub fn op_totals(
     path: &Path,
     layout: Option<Layout>,
     quiet: bool,
-) -> Result<(OpGroups, OpAnalysis), Failure> {
+) -> Result<(OpGroups, PhaseOps, OpAnalysis), Failure> {
     let mut groups = OpGroups::new(GroupBy::Op);
-    let read = read_nodes(path, layout, quiet, |o| groups.add(o))?;
+    let mut phases = PhaseOps::default();
+    let read = read_nodes(path, layout, quiet, |o| {
+        groups.add(o);
+        phases.add(o);
+    })?;
     read.outcome()?;
-    Ok((groups, read.analysis))
+    Ok((groups, phases, read.analysis))
 }
 
 pub fn run(args: OpsArgs) -> Result<(), Failure> {

@@ -5,7 +5,6 @@ use std::io::{self, BufWriter, IsTerminal, Write};
 use std::path::{Path, PathBuf};
 
 use clap::{Args, ValueEnum};
-use ggml_viz_reader::OpGroup;
 use ggml_viz_reader::TraceFile;
 use ggml_viz_reader::telemetry::Ids;
 use ggml_viz_reader::telemetry::export::parquet::ParquetWriter;
@@ -13,6 +12,7 @@ use ggml_viz_reader::telemetry::export::summary::{Row, Summary, csv_cell};
 use ggml_viz_reader::telemetry::export::telemetry_v2;
 use ggml_viz_reader::telemetry::{ChromeJsonWriter, PerfettoWriter};
 use ggml_viz_reader::telemetry::{Format, RecordSink, Text};
+use ggml_viz_reader::{MIN_GRAPHS, PhaseOps, compare_runs};
 
 use crate::Failure;
 use crate::info::fmt_ns;
@@ -140,39 +140,61 @@ fn write_csv(out: &mut impl Write, s: &Summary) -> io::Result<()> {
 
 /// Two runs side by side: what changed, per event name or (with --ops) per op type.
 ///
-/// Per event name, count and total time of each and the change; with
-/// --ops, per op type, each run's nodes and their wall time as `ggml-viz ops` has them.
+/// Per event name, count and total time of each and the change; with --ops, per phase
+/// (prefill, generation) and op type, each run's nodes and their wall time as `ggml-viz ops` has
+/// them, and the change of their time per graph compute with its 95 % interval: within noise
+/// where the interval holds 0.
 ///
 /// Counted as `summary` counts them: with threads-mode op timing an op's count and time are its
-/// threads' shares (compare runs at the same thread count). With --ops, per op type as
-/// `ggml-viz ops` groups them: nodes, their wall time (first thread's start to last thread's
-/// end) and its mean per node, in each run.
+/// threads' shares (compare runs at the same thread count). With --ops, the interval of one
+/// recording a side holds the spread from token to token only; give several recordings of each
+/// command (`A1 A2 --vs B1 B2`) to put in the spread from one run to the next.
 #[derive(Args)]
 #[command(
-    after_help = "Examples:\n  ggml-viz diff before.ggmlviz after.ggmlviz\n  ggml-viz diff --ops f16.ggmlviz q4_0.ggmlviz"
+    after_help = "Examples:\n  ggml-viz diff before.ggmlviz after.ggmlviz\n  ggml-viz diff --ops f16.ggmlviz q4_0.ggmlviz\n  ggml-viz diff --ops f16-1.ggmlviz f16-2.ggmlviz --vs q4-1.ggmlviz q4-2.ggmlviz"
 )]
 pub struct DiffArgs {
-    /// The baseline.
-    a: PathBuf,
-    /// The run to compare with it.
-    b: PathBuf,
-    /// Compare the op types' nodes (GGMLVIZ traces with op timings): count, wall time and mean
-    /// per node, as `ggml-viz ops` has them, all phases together.
+    /// The baseline, then the run to compare with it; with --vs, the baseline's recordings.
+    #[arg(required = true, num_args = 1..)]
+    runs: Vec<PathBuf>,
+    /// With --ops: the recordings to compare with the baseline's (several of one command).
+    #[arg(long, num_args = 1.., requires = "ops")]
+    vs: Vec<PathBuf>,
+    /// Compare the op types' nodes (GGMLVIZ traces with op timings), per phase: count, wall
+    /// time and time per graph compute, as `ggml-viz ops` has them, with each change's interval.
     #[arg(long)]
     ops: bool,
     #[command(flatten)]
     input: InputOpts,
 }
 
+impl DiffArgs {
+    /// The two sides: the runs before --vs and after it, or the first and second run.
+    fn sides(&self) -> Result<(&[PathBuf], &[PathBuf]), Failure> {
+        match (self.runs.as_slice(), self.vs.as_slice()) {
+            (runs, []) if runs.len() == 2 => Ok((&runs[..1], &runs[1..])),
+            (runs, vs) if !vs.is_empty() => Ok((runs, vs)),
+            _ => Err(Failure::Usage(
+                "give two runs (A B), or with --ops a side's recordings each (A1 A2 --vs B1 B2)"
+                    .into(),
+            )),
+        }
+    }
+}
+
 pub fn diff(args: DiffArgs) -> Result<(), Failure> {
     if args.ops {
         return diff_ops(&args);
     }
-    args.input.check(&[args.a.clone(), args.b.clone()], None)?;
+    let (a_path, b_path) = match args.sides()? {
+        ([a], [b]) => (a.clone(), b.clone()),
+        _ => unreachable!("--vs requires --ops"),
+    };
+    args.input.check(&[a_path.clone(), b_path.clone()], None)?;
     let mut a = Summary::default();
     let mut b = Summary::default();
-    let ra = import_all(std::slice::from_ref(&args.a), &args.input, &mut a);
-    let rb = import_all(std::slice::from_ref(&args.b), &args.input, &mut b);
+    let ra = import_all(std::slice::from_ref(&a_path), &args.input, &mut a);
+    let rb = import_all(std::slice::from_ref(&b_path), &args.input, &mut b);
     say_warnings(&a.warnings);
     say_warnings(&b.warnings);
     let mut names: Vec<&Text> = a.rows().chain(b.rows()).map(|(n, _)| n).collect();
@@ -189,13 +211,13 @@ pub fn diff(args: DiffArgs) -> Result<(), Failure> {
     writeln!(
         out,
         "A: {}  (wall {})",
-        args.a.display(),
+        a_path.display(),
         fmt_ns(a.wall_ns() as f64)
     )?;
     writeln!(
         out,
         "B: {}  (wall {})",
-        args.b.display(),
+        b_path.display(),
         fmt_ns(b.wall_ns() as f64)
     )?;
     writeln!(
@@ -230,83 +252,107 @@ fn change(a: f64, b: f64) -> String {
     }
 }
 
-/// The row of op type `name`, if it has one.
-fn row<'a>(rows: &'a [OpGroup], name: &str) -> Option<&'a OpGroup> {
-    rows.iter().find(|r| r.key == name)
-}
-
-/// `diff --ops`: per op type, the nodes of each run and their wall time.
+/// `diff --ops`: per phase and op type, the nodes of each side, their wall time, and the change
+/// of their time per graph compute with its 95 % interval.
 fn diff_ops(args: &DiffArgs) -> Result<(), Failure> {
-    args.input
-        .check(&[args.a.clone(), args.b.clone()], Some(Format::Ggmlviz))?;
-    let (a, analysis_a) = crate::ops::op_totals(&args.a, args.input.layout, args.input.quiet)?;
-    let (b, analysis_b) = crate::ops::op_totals(&args.b, args.input.layout, args.input.quiet)?;
+    let (side_a, side_b) = args.sides()?;
+    let all: Vec<PathBuf> = side_a.iter().chain(side_b).cloned().collect();
+    args.input.check(&all, Some(Format::Ggmlviz))?;
     let mut out = io::stdout().lock();
-    for (label, path, groups, analysis) in [
-        ("A", &args.a, &a, &analysis_a),
-        ("B", &args.b, &b, &analysis_b),
-    ] {
-        let timing = analysis
-            .timing_note
-            .as_deref()
-            .map_or_else(String::new, |n| format!("; op timing {n}"));
-        writeln!(
-            out,
-            "{label}: {}  ({} ops, {} in ops{timing})",
-            path.display(),
-            groups.nodes(),
-            fmt_ns(groups.total_ns() as f64)
-        )?;
+    let mut notes = Vec::new();
+    let mut sides: Vec<Vec<PhaseOps>> = Vec::new();
+    for (label, paths) in [("A", side_a), ("B", side_b)] {
+        let mut runs = Vec::new();
+        for path in paths {
+            let (groups, phases, analysis) =
+                crate::ops::op_totals(path, args.input.layout, args.input.quiet)?;
+            writeln!(
+                out,
+                "{label}: {}  ({} ops, {} in ops)",
+                path.display(),
+                groups.nodes(),
+                fmt_ns(groups.total_ns() as f64)
+            )?;
+            if groups.is_empty() {
+                writeln!(out, "no op timings in {}", path.display())?;
+                return Ok(());
+            }
+            let mode = analysis.timing_mode.unwrap_or_else(|| "unknown".into());
+            notes.push((mode, analysis.timing_note));
+            runs.push(phases);
+        }
+        sides.push(runs);
     }
-    if let (Some(ma), Some(mb)) = (&analysis_a.timing_mode, &analysis_b.timing_mode)
-        && ma != mb
-    {
+    let mut modes: Vec<&str> = notes.iter().map(|(mode, _)| mode.as_str()).collect();
+    let listed = modes.join(", ");
+    modes.sort();
+    modes.dedup();
+    if modes.len() > 1 {
         writeln!(
             out,
-            "note: the runs timed their ops differently ({ma}, {mb}): compare runs of one mode \
+            "note: the runs timed their ops differently ({listed}): compare runs of one mode \
              (sched synchronizes each node and turns op fusion off)"
         )?;
+    } else if let Some((_, Some(note))) = notes.first() {
+        writeln!(out, "op timing: {note}")?;
     }
-    if a.is_empty() || b.is_empty() {
-        writeln!(
-            out,
-            "no op timings in {}",
-            if a.is_empty() { "A" } else { "B" }
-        )?;
-        return Ok(());
-    }
-    let (rows_a, rows_b) = (a.rows(), b.rows());
-    let mut names: Vec<&str> = rows_a
-        .iter()
-        .chain(&rows_b)
-        .map(|r| r.key.as_str())
-        .collect();
-    names.sort();
-    names.dedup();
-    let total = |r: Option<&OpGroup>| r.map_or(0, |r| r.total_ns);
-    names.sort_by_key(|n| std::cmp::Reverse(total(row(&rows_a, n)).max(total(row(&rows_b, n)))));
+    let spread = if side_a.len() > 1 && side_b.len() > 1 {
+        "bootstrap over the recordings and their graphs: the spread from run to run included"
+    } else {
+        "bootstrap over graphs: the spread from token to token only; give several recordings a \
+         side (A1 A2 --vs B1 B2) to include the spread from run to run"
+    };
     writeln!(
         out,
-        "{:<24} {:>8} {:>8} {:>11} {:>11} {:>9} {:>11} {:>11} {:>9}",
-        "op", "nodes A", "nodes B", "total A", "total B", "change", "mean A", "mean B", "change"
+        "per graph: each graph compute's node time of the op; change: of its mean per graph, with \
+         its 95 % interval ({spread}); within noise where the interval holds 0"
     )?;
-    for name in names {
-        let (ra, rb) = (row(&rows_a, name), row(&rows_b, name));
-        let count = |r: Option<&OpGroup>| r.map_or(0, |r| r.count);
-        let mean = |r: Option<&OpGroup>| r.map_or(0.0, |r| r.durations.mean_ns);
+    let pct = |x: f64| format!("{:+.1}%", 100.0 * x);
+    for phase in compare_runs(&sides[0], &sides[1]) {
+        let name = phase.phase.map_or("outside llama_decode", |p| p.name());
+        let (ga, gb) = phase.graphs;
+        writeln!(out)?;
+        if ga.min(gb) < MIN_GRAPHS {
+            writeln!(
+                out,
+                "{name}: {ga} graph(s) in A, {gb} in B: too few to tell a change from noise"
+            )?;
+        } else {
+            writeln!(out, "{name}: {ga} graphs in A, {gb} in B")?;
+        }
         writeln!(
             out,
-            "{:<24} {:>8} {:>8} {:>11} {:>11} {:>9} {:>11} {:>11} {:>9}",
-            name,
-            count(ra),
-            count(rb),
-            fmt_ns(total(ra) as f64),
-            fmt_ns(total(rb) as f64),
-            change(total(ra) as f64, total(rb) as f64),
-            fmt_ns(mean(ra)),
-            fmt_ns(mean(rb)),
-            change(mean(ra), mean(rb)),
+            "{:<24} {:>7} {:>7} {:>11} {:>11} {:>11} {:>11} {:>8} {:>19}",
+            "op",
+            "nodes A",
+            "nodes B",
+            "total A",
+            "total B",
+            "per graph A",
+            "per graph B",
+            "change",
+            "95 % interval"
         )?;
+        for c in &phase.ops {
+            let interval = c.interval.map_or_else(
+                || "-".to_string(),
+                |(lo, hi)| format!("{} .. {}", pct(lo), pct(hi)),
+            );
+            let line = format!(
+                "{:<24} {:>7} {:>7} {:>11} {:>11} {:>11} {:>11} {:>8} {:>19}  {}",
+                c.op,
+                c.nodes.0,
+                c.nodes.1,
+                fmt_ns(c.total_ns.0 as f64),
+                fmt_ns(c.total_ns.1 as f64),
+                fmt_ns(c.per_graph_ns.0),
+                fmt_ns(c.per_graph_ns.1),
+                c.change.map_or_else(|| "new".to_string(), pct),
+                interval,
+                c.verdict().unwrap_or("")
+            );
+            writeln!(out, "{}", line.trim_end())?;
+        }
     }
     out.flush()?;
     Ok(())

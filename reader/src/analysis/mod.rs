@@ -4,6 +4,7 @@
 //! ([`device_use`]).
 
 pub mod device_use;
+pub mod op_change;
 pub mod op_groups;
 pub mod op_timings;
 pub mod stats;

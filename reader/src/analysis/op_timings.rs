@@ -37,6 +37,9 @@ impl Phase {
     }
 }
 
+/// [`OpSample::graph`] of a node no graph compute was found for.
+pub const NO_GRAPH: u64 = u64::MAX;
+
 /// One timed node.
 #[derive(Clone, Debug, PartialEq)]
 pub struct OpSample {
@@ -68,6 +71,9 @@ pub struct OpSample {
     pub bytes: u64,
     /// From the enclosing llama_decode / llama_encode span, when there is one.
     pub phase: Option<Phase>,
+    /// The outermost graph compute it ran in: an id unique within the trace ([`NO_GRAPH`]:
+    /// none was found).
+    pub graph: u64,
     /// A node a GPU computed: the kernels it ran, `, `-separated (empty where not known).
     pub kernels: Text,
 }
@@ -190,8 +196,10 @@ pub struct OpCollector {
     /// name tables last changed: made once, shared by those shares' nodes.
     named: HashMap<(u32, u32, u64), Named>,
     tensor_of: HashMap<Box<[u8]>, u32>,
-    /// Outermost graph computes: begin, end, and the events taken in when the end was read.
-    windows: Vec<(u64, u64, u64)>,
+    /// Outermost graph computes: begin, end, the events taken in when the end was read, and
+    /// the phase of the decode call it ran in (its thread's: read in order, unlike other
+    /// threads' events).
+    windows: Vec<(u64, u64, u64, Option<Phase>)>,
     /// Events taken in; at the last join, events taken in (the shares it looked at were read
     /// before) and up to which graph computes were done with.
     pushed: u64,
@@ -259,7 +267,7 @@ impl OpCollector {
                     && step.outermost
                 {
                     self.windows
-                        .push((step.begin_ns, e.timestamp_ns, self.pushed));
+                        .push((step.begin_ns, e.timestamp_ns, self.pushed, t.phase));
                     if t.graph_has_ops {
                         self.a.timed_graph_ns = self
                             .a
@@ -463,6 +471,9 @@ impl OpCollector {
                     && let Some(w) = window_of(windows, s.begin)
                 {
                     s.window = w.2;
+                    // A worker thread's share takes its compute's phase (its own is the phase
+                    // of the decode read last, which may be a later one's).
+                    s.phase = w.3.or(s.phase);
                 }
                 let read_by = if s.window == u64::MAX {
                     s.read_at
@@ -605,8 +616,11 @@ fn join_shares(mut shares: Vec<Share>, tensors: &[Text], each: &mut dyn FnMut(u6
 
 /// The latest-begun of the sorted `windows` that holds `at` (looking back over a few: graph
 /// computes of several threads may overlap), if one does.
-fn window_of(windows: &[(u64, u64, u64)], at: u64) -> Option<&(u64, u64, u64)> {
-    let after = windows.partition_point(|&(begin, _, _)| begin <= at);
+fn window_of(
+    windows: &[(u64, u64, u64, Option<Phase>)],
+    at: u64,
+) -> Option<&(u64, u64, u64, Option<Phase>)> {
+    let after = windows.partition_point(|&(begin, ..)| begin <= at);
     windows[after.saturating_sub(64)..after]
         .iter()
         .rev()
@@ -658,6 +672,7 @@ fn sample_of(node: &[Share], tensors: &[Text]) -> OpSample {
             .unwrap_or(0)
             .saturating_add(src_bytes),
         phase: node.iter().find_map(|s| s.phase),
+        graph: node[0].window,
         kernels,
     }
 }
@@ -683,6 +698,7 @@ mod tests {
             flops,
             bytes: 1000,
             phase: None,
+            graph: NO_GRAPH,
             kernels: Text::default(),
         }
     }

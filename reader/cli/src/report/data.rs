@@ -919,6 +919,7 @@ mod tests {
             flops: None,
             bytes: 0,
             phase: None,
+            graph: ggml_viz_reader::NO_GRAPH,
             kernels: Default::default(),
         });
         builder.end_input(nodes);
