@@ -43,7 +43,9 @@ mod read;
 pub mod telemetry;
 
 pub use analysis::device_use::DeviceUse;
-pub use analysis::op_change::{MIN_GRAPHS, OpChange, PhaseChange, PhaseOps, compare_runs};
+pub use analysis::op_change::{
+    MIN_GRAPHS, OpChange, PhaseChange, PhaseOps, TimingCost, compare_runs, timing_cost,
+};
 pub use analysis::op_groups::{GroupBy, OpGroup, OpGroups, group_ops, imbalance, wait_share};
 pub use analysis::op_timings::{NO_GRAPH, OpAnalysis, OpCollector, OpSample, Phase, ThreadTotals};
 pub use analysis::stats::{

@@ -854,3 +854,88 @@ fn ops_by_name_keeps_a_names_ops_apart() {
     }
     assert_eq!(rows, expected);
 }
+
+/// With op sampling (every other graph compute timed, threads mode), `ops` says what timing
+/// cost: the generation's graph computes' medians with and without op timing, over as many of
+/// each as the trace holds, and the change between them with its interval. Counts and medians
+/// are the raw trace's (graph computes on the decoding thread after the prompt's, timed where
+/// that thread began an op inside).
+#[test]
+fn op_sampling_says_what_op_timing_cost() {
+    let dir = scratch("ops-cost");
+    let trace = dir.join("t.ggmlviz");
+    let out = trace_llama_simple(&trace, 24, &[("GGML_VIZ_OP_SAMPLE", "2")]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let (events, _, _) = read_trace(&trace);
+    let first = (events.iter())
+        .position(|e| e.event_type() == Some(EventType::GraphComputeBegin))
+        .unwrap();
+    let main = events[first].thread_id;
+    let (mut timed, mut untimed) = (Vec::new(), Vec::new());
+    let mut open: Option<(u64, bool)> = None;
+    let mut depth = 0;
+    for e in events.iter().filter(|e| e.thread_id == main) {
+        match e.event_type() {
+            Some(EventType::GraphComputeBegin) => {
+                depth += 1;
+                if depth == 1 {
+                    open = Some((e.timestamp_ns, false));
+                }
+            }
+            Some(EventType::OpComputeBegin) => {
+                if let Some(o) = open.as_mut() {
+                    o.1 = true;
+                }
+            }
+            Some(EventType::GraphComputeEnd) => {
+                depth -= 1;
+                if depth == 0
+                    && let Some((begin, has_ops)) = open.take()
+                {
+                    let ns = (e.timestamp_ns - begin) as f64;
+                    if has_ops { &mut timed } else { &mut untimed }.push(ns);
+                }
+            }
+            _ => {}
+        }
+    }
+    timed.remove(0); // the prompt's
+    let median = |xs: &mut Vec<f64>| {
+        xs.sort_by(f64::total_cmp);
+        let n = xs.len();
+        if n % 2 == 1 {
+            xs[n / 2]
+        } else {
+            (xs[n / 2 - 1] + xs[n / 2]) / 2.0
+        }
+    };
+    let (mt, mu) = (median(&mut timed), median(&mut untimed));
+    let ops = cli(|c| c.arg("ops").arg(&trace));
+    let stdout = text(&ops.stdout);
+    let line = (stdout.lines())
+        .find(|l| l.starts_with("op timing's own cost: generation graph computes took"))
+        .unwrap_or_else(|| panic!("{stdout}"));
+    let words: Vec<&str> = line.split_whitespace().collect();
+    // "... took <n> <unit> (median of <k>) with their ops timed, <n> <unit> (median of <k>) without: ..."
+    let at = |w: &str| words.iter().position(|x| *x == w).unwrap();
+    let took = at("took");
+    let (shown_t, k_t) = (parse_ns(words[took + 1], words[took + 2]), words[took + 5]);
+    let timed_word = at("timed,");
+    let (shown_u, k_u) = (
+        parse_ns(words[timed_word + 1], words[timed_word + 2]),
+        words[timed_word + 5],
+    );
+    assert_eq!(k_t.trim_end_matches(')'), timed.len().to_string(), "{line}");
+    assert_eq!(
+        k_u.trim_end_matches(')'),
+        untimed.len().to_string(),
+        "{line}"
+    );
+    assert!((shown_t - mt).abs() <= 0.001 * mt + 1.0, "{line}: {mt}");
+    assert!((shown_u - mu).abs() <= 0.001 * mu + 1.0, "{line}: {mu}");
+    let change = format!("{:+.1}", 100.0 * (mt / mu - 1.0));
+    assert!(
+        line.contains(&format!("without: {change} % (95 % interval")),
+        "{line}: {change}"
+    );
+}

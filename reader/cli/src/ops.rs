@@ -5,12 +5,12 @@ use std::path::{Path, PathBuf};
 
 use clap::{Args, ValueEnum};
 use ggml_viz_reader::Layout;
-use ggml_viz_reader::PhaseOps;
 use ggml_viz_reader::telemetry::export::summary::csv_cell;
 use ggml_viz_reader::{
     GroupBy, OpAnalysis, OpCollector, OpGroups, OpSample, Phase, ThreadTotals,
     oversubscription_note,
 };
+use ggml_viz_reader::{PhaseOps, timing_cost};
 
 use crate::Failure;
 use crate::dump::parse_layout;
@@ -265,6 +265,22 @@ fn write_header(out: &mut impl Write, a: &OpAnalysis, t: &Tables) -> io::Result<
              of the time is on its own line)",
             t.all.nodes(),
             fmt_ns(op_ns as f64)
+        )?;
+    }
+    if let Some(c) = timing_cost(&a.graph_computes) {
+        let pct = |x: f64| format!("{:+.1} %", 100.0 * x);
+        writeln!(
+            out,
+            "op timing's own cost: {} graph computes took {} (median of {}) with their ops timed, \
+             {} (median of {}) without: {} (95 % interval {} .. {})",
+            c.phase.map_or("the", |p| p.name()),
+            fmt_ns(c.timed.1),
+            c.timed.0,
+            fmt_ns(c.untimed.1),
+            c.untimed.0,
+            pct(c.change),
+            pct(c.interval.0),
+            pct(c.interval.1)
         )?;
     }
     if t.threaded {

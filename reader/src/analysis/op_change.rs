@@ -167,9 +167,9 @@ fn mean(xs: &[f64]) -> f64 {
     }
 }
 
-/// The 2.5th and 97.5th percentiles of `mean(b') / mean(a') − 1` over resamples `a'`, `b'`: each
-/// side's recordings drawn with replacement, then each drawn recording's graphs.
-fn bootstrap(a: &[Vec<f64>], b: &[Vec<f64>]) -> (f64, f64) {
+/// The 2.5th and 97.5th percentiles of `stat(b') / stat(a') − 1` over resamples `a'`, `b'`:
+/// each side's recordings drawn with replacement, then each drawn recording's values.
+fn bootstrap_with(a: &[Vec<f64>], b: &[Vec<f64>], stat: fn(&mut [f64]) -> f64) -> (f64, f64) {
     let mut state = 0x9e37_79b9_7f4a_7c15_u64;
     let mut next = |n: usize| {
         state ^= state << 13;
@@ -177,22 +177,20 @@ fn bootstrap(a: &[Vec<f64>], b: &[Vec<f64>]) -> (f64, f64) {
         state ^= state << 17;
         (state % n as u64) as usize
     };
-    let mut resampled_mean = |side: &[Vec<f64>]| {
-        let (mut sum, mut count) = (0.0, 0usize);
+    let mut drawn = Vec::new();
+    let mut resampled = |side: &[Vec<f64>]| {
+        drawn.clear();
         for _ in 0..side.len() {
             let run = &side[next(side.len())];
-            for _ in 0..run.len() {
-                sum += run[next(run.len())];
-            }
-            count += run.len();
+            drawn.extend((0..run.len()).map(|_| run[next(run.len())]));
         }
-        (count > 0).then(|| sum / count as f64)
+        (!drawn.is_empty()).then(|| stat(&mut drawn))
     };
     let mut changes: Vec<f64> = (0..ROUNDS)
         .filter_map(|_| {
-            let ma = resampled_mean(a)?;
-            let mb = resampled_mean(b)?;
-            (ma > 0.0).then(|| mb / ma - 1.0)
+            let sa = resampled(a)?;
+            let sb = resampled(b)?;
+            (sa > 0.0).then(|| sb / sa - 1.0)
         })
         .collect();
     if changes.is_empty() {
@@ -201,6 +199,61 @@ fn bootstrap(a: &[Vec<f64>], b: &[Vec<f64>]) -> (f64, f64) {
     changes.sort_by(f64::total_cmp);
     let at = |q: f64| changes[((changes.len() - 1) as f64 * q).round() as usize];
     (at(0.025), at(0.975))
+}
+
+fn bootstrap(a: &[Vec<f64>], b: &[Vec<f64>]) -> (f64, f64) {
+    bootstrap_with(a, b, |xs| mean(xs))
+}
+
+fn median(xs: &mut [f64]) -> f64 {
+    xs.sort_by(f64::total_cmp);
+    let n = xs.len();
+    if n == 0 {
+        0.0
+    } else if n % 2 == 1 {
+        xs[n / 2]
+    } else {
+        (xs[n / 2 - 1] + xs[n / 2]) / 2.0
+    }
+}
+
+/// What timing ops cost the run, where the trace holds graph computes of one phase both timed
+/// and untimed (op sampling, a capture window): their median durations, and the change from
+/// untimed to timed with its 95 % interval.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TimingCost {
+    pub phase: Option<Phase>,
+    /// (graph computes, median ns) without op timing, then with it.
+    pub untimed: (usize, f64),
+    pub timed: (usize, f64),
+    pub change: f64,
+    pub interval: (f64, f64),
+}
+
+/// [`TimingCost`] of the phase with the most graph computes that has at least [`MIN_GRAPHS`]
+/// of each kind (generation, in llama.cpp: its graphs are alike, token after token).
+pub fn timing_cost(graph_computes: &[(Option<Phase>, bool, u64)]) -> Option<TimingCost> {
+    let mut phases: BTreeMap<Option<Phase>, (Vec<f64>, Vec<f64>)> = BTreeMap::new();
+    for &(phase, timed, ns) in graph_computes {
+        let (untimed_ns, timed_ns) = phases.entry(phase).or_default();
+        if timed { timed_ns } else { untimed_ns }.push(ns as f64);
+    }
+    let (phase, (mut untimed, mut timed)) = phases
+        .into_iter()
+        .filter(|(_, (u, t))| u.len() >= MIN_GRAPHS && t.len() >= MIN_GRAPHS)
+        .max_by_key(|(_, (u, t))| u.len() + t.len())?;
+    let (mu, mt) = (median(&mut untimed), median(&mut timed));
+    if mu <= 0.0 {
+        return None;
+    }
+    let interval = bootstrap_with(&[untimed.clone()], &[timed.clone()], median);
+    Some(TimingCost {
+        phase,
+        untimed: (untimed.len(), mu),
+        timed: (timed.len(), mt),
+        change: mt / mu - 1.0,
+        interval,
+    })
 }
 
 #[cfg(test)]
@@ -325,5 +378,35 @@ mod tests {
         assert_eq!(both.verdict(), Some("within noise"), "{both:?}");
         let change = both.change.unwrap();
         assert!((0.1..0.25).contains(&change), "{both:?}");
+    }
+
+    /// Every other generation graph timed, those 10 % slower (±5 % jitter), and a prefill timed
+    /// only: the cost is the generation's, about +10 %, its interval around it and off 0; with
+    /// too few untimed graphs, none is claimed.
+    #[test]
+    fn the_cost_of_timing_is_told_from_untimed_graphs_of_one_phase() {
+        let mut computes = vec![(Some(Phase::Prefill), true, 90_000)];
+        for g in 0..60u64 {
+            let jitter = 1.0 + 0.05 * ((g * 7 % 11) as f64 / 5.0 - 1.0);
+            let timed = g % 2 == 0;
+            let ns = 10_000.0 * jitter * if timed { 1.1 } else { 1.0 };
+            computes.push((Some(Phase::Generation), timed, ns as u64));
+        }
+        let cost = timing_cost(&computes).unwrap();
+        assert_eq!(cost.phase, Some(Phase::Generation));
+        assert_eq!((cost.untimed.0, cost.timed.0), (30, 30));
+        assert!((0.05..0.15).contains(&cost.change), "{cost:?}");
+        let (lo, hi) = cost.interval;
+        assert!(
+            lo > 0.0 && lo <= cost.change && cost.change <= hi,
+            "{cost:?}"
+        );
+        let few: Vec<_> = computes
+            .iter()
+            .copied()
+            .filter(|c| c.1)
+            .chain([(Some(Phase::Generation), false, 10_000)])
+            .collect();
+        assert_eq!(timing_cost(&few), None);
     }
 }

@@ -100,6 +100,9 @@ pub struct OpAnalysis {
     pub ops: Vec<OpSample>,
     /// Total time of the outermost graph computes that contain timed ops.
     pub timed_graph_ns: u64,
+    /// Every outermost graph compute: its phase, whether its ops were timed, its duration (the
+    /// runs op sampling or a capture window leave untimed tell what timing costs).
+    pub graph_computes: Vec<(Option<Phase>, bool, u64)>,
     /// How the writer took op timings: the mode ([`op_timing_mode`]) and what to say of it
     /// ([`op_timing_note`]).
     pub timing_mode: Option<String>,
@@ -268,6 +271,8 @@ impl OpCollector {
                 {
                     self.windows
                         .push((step.begin_ns, e.timestamp_ns, self.pushed, t.phase));
+                    let ns = e.timestamp_ns.saturating_sub(step.begin_ns);
+                    self.a.graph_computes.push((t.phase, t.graph_has_ops, ns));
                     if t.graph_has_ops {
                         self.a.timed_graph_ns = self
                             .a
