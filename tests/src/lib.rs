@@ -532,6 +532,20 @@ pub fn wait_for_file(path: &Path, timeout: std::time::Duration) -> String {
     panic!("{} did not appear", path.display());
 }
 
+/// Everything the telemetry importer makes of `trace` (spans, lanes, processes, …).
+pub fn collected(trace: &Path) -> ggml_viz_reader::telemetry::Collected {
+    let mut c = ggml_viz_reader::telemetry::Collected::default();
+    ggml_viz_reader::telemetry::import_path(
+        trace,
+        None,
+        None,
+        &mut ggml_viz_reader::telemetry::Ids::default(),
+        &mut c,
+    )
+    .unwrap();
+    c
+}
+
 /// A synthetic trace of `events` events at `path` (the workspace's `synthesize` example).
 pub fn synthesize(path: &Path, events: u64) {
     let out = run({

@@ -246,6 +246,47 @@ fn ggml_source() -> PathBuf {
     PathBuf::from(home).join("ggml")
 }
 
+/// `source`, a C program on this llama.cpp's `llama.h`, built as `dir/name` against its
+/// libllama.
+fn build_on_llama(dir: &Path, name: &str, source: &str) -> PathBuf {
+    let llama = ggml_source().join("..");
+    let file = dir.join(format!("{name}.c"));
+    std::fs::write(&file, source).unwrap();
+    let exe = dir.join(name);
+    let bin = llama_bin();
+    let built = run({
+        let mut cc = Command::new("cc");
+        cc.arg(&file)
+            .arg("-o")
+            .arg(&exe)
+            .arg(format!("-I{}", llama.join("include").display()))
+            .arg(format!("-I{}", llama.join("ggml/include").display()))
+            .arg(format!("-L{}", bin.display()))
+            .args(["-lllama", "-lggml-base"])
+            .arg(format!("-Wl,-rpath,{}", bin.display()));
+        cc
+    });
+    assert!(built.status.success(), "{}", text(&built.stderr));
+    exe
+}
+
+/// The llama calls' spans of an import, in order: name, tokens and tokens by sequence.
+fn llama_spans(
+    c: &ggml_viz_reader::telemetry::Collected,
+) -> Vec<(String, Option<String>, Option<String>)> {
+    (c.spans.iter())
+        .filter(|s| s.name.starts_with("llama_"))
+        .map(|s| {
+            let arg = |key: &str| {
+                (s.args.iter())
+                    .find(|(k, _)| k == key)
+                    .map(|(_, v)| v.to_string())
+            };
+            (s.name.to_string(), arg("n_tokens"), arg("seq_tokens"))
+        })
+        .collect()
+}
+
 /// `ggml_backend_buffer_init` takes `struct ggml_backend_buffer_i` by value, which x86-64 passes
 /// in the caller's stack frame. A C program (built against this ggml's own
 /// `ggml-backend-impl.h`) calls it with its stack pointer placed so that the struct ends within 16
@@ -419,7 +460,6 @@ fn a_ggml_rpc_without_the_known_transport_is_said_once() {
 #[test]
 fn input_embeddings_and_classic_batches_are_counted_by_sequence() {
     let dir = scratch("embd-batch");
-    let llama = ggml_source().join("..");
     let source = r#"#include <stdio.h>
 #include <stdlib.h>
 #include "llama.h"
@@ -478,23 +518,7 @@ int main(int argc, char ** argv) {
     return ret;
 }
 "#;
-    let file = dir.join("embd.c");
-    std::fs::write(&file, source).unwrap();
-    let exe = dir.join("embd");
-    let bin = llama_bin();
-    let built = run({
-        let mut cc = Command::new("cc");
-        cc.arg(&file)
-            .arg("-o")
-            .arg(&exe)
-            .arg(format!("-I{}", llama.join("include").display()))
-            .arg(format!("-I{}", llama.join("ggml/include").display()))
-            .arg(format!("-L{}", bin.display()))
-            .args(["-lllama", "-lggml-base"])
-            .arg(format!("-Wl,-rpath,{}", bin.display()));
-        cc
-    });
-    assert!(built.status.success(), "{}", text(&built.stderr));
+    let exe = build_on_llama(&dir, "embd", source);
     let program = || {
         let mut c = Command::new(&exe);
         c.arg(tiny_model());
@@ -519,25 +543,10 @@ int main(int argc, char ** argv) {
         said,
         "the hook changed the embeddings' batch"
     );
-    let mut c = ggml_viz_reader::telemetry::Collected::default();
-    ggml_viz_reader::telemetry::import_path(
-        &trace,
-        None,
-        None,
-        &mut ggml_viz_reader::telemetry::Ids::default(),
-        &mut c,
-    )
-    .unwrap();
-    let decodes: Vec<_> = (c.spans.iter())
-        .filter(|s| s.name == "llama_decode")
-        .map(|s| {
-            let arg = |key: &str| {
-                (s.args.iter())
-                    .find(|(k, _)| k == key)
-                    .map(|(_, v)| v.to_string())
-            };
-            (arg("n_tokens"), arg("seq_tokens"))
-        })
+    let c = collected(&trace);
+    let decodes: Vec<_> = (llama_spans(&c).into_iter())
+        .filter(|s| s.0 == "llama_decode")
+        .map(|s| (s.1, s.2))
         .collect();
     let expected = |n: &str, seqs: &str| (Some(n.to_string()), Some(seqs.to_string()));
     assert_eq!(
@@ -637,26 +646,8 @@ fn an_older_llama_batch_reaches_the_library_whole() {
         assert!(hooked.status.success(), "{}", text(&hooked.stderr));
         assert_eq!(text(&hooked.stdout), expected, "GGML_VIZ_DISABLE={disable}");
     }
-    let mut c = ggml_viz_reader::telemetry::Collected::default();
-    ggml_viz_reader::telemetry::import_path(
-        &trace,
-        None,
-        None,
-        &mut ggml_viz_reader::telemetry::Ids::default(),
-        &mut c,
-    )
-    .unwrap();
-    let spans: Vec<_> = (c.spans.iter())
-        .filter(|s| s.name.starts_with("llama_"))
-        .map(|s| {
-            let arg = |key: &str| {
-                (s.args.iter())
-                    .find(|(k, _)| k == key)
-                    .map(|(_, v)| v.to_string())
-            };
-            (s.name.to_string(), arg("n_tokens"), arg("seq_tokens"))
-        })
-        .collect();
+    let c = collected(&trace);
+    let spans = llama_spans(&c);
     let span = |name: &str, n: &str, seqs: Option<&str>| {
         (
             name.to_string(),
@@ -681,7 +672,6 @@ fn an_older_llama_batch_reaches_the_library_whole() {
 #[test]
 fn freed_batches_leave_nothing_to_the_next() {
     let dir = scratch("batch-free");
-    let llama = ggml_source().join("..");
     let source = r#"#include <stdio.h>
 #include "llama.h"
 
@@ -720,23 +710,7 @@ int main(int argc, char ** argv) {
     return 0;
 }
 "#;
-    let file = dir.join("batches.c");
-    std::fs::write(&file, source).unwrap();
-    let exe = dir.join("batches");
-    let bin = llama_bin();
-    let built = run({
-        let mut cc = Command::new("cc");
-        cc.arg(&file)
-            .arg("-o")
-            .arg(&exe)
-            .arg(format!("-I{}", llama.join("include").display()))
-            .arg(format!("-I{}", llama.join("ggml/include").display()))
-            .arg(format!("-L{}", bin.display()))
-            .args(["-lllama", "-lggml-base"])
-            .arg(format!("-Wl,-rpath,{}", bin.display()));
-        cc
-    });
-    assert!(built.status.success(), "{}", text(&built.stderr));
+    let exe = build_on_llama(&dir, "batches", source);
     let program = || {
         let mut c = Command::new(&exe);
         c.arg(tiny_model());
@@ -771,25 +745,10 @@ int main(int argc, char ** argv) {
         &[("GGML_VIZ_OUTPUT", trace.to_str().unwrap())],
     ));
     assert!(hooked.status.success(), "{}", text(&hooked.stderr));
-    let mut c = ggml_viz_reader::telemetry::Collected::default();
-    ggml_viz_reader::telemetry::import_path(
-        &trace,
-        None,
-        None,
-        &mut ggml_viz_reader::telemetry::Ids::default(),
-        &mut c,
-    )
-    .unwrap();
-    let decodes: Vec<(String, String)> = (c.spans.iter())
-        .filter(|s| s.name == "llama_decode")
-        .map(|s| {
-            let arg = |key: &str| {
-                (s.args.iter())
-                    .find(|(k, _)| k == key)
-                    .map_or_else(|| "-".to_string(), |(_, v)| v.to_string())
-            };
-            (arg("n_tokens"), arg("seq_tokens"))
-        })
+    let c = collected(&trace);
+    let decodes: Vec<(String, String)> = (llama_spans(&c).into_iter())
+        .filter(|s| s.0 == "llama_decode")
+        .map(|s| (s.1.unwrap_or_default(), s.2.unwrap_or_default()))
         .collect();
     assert_eq!(decodes, batches);
 }
@@ -903,15 +862,7 @@ fn exceptions_thrown_through_the_wrappers_reach_the_host() {
         assert_eq!(text(&hooked.stdout), expected, "GGML_VIZ_DISABLE={disable}");
     }
     // Traced: both good decodes' spans whole, with their tokens, the last after every throw.
-    let mut c = ggml_viz_reader::telemetry::Collected::default();
-    ggml_viz_reader::telemetry::import_path(
-        &trace,
-        None,
-        None,
-        &mut ggml_viz_reader::telemetry::Ids::default(),
-        &mut c,
-    )
-    .unwrap();
+    let c = collected(&trace);
     let whole: Vec<_> = (c.spans.iter())
         .filter(|s| s.name == "llama_decode" && s.end_ns > s.start_ns)
         .filter_map(|s| {

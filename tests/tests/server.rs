@@ -10,7 +10,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use ggml_viz_e2e::*;
-use ggml_viz_reader::telemetry::{Arg, Collected, Ids, Span, import_path};
+use ggml_viz_reader::telemetry::{Arg, Collected, Span};
 use serde_json::Value;
 
 use crate::report::{check_in_browser, page_data, report};
@@ -171,8 +171,7 @@ fn llama_server_under_concurrent_load_decodes_what_it_reports() {
         "the responses and /metrics agree"
     );
 
-    let mut c = Collected::default();
-    import_path(&trace, None, None, &mut Ids::default(), &mut c).unwrap();
+    let c = collected(&trace);
     let decodes = decode_batches(&c, started_ns);
     assert_eq!(decodes.len() as f64, metric("llamacpp:n_decode_total"));
     assert_eq!(decodes.iter().map(|(n, _)| n).sum::<u64>(), decoded);
@@ -449,8 +448,7 @@ fn llama_batched_shares_its_prompt_between_sequences() {
         "{said}"
     );
 
-    let mut c = Collected::default();
-    import_path(&trace, None, None, &mut Ids::default(), &mut c).unwrap();
+    let c = collected(&trace);
     let decodes = decode_batches(&c, 0);
     let (first, rest) = decodes.split_first().expect("decodes");
     assert_eq!(first.0, prompt, "the prompt is decoded once");

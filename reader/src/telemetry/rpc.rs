@@ -1015,6 +1015,16 @@ mod tests {
 
     const SHIFT: i64 = 5_000_000;
 
+    /// Numbers below `n`, the same every run from `seed` (xorshift).
+    fn numbers(mut seed: u64) -> impl FnMut(u64) -> u64 {
+        move |n| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed % n
+        }
+    }
+
     /// A command on both ends: the client sends at `at`; the request takes `out` ns to reach
     /// the server, whose clock is `shift` ahead; it answers (if `back` is given) after 2 µs,
     /// and the answer takes `back` ns to arrive.
@@ -1169,13 +1179,7 @@ mod tests {
     #[test]
     fn the_sweeps_give_what_plain_scans_give() {
         let mut parts = RpcParts::default();
-        let mut seed = 0x2545_f491_4f6c_dd1d_u64;
-        let mut random = |n: u64| {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            seed % n
-        };
+        let mut random = numbers(0x2545_f491_4f6c_dd1d);
         let mut t = 1_000_000;
         let mut index = 0;
         for _ in 0..400 {
@@ -1294,13 +1298,7 @@ mod tests {
     fn a_drifting_clock_gets_a_line() {
         let drift = 100e-6;
         let mut parts = RpcParts::default();
-        let mut seed = 0x9e37_79b9_7f4a_7c15_u64;
-        let mut random = |n: u64| {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            seed % n
-        };
+        let mut random = numbers(0x9e37_79b9_7f4a_7c15);
         let start = 1_000_000_000u64;
         let true_offset = |t: u64| -SHIFT - (drift * (t - start) as f64) as i64;
         for index in 0..2_000u32 {
