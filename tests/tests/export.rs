@@ -291,8 +291,8 @@ fn engine_op_totals(
     (header, totals)
 }
 
-/// Per op, the count and total time a query engine found equal `ggml-viz summary`'s of the
-/// same traces.
+/// Per op, the count and total time a query engine found equal `ggml-viz summary`'s spans and
+/// thread time of the same traces (the engine sums spans: each thread's share of a node).
 fn assert_summary_agrees(
     engine: &str,
     totals: &BTreeMap<String, (u64, u64)>,
@@ -308,8 +308,8 @@ fn assert_summary_agrees(
             .unwrap_or_else(|| panic!("{op} not in the summary:\n{csv}"))
             .split(',')
             .collect();
-        assert_eq!(row[1].parse::<u64>().unwrap(), *count, "{op}");
-        let total_us: f64 = row[2].parse().unwrap();
+        assert_eq!(row[10].parse::<u64>().unwrap(), *count, "{op}");
+        let total_us: f64 = row[11].parse().unwrap();
         assert!(
             (total_us - *total_ns as f64 / 1000.0).abs() < 0.01,
             "{op}: summary {total_us} µs, {engine} {total_ns} ns"

@@ -939,3 +939,98 @@ fn op_sampling_says_what_op_timing_cost() {
         "{line}: {change}"
     );
 }
+
+/// One definition of an op type's time: on one trace (llama-simple, 12 tokens, threads-mode op
+/// timing, every thread's share of a node a span of its own), each op type's node time (each
+/// node's wall time, summed) is the same in `ops`, `summary`, `diff --ops` and the report (±1 %,
+/// the printed rounding); summary's share column adds up to 100 %, as does `ops`' in each phase
+/// (before: summary counted the threads' shares, MUL_MAT at 240 % of the wall time).
+#[test]
+fn every_command_gives_an_op_type_the_same_node_time() {
+    let dir = scratch("one-op-time");
+    let trace = dir.join("t.ggmlviz");
+    assert!(trace_llama_simple(&trace, 12, &[]).status.success());
+    let ops = ops_csv_totals(&trace);
+    assert!(ops.len() >= 5, "{ops:?}");
+
+    let summary = cli(|c| c.args(["summary", "--csv"]).arg(&trace));
+    assert!(summary.status.success(), "{}", text(&summary.stderr));
+    let rows: Vec<Vec<String>> = (text(&summary.stdout).lines().skip(1))
+        .map(csv_fields)
+        .collect();
+    let shares: f64 = rows.iter().map(|r| r[9].parse::<f64>().unwrap()).sum();
+    assert!(
+        (shares - 100.0).abs() < 0.05,
+        "summary shares add to {shares}"
+    );
+    let summary_ns = |op: &str| {
+        let r = rows
+            .iter()
+            .find(|r| r[0] == op)
+            .unwrap_or_else(|| panic!("{op}"));
+        r[2].parse::<f64>().unwrap() * 1000.0
+    };
+
+    let diff = cli(|c| c.args(["diff", "--ops"]).arg(&trace).arg(&trace));
+    let phases = diff_ops_rows(&text(&diff.stdout));
+    let diff_ns = |op: &str| -> f64 {
+        (phases.values().flatten())
+            .filter(|r| r[0] == op)
+            .map(|r| parse_ns(&r[3], &r[4]))
+            .sum()
+    };
+
+    let page = dir.join("page.html");
+    let report = cli(|c| c.arg("report").arg(&trace).arg("-o").arg(&page));
+    assert!(report.status.success(), "{}", text(&report.stderr));
+    let html = std::fs::read_to_string(&page).unwrap();
+    let at = html.find("\"by_op\":").expect("the report's op table") + "\"by_op\":".len();
+    let by_op: serde_json::Value = serde_json::Deserializer::from_str(&html[at..])
+        .into_iter()
+        .next()
+        .unwrap()
+        .unwrap();
+    let report_ns = |op: &str| {
+        (by_op.as_array().unwrap().iter())
+            .find(|r| r["name"] == op)
+            .unwrap_or_else(|| panic!("{op} not in the report"))["total_ns"]
+            .as_f64()
+            .unwrap()
+    };
+
+    for (op, &(_, ns)) in &ops {
+        let ns = ns as f64;
+        for (command, got) in [
+            ("summary", summary_ns(op)),
+            ("diff --ops", diff_ns(op)),
+            ("report", report_ns(op)),
+        ] {
+            assert!(
+                (got - ns).abs() <= 0.01 * ns + 1.0,
+                "{op}: ops {ns} ns, {command} {got}"
+            );
+        }
+    }
+    // ops' share column, per phase.
+    let table = cli(|c| c.arg("ops").arg(&trace));
+    let mut phase_shares: Vec<f64> = Vec::new();
+    for line in text(&table.stdout).lines() {
+        if line.starts_with("prefill (") || line.starts_with("generation (") {
+            phase_shares.push(0.0);
+        } else if let (Some(sum), Some(share)) = (
+            phase_shares.last_mut(),
+            line.split_whitespace()
+                .nth(4)
+                .and_then(|w| w.strip_suffix('%')),
+        ) {
+            *sum += share.parse::<f64>().unwrap();
+        }
+    }
+    assert_eq!(phase_shares.len(), 2, "{}", text(&table.stdout));
+    for sum in phase_shares {
+        assert!(
+            (sum - 100.0).abs() < 0.5,
+            "an ops phase's shares add to {sum}"
+        );
+    }
+}

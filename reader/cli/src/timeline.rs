@@ -5,10 +5,11 @@ use std::io::{self, BufWriter, IsTerminal, Write};
 use std::path::{Path, PathBuf};
 
 use clap::{Args, ValueEnum};
+use ggml_viz_reader::OpCollector;
 use ggml_viz_reader::TraceFile;
 use ggml_viz_reader::telemetry::Ids;
 use ggml_viz_reader::telemetry::export::parquet::ParquetWriter;
-use ggml_viz_reader::telemetry::export::summary::{Row, Summary, csv_cell};
+use ggml_viz_reader::telemetry::export::summary::{NodeTimes, Summary, csv_cell};
 use ggml_viz_reader::telemetry::export::telemetry_v2;
 use ggml_viz_reader::telemetry::{ChromeJsonWriter, PerfettoWriter};
 use ggml_viz_reader::telemetry::{Format, RecordSink, Text};
@@ -33,6 +34,40 @@ fn import_all<S: RecordSink>(
         .map_err(|e| Failure::Data(e.0))
 }
 
+/// [`import_all`] into a [`Summary`], whose op types count nodes where the inputs timed them
+/// (each node's wall time, as `ggml-viz ops`, `diff --ops` and the report have it; not each
+/// thread's share of it).
+fn summarize(paths: &[PathBuf], opts: &InputOpts) -> (Summary, Result<(), Failure>) {
+    let mut summary = Summary::default();
+    let mut ids = Ids::default();
+    let mut reading = Reading::new(paths, 1, opts);
+    let mut nodes: std::collections::HashMap<String, NodeTimes> = Default::default();
+    let mut result = Ok(());
+    for path in paths {
+        let mut collector = OpCollector::streaming();
+        let mut add = |o: &ggml_viz_reader::OpSample| {
+            nodes
+                .entry(o.op.to_string())
+                .or_default()
+                .add(o.duration_ns);
+        };
+        let imported = reading.import_watching(path, opts, &mut ids, &mut summary, &mut |e| {
+            if let Ok(record) = e {
+                collector.push(Ok(&record.event()));
+                collector.take_ready().for_each(|o| add(&o));
+            }
+        });
+        collector.finish_each(|_, o| add(&o));
+        if let Err(e) = imported {
+            result = Err(Failure::Data(e.0));
+            break;
+        }
+    }
+    drop(reading);
+    summary.use_nodes(&nodes);
+    (summary, result)
+}
+
 pub fn say_warnings(warnings: &[String]) {
     for w in warnings {
         eprintln!("ggml-viz: warning: {w}");
@@ -41,14 +76,13 @@ pub fn say_warnings(warnings: &[String]) {
 
 /// Time per event name over one or more inputs (GGMLVIZ traces, GE logs).
 ///
-/// Count, total, self,
-/// mean, min, p50, p99, max and share of wall time. Nested spans of the same name count once:
-/// a 20 µs span containing two 10 µs spans of its own name is 2 spans, 20 µs. `total` is the
-/// wall time the name's spans cover; mean, min, p50, p99 and max are over the counted spans (a
-/// 30 µs span holding two 10 µs ones of its name: 2 spans, total 30 µs, mean 10 µs). Spans on
-/// several threads add up: with threads-mode op timing each worker thread's share of a node is a
-/// span of its own, so an op's total is its threads' time and its share may pass 100 %
-/// (`ggml-viz ops` shows each node's wall time).
+/// Count, total, self, mean, min, p50, p99, max, share and thread time. Nested spans of the same
+/// name count once: a 20 µs span containing two 10 µs spans of its own name is 2 spans, 20 µs.
+/// `total` is the wall time the name's spans cover; mean, min, p50, p99 and max are over the
+/// counted spans. An op type whose nodes a trace timed counts nodes, each node's wall time (its
+/// first thread's start to its last one's end), as `ops`, `diff --ops` and the report do; its
+/// thread time is every thread's share summed. `share` is the row's part of all rows' self
+/// time: the shares add up to 100 %.
 #[derive(Args)]
 #[command(
     after_help = "Examples:\n  ggml-viz summary trace.ggmlviz\n  ggml-viz summary --csv ge.log > ge.csv"
@@ -66,8 +100,7 @@ pub struct SummaryArgs {
 
 pub fn summary(args: SummaryArgs) -> Result<(), Failure> {
     args.input.check(&args.files, None)?;
-    let mut s = Summary::default();
-    let result = import_all(&args.files, &args.input, &mut s);
+    let (s, result) = summarize(&args.files, &args.input);
     say_warnings(&s.warnings);
     let mut out = io::stdout().lock();
     if args.csv {
@@ -79,25 +112,34 @@ pub fn summary(args: SummaryArgs) -> Result<(), Failure> {
     result
 }
 
-fn share(row: &Row, wall: u64) -> f64 {
-    if wall == 0 {
-        0.0
-    } else {
-        100.0 * row.total_ns as f64 / wall as f64
-    }
-}
-
 fn write_table(out: &mut impl Write, s: &Summary) -> io::Result<()> {
     writeln!(out, "wall time: {}", fmt_ns(s.wall_ns() as f64))?;
+    if s.rows().any(|(_, r)| r.shares.is_some()) {
+        writeln!(
+            out,
+            "op types count nodes (each node's wall time, as `ops` has it); thread time: every \
+             thread's spans of the name, summed"
+        )?;
+    }
     writeln!(
         out,
-        "{:<40} {:>8} {:>11} {:>11} {:>10} {:>10} {:>10} {:>10} {:>10} {:>7}",
-        "name", "count", "total", "self", "mean", "min", "p50", "p99", "max", "share"
+        "{:<40} {:>8} {:>11} {:>11} {:>10} {:>10} {:>10} {:>10} {:>10} {:>7} {:>11}",
+        "name",
+        "count",
+        "total",
+        "self",
+        "mean",
+        "min",
+        "p50",
+        "p99",
+        "max",
+        "share",
+        "thread time"
     )?;
     for (name, r) in s.sorted() {
         writeln!(
             out,
-            "{:<40} {:>8} {:>11} {:>11} {:>10} {:>10} {:>10} {:>10} {:>10} {:>6.1}%",
+            "{:<40} {:>8} {:>11} {:>11} {:>10} {:>10} {:>10} {:>10} {:>10} {:>6.1}% {:>11}",
             name,
             r.count,
             fmt_ns(r.total_ns as f64),
@@ -107,7 +149,8 @@ fn write_table(out: &mut impl Write, s: &Summary) -> io::Result<()> {
             fmt_ns(r.durations.quantile(0.5) as f64),
             fmt_ns(r.durations.quantile(0.99) as f64),
             fmt_ns(r.max_ns() as f64),
-            share(r, s.wall_ns())
+            s.self_share(r),
+            fmt_ns(r.thread_ns() as f64)
         )?;
     }
     Ok(())
@@ -116,13 +159,13 @@ fn write_table(out: &mut impl Write, s: &Summary) -> io::Result<()> {
 fn write_csv(out: &mut impl Write, s: &Summary) -> io::Result<()> {
     writeln!(
         out,
-        "name,count,total_us,self_us,mean_us,min_us,p50_us,p99_us,max_us,share_percent"
+        "name,count,total_us,self_us,mean_us,min_us,p50_us,p99_us,max_us,share_percent,spans,thread_us"
     )?;
     let us = |ns: f64| ns / 1000.0;
     for (name, r) in s.sorted() {
         writeln!(
             out,
-            "{},{},{:.3},{:.3},{:.3},{:.3},{:.3},{:.3},{:.3},{:.3}",
+            "{},{},{:.3},{:.3},{:.3},{:.3},{:.3},{:.3},{:.3},{:.3},{},{:.3}",
             csv_cell(name),
             r.count,
             us(r.total_ns as f64),
@@ -132,7 +175,9 @@ fn write_csv(out: &mut impl Write, s: &Summary) -> io::Result<()> {
             us(r.durations.quantile(0.5) as f64),
             us(r.durations.quantile(0.99) as f64),
             us(r.max_ns() as f64),
-            share(r, s.wall_ns())
+            s.self_share(r),
+            r.spans(),
+            us(r.thread_ns() as f64)
         )?;
     }
     Ok(())
@@ -191,10 +236,8 @@ pub fn diff(args: DiffArgs) -> Result<(), Failure> {
         _ => unreachable!("--vs requires --ops"),
     };
     args.input.check(&[a_path.clone(), b_path.clone()], None)?;
-    let mut a = Summary::default();
-    let mut b = Summary::default();
-    let ra = import_all(std::slice::from_ref(&a_path), &args.input, &mut a);
-    let rb = import_all(std::slice::from_ref(&b_path), &args.input, &mut b);
+    let (a, ra) = summarize(std::slice::from_ref(&a_path), &args.input);
+    let (b, rb) = summarize(std::slice::from_ref(&b_path), &args.input);
     say_warnings(&a.warnings);
     say_warnings(&b.warnings);
     let mut names: Vec<&Text> = a.rows().chain(b.rows()).map(|(n, _)| n).collect();

@@ -182,15 +182,29 @@ impl Histogram {
 #[derive(Clone, Debug, Default)]
 pub struct Row {
     pub count: u64,
-    /// Wall time covered by spans of this name.
+    /// Wall time covered by spans of this name; an op type timed on several threads
+    /// ([`Summary::use_nodes`]): its nodes' wall times.
     pub total_ns: u64,
     pub self_ns: u64,
-    /// The counted spans' durations, summed (for the mean) and bucketed.
+    /// The counted spans' (or nodes') durations, summed (for the mean) and bucketed.
     pub counted_ns: u64,
     pub durations: Histogram,
+    /// An op type counted by nodes ([`Summary::use_nodes`]): its spans (its threads' shares)
+    /// and their time summed, which `count` and `total_ns` hold for other rows.
+    pub shares: Option<(u64, u64)>,
 }
 
 impl Row {
+    /// Spans of this name on every thread.
+    pub fn spans(&self) -> u64 {
+        self.shares.map_or(self.count, |(n, _)| n)
+    }
+
+    /// Their time, summed over the threads.
+    pub fn thread_ns(&self) -> u64 {
+        self.shares.map_or(self.total_ns, |(_, ns)| ns)
+    }
+
     pub fn mean_ns(&self) -> f64 {
         if self.count == 0 {
             0.0
@@ -243,7 +257,54 @@ pub struct Summary {
     pub warnings: Vec<String>,
 }
 
+/// An op type's nodes, for [`Summary::use_nodes`]: how many, their wall times summed, bucketed.
+#[derive(Clone, Debug, Default)]
+pub struct NodeTimes {
+    pub count: u64,
+    pub total_ns: u64,
+    pub durations: Histogram,
+}
+
+impl NodeTimes {
+    pub fn add(&mut self, wall_ns: u64) {
+        self.count += 1;
+        self.total_ns = self.total_ns.saturating_add(wall_ns);
+        self.durations.add(wall_ns);
+    }
+}
+
 impl Summary {
+    /// The rows of op types timed on several threads (each thread's share of a node a span of
+    /// its own) made to count nodes, as `ggml-viz ops` does: count, total, self and the spread
+    /// of each node's wall time (its first thread's start to its last thread's end); the
+    /// spans' count and time stay in `spans` and `thread_ns`.
+    pub fn use_nodes<'a>(&mut self, nodes: impl IntoIterator<Item = (&'a String, &'a NodeTimes)>) {
+        for (op, n) in nodes {
+            let Some(&i) = self.by_name.get(op.as_str()) else {
+                continue;
+            };
+            let row = &mut self.rows[i as usize].1;
+            if row.shares.is_none() {
+                row.shares = Some((row.count, row.total_ns));
+            }
+            row.count = n.count;
+            row.total_ns = n.total_ns;
+            row.self_ns = n.total_ns;
+            row.counted_ns = n.total_ns;
+            row.durations = n.durations.clone();
+        }
+    }
+
+    /// Of all rows' self time, the share of `row`'s: the shares add up to 100 %.
+    pub fn self_share(&self, row: &Row) -> f64 {
+        let all: u64 = self.rows.iter().map(|(_, r)| r.self_ns).sum();
+        if all == 0 {
+            0.0
+        } else {
+            100.0 * row.self_ns as f64 / all as f64
+        }
+    }
+
     /// Wall time from the first span's start to the last span's end.
     pub fn wall_ns(&self) -> u64 {
         self.first_ns.map_or(0, |f| self.last_ns.saturating_sub(f))
