@@ -142,7 +142,7 @@ impl EventType {
         self as u8
     }
 
-    /// The name used by `ggml-viz dump --format jsonl` and everywhere else.
+    /// The name used by `ggml-viz dump --to jsonl` and everywhere else.
     pub const fn name(self) -> &'static str {
         match self {
             EventType::GraphComputeBegin => "graph_compute_begin",

@@ -744,3 +744,32 @@ fn a_trace_over_a_file_that_was_there_is_ours_alone() {
     assert!(lines[0].contains("owned by another user"), "{lines:?}");
     assert_eq!(std::fs::read(&theirs).unwrap(), b"not ours");
 }
+
+/// A llama.cpp user gives `summary` the program's own log (its stderr) instead of a trace: the
+/// error says what the file looked like (its first line) and what to do (record the program);
+/// other unrecognised files are described by their first line or first bytes.
+#[test]
+fn a_llama_log_given_as_a_trace_is_named_as_such() {
+    let dir = scratch("llama-log");
+    let out = run(llama_simple(4));
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let log = dir.join("llama.log");
+    std::fs::write(&log, &out.stderr).unwrap();
+    let first_line = text(&out.stderr).lines().next().unwrap().trim().to_string();
+    let said = cli(|c| c.arg("summary").arg(&log));
+    assert_eq!(said.status.code(), Some(2));
+    let err = text(&said.stderr);
+    assert!(err.contains("llama.cpp's log output"), "{err}");
+    assert!(
+        err.contains(&first_line.chars().take(60).collect::<String>()),
+        "{err}"
+    );
+    assert!(err.contains("ggml-viz record -- PROGRAM"), "{err}");
+
+    let elf = cli(|c| c.arg("summary").arg(llama_bin().join("llama-simple")));
+    assert!(
+        text(&elf.stderr).contains("binary data beginning 7f 45 4c 46"),
+        "{}",
+        text(&elf.stderr)
+    );
+}

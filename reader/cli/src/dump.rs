@@ -25,13 +25,15 @@ use crate::input::Input;
 /// stderr); 2 for a corrupt or unreadable file, after printing every event before the damage.
 #[derive(Args)]
 #[command(
-    after_help = "Examples:\n  ggml-viz dump trace.ggmlviz\n  ggml-viz dump --format jsonl trace.ggmlviz > events.jsonl\n  cat trace.ggmlviz | ggml-viz dump --format jsonl -"
+    after_help = "Examples:\n  ggml-viz dump trace.ggmlviz\n  ggml-viz dump --to jsonl trace.ggmlviz > events.jsonl\n  cat trace.ggmlviz | ggml-viz dump --to jsonl -"
 )]
 pub struct DumpArgs {
     /// Trace file, or - for standard input.
     file: PathBuf,
-    /// Output format.
-    #[arg(long, value_enum, default_value_t = Format::Text)]
+    /// What to write, as `export --to` names it.
+    // Also `--format`, hidden: its name before, kept for the scripts that used it (elsewhere
+    // `--format` names an input's format).
+    #[arg(long = "to", alias = "format", value_enum, default_value_t = Format::Text)]
     format: Format,
     /// Read with this event layout instead of detecting it (packed: the spec's; padded: the C++ tool's).
     #[arg(long, value_parser = parse_layout)]
@@ -76,7 +78,7 @@ pub fn type_name(event: &Event<'_>) -> &'static str {
     event.event_type().map_or("unknown", EventType::name)
 }
 
-/// The JSON object of the `dump --format jsonl` contract.
+/// The JSON object of the `dump --to jsonl` contract.
 pub fn jsonl_object(event: &Event<'_>) -> Value {
     let mut obj = Map::new();
     obj.insert("type".into(), json!(type_name(event)));

@@ -26,7 +26,7 @@ use clap::{Parser, Subcommand};
 #[command(name = "ggml-viz", version, about, long_about = None)]
 // Examples first, after the one line of what it is.
 #[command(
-    help_template = "{about-with-newline}\n{usage-heading} {usage}\n\nExamples:\n  ggml-viz record -- llama-simple -m model.gguf -n 32 \"Hello\"\n  ggml-viz ops trace.ggmlviz\n  ggml-viz report trace.ggmlviz -o report.html\n  ggml-viz info trace.ggmlviz\n  ggml-viz dump --format jsonl trace.ggmlviz | head\n\n{all-args}{after-help}"
+    help_template = "{about-with-newline}\n{usage-heading} {usage}\n\nExamples:\n  ggml-viz record -- llama-simple -m model.gguf -n 32 \"Hello\"\n  ggml-viz ops trace.ggmlviz\n  ggml-viz report trace.ggmlviz -o report.html\n  ggml-viz info trace.ggmlviz\n  ggml-viz dump --to jsonl trace.ggmlviz | head\n\n{all-args}{after-help}"
 )]
 struct Cli {
     #[command(subcommand)]

@@ -1,4 +1,4 @@
-//! The `ggml-viz` binary: the `dump --format jsonl` contract, exit statuses, and messages.
+//! The `ggml-viz` binary: the `dump --to jsonl` contract, exit statuses, and messages.
 
 #[path = "../../tests/common/mod.rs"]
 mod common;
@@ -193,8 +193,17 @@ fn jsonl_has_exactly_the_contract_keys_and_exact_u64_values() {
 fn the_cpp_sample_dumps_sixty_events_and_info_names_the_layout() {
     let sample = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../../../shared/samples/ggml-viz/test_trace.ggmlviz");
-    let out = ggml_viz(&["dump", "--format", "jsonl", sample.to_str().unwrap()]);
+    let out = ggml_viz(&["dump", "--to", "jsonl", sample.to_str().unwrap()]);
     assert!(out.status.success());
+    // `--format`, its name before it became `--to` (the input's format everywhere else), still
+    // gives the same, for the scripts that used it; the help names `--to` only.
+    let old = ggml_viz(&["dump", "--format", "jsonl", sample.to_str().unwrap()]);
+    assert_eq!(old.stdout, out.stdout);
+    let help = String::from_utf8(ggml_viz(&["dump", "--help"]).stdout).unwrap();
+    assert!(
+        help.contains("--to <") && !help.contains("--format"),
+        "{help}"
+    );
     let lines = jsonl(&out);
     assert_eq!(lines.len(), 60);
     assert_eq!(
@@ -216,7 +225,7 @@ fn a_truncated_tail_is_a_warning_with_exit_zero() {
     let (bytes, ends) = common::encode(&events, Layout::Packed);
     let cut = ends[3] + 5;
     let path = temp_file("truncated.ggmlviz", &bytes[..cut]);
-    let out = ggml_viz(&["dump", "--format", "jsonl", path.to_str().unwrap()]);
+    let out = ggml_viz(&["dump", "--to", "jsonl", path.to_str().unwrap()]);
     assert_eq!(out.status.code(), Some(0));
     assert_eq!(jsonl(&out).len(), 4);
     let stderr = String::from_utf8(out.stderr.clone()).unwrap();
@@ -244,7 +253,7 @@ fn corruption_prints_what_was_read_then_fails_with_exit_two() {
         );
         assert_no_panic_text(&out);
     }
-    let out = ggml_viz(&["dump", "--format", "jsonl", path.to_str().unwrap()]);
+    let out = ggml_viz(&["dump", "--to", "jsonl", path.to_str().unwrap()]);
     assert_eq!(jsonl(&out).len(), 6);
 }
 
@@ -269,7 +278,7 @@ fn stdin_reads_like_a_file() {
     let events = common::sample_trace(Layout::Padded);
     let (bytes, _) = common::encode(&events, Layout::Padded);
     let mut child = Command::new(env!("CARGO_BIN_EXE_ggml-viz"))
-        .args(["dump", "--format", "jsonl", "-"])
+        .args(["dump", "--to", "jsonl", "-"])
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
         .spawn()
@@ -296,7 +305,10 @@ fn summary_csv_diff_and_export_work_on_real_files() {
     let mut lines = csv.lines();
     assert_eq!(
         lines.next(),
-        Some("name,count,total_us,self_us,mean_us,min_us,p50_us,p99_us,max_us,share_percent")
+        Some(
+            "name,count,total_us,self_us,mean_us,min_us,p50_us,p99_us,max_us,share_percent,spans,\
+             thread_us"
+        )
     );
     assert!(
         csv.lines()

@@ -92,10 +92,50 @@ pub fn detect(path: &std::path::Path) -> Result<Format, ImportError> {
             }
         } else {
             return Err(ImportError(format!(
-                "{name}: format not recognised (supported: GGMLVIZ traces, GE profiling logs, TelemetryEvent v2 JSON, CoMMA NCCL JSON)"
+                "{name}: format not recognised: {} (read: GGMLVIZ traces, GE profiling logs, \
+                 TelemetryEvent v2 JSON, CoMMA NCCL JSON)",
+                unrecognised(head)
             )));
         },
     )
+}
+
+/// What an unrecognised file looked like, and the likely cause.
+fn unrecognised(head: &[u8]) -> String {
+    if head.is_empty() {
+        return "the file is empty".into();
+    }
+    let text = String::from_utf8_lossy(head);
+    let printable = head
+        .iter()
+        .all(|&b| b.is_ascii_graphic() || b.is_ascii_whitespace() || b >= 0x80);
+    if !printable {
+        let bytes: Vec<String> = head.iter().take(8).map(|b| format!("{b:02x}")).collect();
+        return format!("binary data beginning {}", bytes.join(" "));
+    }
+    let first = text.lines().next().unwrap_or_default().trim();
+    let shown: String = first.chars().take(60).collect();
+    // llama.cpp's and ggml's own log lines: what a program printed, not a trace of it.
+    let llama_log = [
+        "llama_",
+        "load_tensors:",
+        "main:",
+        "ggml_",
+        "print_info:",
+        "build:",
+        "system_info:",
+    ]
+    .iter()
+    .any(|p| first.starts_with(p));
+    if llama_log {
+        format!(
+            "it looks like llama.cpp's log output (its first line: \"{shown}\"), not a trace: \
+             record the program with `ggml-viz record -- PROGRAM ARGS` and give the .ggmlviz file \
+             it writes"
+        )
+    } else {
+        format!("text whose first line is \"{shown}\"")
+    }
 }
 
 /// Imports the file at `path` into `sink`, recognising its format unless `format` is given.
