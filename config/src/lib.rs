@@ -111,6 +111,9 @@ pub struct Config {
     pub max_graphs: u64,
     /// Event layout the hook writes: `packed` (the spec's) or `padded` (the C++ tool's).
     pub layout: String,
+    /// The host's memory bandwidth, MB/s, as `ggml-viz record` measured it before starting the
+    /// program (0: not measured); kept in the trace for the ops' share of it.
+    pub memory_bandwidth_mb_s: u64,
 }
 
 impl Default for Config {
@@ -130,6 +133,7 @@ impl Default for Config {
             skip_graphs: 0,
             max_graphs: 0,
             layout: "packed".into(),
+            memory_bandwidth_mb_s: 0,
         }
     }
 }
@@ -253,6 +257,11 @@ const SETTINGS: &[Setting] = &[
         key: "layout",
         env: "GGML_VIZ_LAYOUT",
         file_path: &["instrumentation", "layout"],
+    },
+    Setting {
+        key: "memory_bandwidth_mb_s",
+        env: "GGML_VIZ_MEMORY_BANDWIDTH",
+        file_path: &["host", "memory_bandwidth_mb_s"],
     },
 ];
 
@@ -495,6 +504,7 @@ impl Config {
                     ));
                 }
             }
+            "memory_bandwidth_mb_s" => self.memory_bandwidth_mb_s = integer(v)?,
             other => unreachable!("setting {other} has no field"),
         }
         Ok(())
@@ -518,6 +528,10 @@ impl Config {
         m.insert("skip_graphs".into(), self.skip_graphs.into());
         m.insert("max_graphs".into(), self.max_graphs.into());
         m.insert("layout".into(), self.layout.clone().into());
+        m.insert(
+            "memory_bandwidth_mb_s".into(),
+            self.memory_bandwidth_mb_s.into(),
+        );
         m
     }
 }

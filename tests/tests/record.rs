@@ -264,3 +264,78 @@ fn record_flags_set_op_timing_sampling_and_memory() {
         text(&out.stderr)
     );
 }
+
+/// The metadata's settings of `trace`.
+fn trace_settings(trace: &std::path::Path) -> serde_json::Map<String, serde_json::Value> {
+    let (events, _, _) = read_trace(trace);
+    let metadata =
+        (events.iter())
+            .find_map(|e| match e.payload {
+                ggml_viz_reader::format::Payload::Extension(x)
+                    if x.kind == ggml_viz_reader::format::ExtensionKind::Metadata =>
+                {
+                    ggml_viz_reader::format::ext::parse_payload::<
+                        ggml_viz_reader::format::ext::Metadata,
+                    >(e.label.as_deref().unwrap_or_default())
+                }
+                _ => None,
+            })
+            .expect("a metadata record");
+    metadata.settings
+}
+
+/// `record` measures the host's memory bandwidth before the program starts and keeps it in the
+/// trace; `ops` gives the op types that move the most bytes a second as shares of it (the shares
+/// by arithmetic on `ops --csv`'s GB/s); given a bandwidth (here 1 MB/s, far below what any op
+/// moves), record measures nothing and ops says the bytes came from a cache rather than print a
+/// share over 100 %.
+#[test]
+fn record_keeps_the_hosts_memory_bandwidth_and_ops_gives_shares_of_it() {
+    let dir = scratch("bandwidth");
+    let program = simple_args("8");
+    let program: Vec<&str> = program.iter().map(String::as_str).collect();
+    let trace = dir.join("t.ggmlviz");
+    let out = run(record(&["-o", trace.to_str().unwrap()], &program));
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let mb_s = trace_settings(&trace)["memory_bandwidth_mb_s"]
+        .as_u64()
+        .unwrap();
+    assert!(mb_s > 100, "{mb_s} MB/s");
+    let ops = text(&cli(|c| c.arg("ops").arg(&trace)).stdout);
+    let line = (ops.lines())
+        .find(|l| l.starts_with("of this host's memory bandwidth"))
+        .unwrap_or_else(|| panic!("{ops}"));
+    assert!(
+        line.contains(&format!("({:.1} GB/s,", mb_s as f64 / 1000.0)),
+        "{line}"
+    );
+    // The prefill's table comes first: its op type moving the most bytes a second leads the line.
+    let csv = text(&cli(|c| c.args(["ops", "--csv"]).arg(&trace)).stdout);
+    let mut prefill: Vec<(String, f64)> = Vec::new();
+    for row in csv.lines().skip(1) {
+        let f: Vec<&str> = row.split(',').collect();
+        if let ("prefill", Ok(gb_s)) = (f[0], f[9].parse::<f64>()) {
+            prefill.push((f[1].to_string(), gb_s));
+        }
+    }
+    let (op, gb_s) = prefill.iter().max_by(|a, b| a.1.total_cmp(&b.1)).unwrap();
+    let expected = 100.0 * gb_s * 1000.0 / mb_s as f64;
+    let shown: f64 = (line.split(": ").nth(1))
+        .and_then(|rest| rest.strip_prefix(&format!("{op} ")))
+        .and_then(|rest| rest.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{line}: {op} first"));
+    assert!((shown - expected).abs() <= 1.0, "{line}: {expected}");
+
+    let given = dir.join("given.ggmlviz");
+    let mut cmd = record(&["-o", given.to_str().unwrap()], &program);
+    cmd.env("GGML_VIZ_MEMORY_BANDWIDTH", "1");
+    let out = run(cmd);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(trace_settings(&given)["memory_bandwidth_mb_s"], 1);
+    let ops = text(&cli(|c| c.arg("ops").arg(&given)).stdout);
+    assert!(
+        ops.contains("faster than memory: its bytes came from a cache"),
+        "{ops}"
+    );
+}

@@ -229,6 +229,9 @@ pub fn run(args: OpsArgs) -> Result<(), Failure> {
                     None => writeln!(out)?,
                 }
                 write_table(&mut out, groups, args.top, tables.threaded)?;
+                if let Some(bandwidth) = analysis.memory_bandwidth {
+                    write_memory_share(&mut out, groups, bandwidth)?;
+                }
             }
         }
     }
@@ -406,6 +409,38 @@ fn write_table(
         writeln!(out, "… {} more (use --top 0 for all)", rows.len() - shown)?;
     }
     Ok(())
+}
+
+/// The op types that move the most bytes a second, as shares of the host's memory bandwidth
+/// (`bandwidth`, bytes/s): over 100 %, the bytes came from a cache, not from memory.
+fn write_memory_share(out: &mut impl Write, groups: &OpGroups, bandwidth: f64) -> io::Result<()> {
+    let mut rows: Vec<_> = (groups.rows().into_iter())
+        .filter(|g| g.bytes_per_s > 0.0)
+        .collect();
+    rows.sort_by(|a, b| b.bytes_per_s.total_cmp(&a.bytes_per_s));
+    let shares: Vec<String> = (rows.iter().take(4))
+        .map(|g| {
+            let share = 100.0 * g.bytes_per_s / bandwidth;
+            if share > 100.0 {
+                format!(
+                    "{} {share:.0} % (faster than memory: its bytes came from a cache)",
+                    g.key
+                )
+            } else {
+                format!("{} {share:.0} %", g.key)
+            }
+        })
+        .collect();
+    if shares.is_empty() {
+        return Ok(());
+    }
+    writeln!(
+        out,
+        "of this host's memory bandwidth ({:.1} GB/s, measured by `ggml-viz record`), the bytes \
+         the nodes moved each second: {}",
+        bandwidth / 1e9,
+        shares.join(", ")
+    )
 }
 
 /// The tables as CSV: a row per phase (`all` without llama_decode spans) and group, every group.

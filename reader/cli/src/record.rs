@@ -177,6 +177,14 @@ pub fn run(args: RecordArgs) -> Result<u8, Failure> {
             existing.display()
         );
     }
+    // The host's memory bandwidth, for the ops' share of it (unless given): ~0.2 s, before the
+    // program starts, so that nothing of it runs beside the program.
+    if config.memory_bandwidth_mb_s == 0 {
+        overrides.insert(
+            "memory_bandwidth_mb_s".into(),
+            memory_bandwidth_mb_s().into(),
+        );
+    }
     let mut cmd = Command::new(&args.command[0]);
     cmd.args(&args.command[1..])
         .env(OVERRIDES_ENV, Value::Object(overrides).to_string());
@@ -419,4 +427,27 @@ fn summarize(path: &Path, started: std::time::SystemTime) {
         eprintln!("ggml-viz: warning: {}: {damage}", path.display());
     }
     eprintln!("ggml-viz: more with `ggml-viz info {}`", path.display());
+}
+
+/// The host's memory bandwidth, MB/s: the best of three copies of 256 MiB (a STREAM-like copy:
+/// bytes read and written, per second), the copy split over every CPU the process may use, as a
+/// graph compute's threads split a node. Far larger than any cache, so it is memory's.
+fn memory_bandwidth_mb_s() -> u64 {
+    const BYTES: usize = 256 << 20;
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let from = vec![1u8; BYTES];
+    let mut to = vec![0u8; BYTES];
+    let chunk = BYTES.div_ceil(threads);
+    let mut best = f64::INFINITY;
+    for _ in 0..3 {
+        let started = std::time::Instant::now();
+        std::thread::scope(|s| {
+            for (dst, src) in to.chunks_mut(chunk).zip(from.chunks(chunk)) {
+                s.spawn(move || dst.copy_from_slice(src));
+            }
+        });
+        best = best.min(started.elapsed().as_secs_f64());
+    }
+    std::hint::black_box(&to);
+    (2.0 * BYTES as f64 / best / 1e6) as u64
 }

@@ -109,6 +109,9 @@ pub struct OpAnalysis {
     pub timing_note: Option<String>,
     /// Per thread: its shares of nodes and its barrier waits, by thread id.
     pub threads: Vec<ThreadTotals>,
+    /// The host's memory bandwidth, bytes/s, where the trace says it (`ggml-viz record`
+    /// measured it).
+    pub memory_bandwidth: Option<f64>,
     /// The most threads a graph compute said it ran on, and the CPUs the process had (0: the
     /// trace does not say): see [`crate::oversubscription_note`].
     pub graph_threads: u32,
@@ -376,6 +379,10 @@ impl OpCollector {
                     self.a.timing_mode = op_timing_mode(&m.settings).map(String::from);
                     self.a.timing_note = op_timing_note(&m.settings);
                     self.a.n_cpus = m.n_cpus;
+                    self.a.memory_bandwidth = (m.settings.get("memory_bandwidth_mb_s"))
+                        .and_then(|v| v.as_u64())
+                        .filter(|&mb| mb > 0)
+                        .map(|mb| mb as f64 * 1e6);
                     if self.ring.is_some() {
                         let size = m.settings.get("buffer_size").and_then(|v| v.as_u64());
                         let size = size.unwrap_or(DEFAULT_RING).clamp(1, 1 << 32);
