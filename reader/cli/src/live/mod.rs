@@ -101,14 +101,14 @@ pub fn watch(
     mut gone: WriterGone<'_>,
 ) -> Result<Stop, Failure> {
     let interactive = opts.interactive();
-    let keys = if interactive { Keys::open() } else { None };
+    let mut keys = if interactive { Keys::open() } else { None };
     INTERRUPTED.store(false, Ordering::Relaxed);
     // SAFETY: the handler only stores to an atomic.
     let old = unsafe { libc::signal(libc::SIGINT, on_sigint as *const () as libc::sighandler_t) };
     // Under `record`, plain lines go to stderr: the program's stdout stays its own.
     let to_stderr = matches!(gone, WriterGone::Exited(..));
     let mut screen = Screen::new(path, opts, interactive, to_stderr);
-    let result = follow(path, opts, layout, &mut gone, &keys, &mut screen);
+    let result = follow(path, opts, layout, &mut gone, &mut keys, &mut screen);
     // SAFETY: restoring the disposition we replaced.
     unsafe { libc::signal(libc::SIGINT, old) };
     result
@@ -131,7 +131,7 @@ fn follow(
     opts: &ViewOpts,
     layout: Option<Layout>,
     gone: &mut WriterGone<'_>,
-    keys: &Option<Keys>,
+    keys: &mut Option<Keys>,
     screen: &mut Screen,
 ) -> Result<Stop, Failure> {
     let mut exited: Option<String> = None;
@@ -161,6 +161,7 @@ fn follow(
             break;
         }
         if quit_requested(keys) {
+            *keys = None; // the terminal given back: plain lines follow
             screen.finish(
                 "quit",
                 None,
@@ -172,6 +173,7 @@ fn follow(
         }
         if program_done {
             let why = exited.clone().unwrap_or_else(|| "no writer".into());
+            *keys = None;
             eprintln!(
                 "ggml-viz: {why}; no trace at {}: the program called no interposed ggml function (or tracing was off)",
                 path.display()
@@ -205,6 +207,7 @@ fn follow(
             stats.damage = Some(d);
         }
         if std::fs::metadata(path).is_ok_and(|m| m.len() < follower.offset()) {
+            *keys = None; // the terminal given back: plain lines follow
             screen.finish("stopped", None, &mut stats, bucket_start, opts.top);
             return Err(Failure::Data(format!(
                 "{} shrank below the {} bytes already read: it was truncated or replaced by a new run",
@@ -224,6 +227,7 @@ fn follow(
         }
         if stats.damage.as_ref().is_some_and(|d| !d.is_truncation()) {
             let d = stats.damage.clone().expect("checked");
+            *keys = None; // the terminal given back: plain lines follow
             screen.finish(
                 "stopped",
                 exited.as_deref(),
@@ -234,6 +238,7 @@ fn follow(
             return Err(Failure::Data(format!("{}: {d}", path.display())));
         }
         if quit_requested(keys) {
+            *keys = None; // the terminal given back: plain lines follow
             screen.finish(
                 "quit",
                 exited.as_deref(),
@@ -248,6 +253,7 @@ fn follow(
                 .clone()
                 .unwrap_or_else(|| "the writer finished".into());
             stats.all_read();
+            *keys = None; // the terminal given back: plain lines follow
             screen.finish(&why, None, &mut stats, bucket_start, opts.top);
             if follower.pending() > 0 {
                 eprintln!(
@@ -265,84 +271,45 @@ fn follow(
     }
 }
 
-/// The keyboard, in a mode where keys arrive one at a time without echo; restored on drop.
-#[cfg(unix)]
-struct Keys {
-    saved: libc::termios,
-}
+/// The keyboard in raw mode (keys one at a time, no echo, Ctrl-C a key rather than a signal),
+/// through crossterm: the same on every platform; restored on drop.
+struct Keys;
 
-#[cfg(unix)]
 impl Keys {
     fn open() -> Option<Keys> {
         if !io::stdin().is_terminal() {
             return None;
         }
-        // SAFETY: termios is plain data; tcgetattr fills it.
-        let mut t: libc::termios = unsafe { std::mem::zeroed() };
-        // SAFETY: fd 0 is a terminal (checked); `t` is a valid termios.
-        if unsafe { libc::tcgetattr(0, &mut t) } != 0 {
-            return None;
-        }
-        let saved = t;
-        t.c_lflag &= !(libc::ICANON | libc::ECHO);
-        t.c_cc[libc::VMIN] = 0;
-        t.c_cc[libc::VTIME] = 0;
-        // SAFETY: fd 0 is a terminal (checked); `t` is the termios it gave, with flags changed.
-        unsafe { libc::tcsetattr(0, libc::TCSANOW, &t) };
-        Some(Keys { saved })
+        crossterm::terminal::enable_raw_mode().ok()?;
+        Some(Keys)
     }
 
-    /// Waits up to `timeout` for a key (or a signal).
+    /// Waits up to `timeout` for a key.
     fn wait(&self, timeout: Duration) {
-        let mut fd = libc::pollfd {
-            fd: 0,
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        // SAFETY: one valid pollfd.
-        unsafe { libc::poll(&mut fd, 1, timeout.as_millis() as libc::c_int) };
+        let _ = crossterm::event::poll(timeout);
     }
 
+    /// Whether `q` or Ctrl-C was pressed since the last look (other input is dropped).
     fn quit_pressed(&self) -> bool {
-        let mut buf = [0u8; 64];
-        loop {
-            // SAFETY: reading into our buffer; VMIN=0 makes it return at once.
-            let n = unsafe { libc::read(0, buf.as_mut_ptr().cast(), buf.len()) };
-            if n <= 0 {
-                return false;
-            }
-            if buf[..n as usize]
-                .iter()
-                .any(|&b| b == b'q' || b == b'Q' || b == 3)
-            {
+        use crossterm::event::{Event, KeyCode, KeyEventKind, KeyModifiers};
+        while crossterm::event::poll(Duration::ZERO).unwrap_or(false) {
+            let Ok(Event::Key(key)) = crossterm::event::read() else {
+                continue;
+            };
+            let ctrl_c =
+                key.code == KeyCode::Char('c') && key.modifiers.contains(KeyModifiers::CONTROL);
+            let q = matches!(key.code, KeyCode::Char('q' | 'Q'));
+            if key.kind != KeyEventKind::Release && (q || ctrl_c) {
                 return true;
             }
         }
+        false
     }
 }
 
-#[cfg(unix)]
 impl Drop for Keys {
     fn drop(&mut self) {
-        // SAFETY: restoring the settings read in `open`.
-        unsafe { libc::tcsetattr(0, libc::TCSANOW, &self.saved) };
-    }
-}
-
-/// Without a Unix terminal, Ctrl-C is the way to quit.
-#[cfg(not(unix))]
-struct Keys;
-
-#[cfg(not(unix))]
-impl Keys {
-    fn open() -> Option<Keys> {
-        None
-    }
-    fn wait(&self, timeout: Duration) {
-        std::thread::sleep(timeout);
-    }
-    fn quit_pressed(&self) -> bool {
-        false
+        let _ = crossterm::terminal::disable_raw_mode();
     }
 }
 
