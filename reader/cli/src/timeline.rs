@@ -9,7 +9,7 @@ use ggml_viz_reader::OpCollector;
 use ggml_viz_reader::TraceFile;
 use ggml_viz_reader::telemetry::Ids;
 use ggml_viz_reader::telemetry::export::parquet::ParquetWriter;
-use ggml_viz_reader::telemetry::export::summary::{NodeTimes, Summary, csv_cell};
+use ggml_viz_reader::telemetry::export::summary::{NodeTimes, Row, Summary, csv_cell};
 use ggml_viz_reader::telemetry::export::telemetry_v2;
 use ggml_viz_reader::telemetry::{ChromeJsonWriter, PerfettoWriter};
 use ggml_viz_reader::telemetry::{Format, RecordSink, Text};
@@ -112,6 +112,15 @@ pub fn summary(args: SummaryArgs) -> Result<(), Failure> {
     result
 }
 
+/// `row`'s part of all rows' self time (`all_self`), in percent.
+fn share(row: &Row, all_self: u64) -> f64 {
+    if all_self == 0 {
+        0.0
+    } else {
+        100.0 * row.self_ns as f64 / all_self as f64
+    }
+}
+
 fn write_table(out: &mut impl Write, s: &Summary) -> io::Result<()> {
     writeln!(out, "wall time: {}", fmt_ns(s.wall_ns() as f64))?;
     if s.rows().any(|(_, r)| r.shares.is_some()) {
@@ -136,6 +145,7 @@ fn write_table(out: &mut impl Write, s: &Summary) -> io::Result<()> {
         "share",
         "thread time"
     )?;
+    let all_self = s.self_ns_total();
     for (name, r) in s.sorted() {
         writeln!(
             out,
@@ -149,7 +159,7 @@ fn write_table(out: &mut impl Write, s: &Summary) -> io::Result<()> {
             fmt_ns(r.durations.quantile(0.5) as f64),
             fmt_ns(r.durations.quantile(0.99) as f64),
             fmt_ns(r.max_ns() as f64),
-            s.self_share(r),
+            share(r, all_self),
             fmt_ns(r.thread_ns() as f64)
         )?;
     }
@@ -162,6 +172,7 @@ fn write_csv(out: &mut impl Write, s: &Summary) -> io::Result<()> {
         "name,count,total_us,self_us,mean_us,min_us,p50_us,p99_us,max_us,share_percent,spans,thread_us"
     )?;
     let us = |ns: f64| ns / 1000.0;
+    let all_self = s.self_ns_total();
     for (name, r) in s.sorted() {
         writeln!(
             out,
@@ -175,7 +186,7 @@ fn write_csv(out: &mut impl Write, s: &Summary) -> io::Result<()> {
             us(r.durations.quantile(0.5) as f64),
             us(r.durations.quantile(0.99) as f64),
             us(r.max_ns() as f64),
-            s.self_share(r),
+            share(r, all_self),
             r.spans(),
             us(r.thread_ns() as f64)
         )?;

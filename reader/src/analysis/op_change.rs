@@ -246,11 +246,12 @@ pub fn timing_cost(graph_computes: &[(Option<Phase>, bool, u64)]) -> Option<Timi
     if mu <= 0.0 {
         return None;
     }
-    let interval = bootstrap_with(&[untimed.clone()], &[timed.clone()], median);
+    let counts = (untimed.len(), timed.len());
+    let interval = bootstrap_with(&[untimed], &[timed], median);
     Some(TimingCost {
         phase,
-        untimed: (untimed.len(), mu),
-        timed: (timed.len(), mt),
+        untimed: (counts.0, mu),
+        timed: (counts.1, mt),
         change: mt / mu - 1.0,
         interval,
     })
@@ -262,22 +263,9 @@ mod tests {
 
     fn node(op: &str, phase: Option<Phase>, graph: u64, ns: u64) -> OpSample {
         OpSample {
-            op: op.into(),
-            tensor: "t".into(),
-            backend: "CPU".into(),
-            duration_ns: ns,
-            threads: 1,
-            thread_ns: ns,
-            idle_ns: 0,
-            working_threads: 1,
-            slowest_ns: ns,
-            wait_ns: 0,
-            inner_wait_ns: 0,
-            flops: None,
-            bytes: 0,
             phase,
             graph,
-            kernels: Default::default(),
+            ..OpSample::on_one_thread(op, "t", ns)
         }
     }
 

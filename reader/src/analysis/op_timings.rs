@@ -79,6 +79,29 @@ pub struct OpSample {
 }
 
 impl OpSample {
+    /// For tests: a CPU node of `ns` on one thread, no FLOPs, bytes, phase or graph known.
+    #[cfg(test)]
+    pub(crate) fn on_one_thread(op: &str, tensor: &str, ns: u64) -> OpSample {
+        OpSample {
+            op: op.into(),
+            tensor: tensor.into(),
+            backend: "CPU".into(),
+            duration_ns: ns,
+            threads: 1,
+            thread_ns: ns,
+            idle_ns: 0,
+            working_threads: 1,
+            slowest_ns: ns,
+            wait_ns: 0,
+            inner_wait_ns: 0,
+            flops: None,
+            bytes: 0,
+            phase: None,
+            graph: NO_GRAPH,
+            kernels: Text::default(),
+        }
+    }
+
     /// llama.cpp names tensors `<name>-<layer>`.
     pub fn layer(&self) -> Option<u32> {
         self.tensor
@@ -696,22 +719,9 @@ mod tests {
 
     fn op(op: &str, tensor: &str, ns: u64, flops: Option<u64>) -> OpSample {
         OpSample {
-            op: op.into(),
-            tensor: tensor.into(),
-            backend: "CPU".into(),
-            duration_ns: ns,
-            threads: 1,
-            thread_ns: ns,
-            idle_ns: 0,
-            working_threads: 1,
-            slowest_ns: ns,
-            wait_ns: 0,
-            inner_wait_ns: 0,
             flops,
             bytes: 1000,
-            phase: None,
-            graph: NO_GRAPH,
-            kernels: Text::default(),
+            ..OpSample::on_one_thread(op, tensor, ns)
         }
     }
 

@@ -295,14 +295,9 @@ impl Summary {
         }
     }
 
-    /// Of all rows' self time, the share of `row`'s: the shares add up to 100 %.
-    pub fn self_share(&self, row: &Row) -> f64 {
-        let all: u64 = self.rows.iter().map(|(_, r)| r.self_ns).sum();
-        if all == 0 {
-            0.0
-        } else {
-            100.0 * row.self_ns as f64 / all as f64
-        }
+    /// All rows' self time: what each row's share of it is of (the shares add up to 100 %).
+    pub fn self_ns_total(&self) -> u64 {
+        self.rows.iter().map(|(_, r)| r.self_ns).sum()
     }
 
     /// Wall time from the first span's start to the last span's end.
