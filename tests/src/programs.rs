@@ -1,0 +1,118 @@
+//! The programs the tests trace: llama-simple and the fixtures, with the hook preloaded, and
+//! the CLI and the synthetic-trace examples.
+
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+
+use crate::places::{built, fixture, ggml_viz, hook, llama_bin, tiny_model};
+use crate::process::{run, text};
+
+/// `llama-simple -n N "hello world"` on the tiny model, from the llama.cpp build in `bin`.
+pub fn llama_simple_in(bin: &Path, n_predict: u32) -> Command {
+    let mut cmd = Command::new(bin.join("llama-simple"));
+    cmd.arg("-m")
+        .arg(tiny_model())
+        .args(["-n", &n_predict.to_string(), "hello world"]);
+    cmd
+}
+
+/// `llama-simple` of the shared-library build (see [`llama_simple_in`]).
+pub fn llama_simple(n_predict: u32) -> Command {
+    llama_simple_in(&llama_bin(), n_predict)
+}
+
+/// `llama-simple` traced into `trace` with `GGML_VIZ_*` `settings`, which must succeed.
+pub fn trace_llama_simple(trace: &Path, n_predict: u32, settings: &[(&str, &str)]) -> Output {
+    let mut all = vec![("GGML_VIZ_OUTPUT", trace.to_str().unwrap())];
+    all.extend_from_slice(settings);
+    let out = run(with_hook(llama_simple(n_predict), &all));
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    out
+}
+
+/// `cmd` with the hook preloaded and the given `GGML_VIZ_*` settings.
+pub fn with_hook(mut cmd: Command, settings: &[(&str, &str)]) -> Command {
+    cmd.env("LD_PRELOAD", hook());
+    for (k, v) in settings {
+        cmd.env(k, v);
+    }
+    cmd
+}
+
+/// Runs the `ggml-viz` CLI with the arguments `args` gives it: `cli(|c| c.arg("info").arg(&trace))`.
+pub fn cli(args: impl FnOnce(&mut Command) -> &mut Command) -> Output {
+    let mut c = Command::new(ggml_viz());
+    args(&mut c);
+    run(c)
+}
+
+/// The lines the hook said on stderr (its `ggml-viz:` prefix).
+pub fn hook_lines(stderr: &[u8]) -> Vec<String> {
+    text(stderr)
+        .lines()
+        .filter(|l| l.starts_with("ggml-viz:"))
+        .map(str::to_string)
+        .collect()
+}
+
+/// The N of "decoded N tokens" that llama-simple reports on stderr: one decode call each.
+pub fn decoded_batches(stderr: &str) -> u64 {
+    stderr
+        .lines()
+        .find_map(|l| l.split("decoded ").nth(1))
+        .and_then(|rest| rest.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no 'decoded N tokens' in:\n{stderr}"))
+}
+
+/// The ctypes fixture (`tests/fixtures/ggml_ctypes.py`) with ggml from `libdirs`.
+pub fn fixture_cmd(libdirs: &[&Path], args: &[&str]) -> Command {
+    let mut cmd = Command::new("python3");
+    cmd.arg(fixture("ggml_ctypes.py")).args(libdirs).args(args);
+    cmd
+}
+
+/// The fixture computing graphs until killed, traced into `trace` with `flush_ms` between flushes.
+/// Returns once it has computed its first graph (so the hook has started and the trace exists).
+pub fn spawn_forever(bin: &Path, trace: &Path, flush_ms: &str) -> std::process::Child {
+    let mut child = with_hook(
+        fixture_cmd(&[bin], &["--nodes", "2", "--forever"]),
+        &[
+            ("GGML_VIZ_OUTPUT", trace.to_str().unwrap()),
+            ("GGML_VIZ_FLUSH_INTERVAL", flush_ms),
+        ],
+    )
+    .stdout(Stdio::piped())
+    .spawn()
+    .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let computed = std::io::BufRead::lines(std::io::BufReader::new(stdout))
+        .map_while(Result::ok)
+        .any(|line| line == "computed");
+    assert!(computed, "the fixture ended before computing a graph");
+    child
+}
+
+/// A synthetic trace of `events` events at `path` (the workspace's `synthesize` example).
+pub fn synthesize(path: &Path, events: u64) {
+    let out = run({
+        let mut c = Command::new(built("examples/synthesize"));
+        c.arg(path).arg(events.to_string());
+        c
+    });
+    assert!(out.status.success(), "{}", text(&out.stderr));
+}
+
+/// A synthetic ggml-rpc job (the workspace's `synthesize_rpc` example): a client's trace and
+/// its server's, `tokens` long, with the example's `extra` options.
+pub fn synthesize_rpc(client: &Path, server: &Path, tokens: u32, extra: &[&str]) {
+    let out = run({
+        let mut c = Command::new(built("examples/synthesize_rpc"));
+        c.arg(client)
+            .arg(server)
+            .arg(tokens.to_string())
+            .args(extra);
+        c
+    });
+    assert!(out.status.success(), "{}", text(&out.stderr));
+}
