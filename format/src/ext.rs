@@ -522,6 +522,37 @@ pub struct LiveBuffer {
     pub buffer_type: String,
 }
 
+/// What a backend buffer holds (kind 11), said when the program tells ggml: `usage` after
+/// `ggml_backend_buffer_set_usage` (`any`, `weights`, `compute`, or the number of a usage this
+/// writer does not know), `first_tensor` after `ggml_backend_alloc_ctx_tensors_from_buft` made
+/// the buffer for a context's tensors (the name of its first tensor, at most
+/// [`BufferUse::FIRST_TENSOR_BYTES`] bytes of it: llama.cpp's KV cache is `cache_k_l0`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct BufferUse {
+    /// The buffer handle (the `ptr` of its TENSOR_ALLOC).
+    pub buffer: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub usage: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub first_tensor: Option<String>,
+}
+
+impl BufferUse {
+    /// The most of a first tensor's name a writer records.
+    pub const FIRST_TENSOR_BYTES: usize = 16;
+
+    /// The name of `enum ggml_backend_buffer_usage` value `usage`.
+    pub fn usage_name(usage: u32) -> String {
+        match usage {
+            0 => "any".into(),
+            1 => "weights".into(),
+            2 => "compute".into(),
+            other => other.to_string(),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -183,6 +183,9 @@ pub enum ExtensionKind {
     RpcBegin,
     /// It ends, with the bytes it moved.
     RpcEnd,
+    /// What a backend buffer holds: its usage as ggml was told it, or the first tensor allocated
+    /// in it (JSON, [`ext::BufferUse`]).
+    BufferUse,
     /// A kind this reader does not know (a newer writer); kept, shown by number.
     Other(u16),
 }
@@ -200,6 +203,7 @@ impl ExtensionKind {
             8 => ExtensionKind::LiveBuffers,
             9 => ExtensionKind::RpcBegin,
             10 => ExtensionKind::RpcEnd,
+            11 => ExtensionKind::BufferUse,
             other => ExtensionKind::Other(other),
         }
     }
@@ -216,6 +220,7 @@ impl ExtensionKind {
             ExtensionKind::LiveBuffers => 8,
             ExtensionKind::RpcBegin => 9,
             ExtensionKind::RpcEnd => 10,
+            ExtensionKind::BufferUse => 11,
             ExtensionKind::Other(code) => code,
         }
     }
@@ -232,6 +237,7 @@ impl ExtensionKind {
             ExtensionKind::LiveBuffers => "live_buffers".into(),
             ExtensionKind::RpcBegin => "rpc_begin".into(),
             ExtensionKind::RpcEnd => "rpc_end".into(),
+            ExtensionKind::BufferUse => "buffer_use".into(),
             ExtensionKind::Other(code) => format!("extension_{code}").into(),
         }
     }

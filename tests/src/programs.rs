@@ -65,6 +65,34 @@ pub fn decoded_batches(stderr: &str) -> u64 {
         .unwrap_or_else(|| panic!("no 'decoded N tokens' in:\n{stderr}"))
 }
 
+/// The buffer sizes llama.cpp prints while it loads (`load_tensors: CPU_Mapped model buffer size
+/// = 0.45 MiB`, `llama_kv_cache: CPU KV buffer size = …`, `… compute buffer size = …`, `… output
+/// buffer size = …`), as the words our memory table uses: (`weights` / `KV cache` / `compute` /
+/// `other`, buffer type) to the printed MiB, text as printed. Each (kind, type) is printed once.
+pub fn llama_buffer_sizes(stderr: &str) -> std::collections::BTreeMap<(String, String), String> {
+    let mut sizes = std::collections::BTreeMap::new();
+    for line in stderr.lines() {
+        let Some((left, right)) = line.split_once(" buffer size = ") else {
+            continue;
+        };
+        let mut words = left.split_whitespace().rev();
+        let (Some(kind), Some(buffer_type)) = (words.next(), words.next()) else {
+            continue;
+        };
+        let held = match kind {
+            "model" => "weights",
+            "KV" => "KV cache",
+            "compute" => "compute",
+            "output" => "other",
+            _ => continue,
+        };
+        let mib = right.trim().trim_end_matches("MiB").trim().to_string();
+        let key = (held.to_string(), buffer_type.to_string());
+        assert!(sizes.insert(key, mib).is_none(), "printed twice: {line}");
+    }
+    sizes
+}
+
 /// The ctypes fixture (`tests/fixtures/ggml_ctypes.py`) with ggml from `libdirs`.
 pub fn fixture_cmd(libdirs: &[&Path], args: &[&str]) -> Command {
     let mut cmd = Command::new("python3");

@@ -76,6 +76,7 @@ fn report_of_a_real_llama_trace_works_in_chromium() {
         ],
     ));
     assert!(o.status.success(), "{}", text(&o.stderr));
+    let printed = llama_buffer_sizes(&text(&o.stderr));
     let (events, damage, stats) = read_trace(&trace);
     assert_eq!(damage, None);
     // Threads-mode op timing: each worker thread, the one that called the graph computes among
@@ -110,8 +111,47 @@ fn report_of_a_real_llama_trace_works_in_chromium() {
         "{info}"
     );
 
+    // Memory by what each buffer held, as llama.cpp printed the sizes (MiB, two decimals): in
+    // `info` and the report alike.
+    assert!(
+        ["weights", "KV cache", "compute"]
+            .iter()
+            .all(|held| printed.keys().any(|(h, _)| h == held)),
+        "{printed:?}"
+    );
+    let in_info: std::collections::BTreeMap<(String, String), String> = info
+        .lines()
+        .skip_while(|l| !l.starts_with("memory by use:"))
+        .skip(1)
+        .take_while(|l| l.starts_with("                 "))
+        .map(|l| {
+            // held (one or two words), type, buffers, peak MiB, at end MiB
+            let words: Vec<&str> = l.split_whitespace().collect();
+            let n = words.len();
+            let key = (words[..n - 4].join(" "), words[n - 4].to_string());
+            (key, words[n - 2].to_string())
+        })
+        .collect();
+    assert_eq!(in_info, printed, "{info}");
+
     let page = dir.join("llama.html");
     let said = report(&[&trace], &page);
+    let data = page_data(&page);
+    let in_report: std::collections::BTreeMap<(String, String), String> = data["memory_by_use"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            let key = (
+                r["held"].as_str().unwrap().to_string(),
+                r["buffer_type"].as_str().unwrap().to_string(),
+            );
+            let peak = r["peak_bytes"].as_f64().unwrap() / 1048576.0;
+            assert_eq!(r["peak_mib"].as_str().unwrap(), format!("{peak:.2} MiB"));
+            (key, format!("{peak:.2}"))
+        })
+        .collect();
+    assert_eq!(in_report, printed);
     assert!(said.contains("wrote"), "{said}");
     let r = check_in_browser(
         &page,
@@ -125,11 +165,15 @@ fn report_of_a_real_llama_trace_works_in_chromium() {
             "prefill: 1 calls",
             "--expect-text",
             "CPU_Mapped",
+            "--expect-text",
+            "KV cache",
             // The per-op table's columns for nodes.
             "--expect-text",
             "thread time",
             "--expect-text",
             "imbal.",
+            "--widths",
+            "1000,1600",
         ],
     );
     // The numbers at the top are the trace's own: ops are nodes, not their threads' shares.
@@ -152,11 +196,69 @@ fn report_of_a_real_llama_trace_works_in_chromium() {
     assert!(r["timeline_ink_px"].as_u64().unwrap() > 1000, "{r}");
     assert!(r["tooltip"].as_str().unwrap().contains("duration:"), "{r}");
 
+    // The timeline's legend names every op type drawn (fewer than its 16 keys).
+    let mut legend_names: Vec<&str> = r["legend"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|k| k.as_str().unwrap())
+        .collect();
+    legend_names.sort();
+    let mut op_names: Vec<&str> = data["by_op"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|row| row["name"].as_str().unwrap())
+        .collect();
+    op_names.sort();
+    assert_eq!(legend_names, op_names, "{r}");
+    // The per-layer table: each layer's nodes, counted from the caller thread's op begins (one
+    // per node) by their tensor's layer suffix (`ffn_up-1`), in layer order.
+    let mut by_layer: std::collections::BTreeMap<u32, u64> = Default::default();
+    for e in &events {
+        if e.event_type() == Some(EventType::OpComputeBegin)
+            && e.thread_id == caller
+            && let Some(layer) = e
+                .label_str()
+                .and_then(|l| l.rsplit_once('-').and_then(|(_, n)| n.parse().ok()))
+        {
+            *by_layer.entry(layer).or_default() += 1;
+        }
+    }
+    assert!(by_layer.len() >= 2, "{by_layer:?}");
+    let shown: Vec<(String, String)> = r["layer_rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|row| {
+            (
+                row[0].as_str().unwrap().into(),
+                row[1].as_str().unwrap().replace(',', ""),
+            )
+        })
+        .filter(|(name, _)| name != "(none)")
+        .collect();
+    let expected: Vec<(String, String)> = by_layer
+        .iter()
+        .map(|(l, n)| (format!("layer {l}"), n.to_string()))
+        .collect();
+    assert_eq!(shown, expected);
+    // At 1000 and 1600 px: the charts' time axes have several ticks, none overlapping the next
+    // (screenshots of both widths in the artifacts).
+    for width in ["1000", "1600"] {
+        let axes = r["widths"][width]["axes"].as_object().unwrap();
+        assert_eq!(axes.len(), 2, "{width}: {axes:?}");
+        for (chart, axis) in axes {
+            let labels = axis["labels"].as_array().unwrap();
+            assert!(labels.len() >= 3, "{width} {chart}: {axis}");
+            assert_eq!(axis["overlaps"], 0, "{width} {chart}: {axis}");
+        }
+    }
+
     // The per-op table's wait share of MUL_MAT, against the events' own: the waits while a
     // MUL_MAT share is open and those right after one, of its shares' time and the waits after.
     let (thread_ns, inner, after) = crate::threads::shares(&events).mul_mat_ns;
     assert!(inner > 0 && after > 0, "{inner} {after}");
-    let data = page_data(&page);
     let mul_mat = data["by_op"]
         .as_array()
         .unwrap()

@@ -30,10 +30,12 @@ pub enum Entry {
     LlamaBatchExtAddSeq = 20,
     LlamaMemorySeqRm = 21,
     LlamaBatchExtFree = 22,
+    BufferSetUsage = 23,
+    AllocCtxTensors = 24,
 }
 
 impl Entry {
-    pub const ALL: [Entry; 22] = [
+    pub const ALL: [Entry; 24] = [
         Entry::SchedGraphCompute,
         Entry::SchedGraphComputeAsync,
         Entry::BackendGraphCompute,
@@ -56,6 +58,8 @@ impl Entry {
         Entry::LlamaBatchExtAddSeq,
         Entry::LlamaMemorySeqRm,
         Entry::LlamaBatchExtFree,
+        Entry::BufferSetUsage,
+        Entry::AllocCtxTensors,
     ];
 
     pub fn from_code(code: u8) -> Option<Entry> {
@@ -86,6 +90,8 @@ impl Entry {
             Entry::LlamaBatchExtAddSeq => c"llama_batch_ext_add_seq",
             Entry::LlamaMemorySeqRm => c"llama_memory_seq_rm",
             Entry::LlamaBatchExtFree => c"llama_batch_ext_free",
+            Entry::BufferSetUsage => c"ggml_backend_buffer_set_usage",
+            Entry::AllocCtxTensors => c"ggml_backend_alloc_ctx_tensors_from_buft",
         }
     }
 

@@ -36,9 +36,10 @@ enum F {
     BufferGetSize,
     BufferGetType,
     GraphNode,
+    GetFirstTensor,
 }
 
-const NAMES: [&CStr; 17] = [
+const NAMES: [&CStr; 18] = [
     c"ggml_graph_n_nodes",
     c"ggml_backend_name",
     c"ggml_backend_sched_get_n_backends",
@@ -56,6 +57,7 @@ const NAMES: [&CStr; 17] = [
     c"ggml_backend_buffer_get_size",
     c"ggml_backend_buffer_get_type",
     c"ggml_graph_node",
+    c"ggml_get_first_tensor",
 ];
 
 #[derive(Debug, Default)]
@@ -203,6 +205,7 @@ impl Helpers {
     function!(buffer_size_fn, F::BufferGetSize, fn(Ptr) -> usize);
     function!(buffer_type_fn, F::BufferGetType, fn(Ptr) -> Ptr);
     function!(graph_node_fn, F::GraphNode, fn(Ptr, c_int) -> Ptr);
+    function!(first_tensor_fn, F::GetFirstTensor, fn(Ptr) -> Ptr);
 
     /// `ggml_graph_n_nodes(graph)`, or 0.
     ///
@@ -404,6 +407,18 @@ impl Helpers {
             // SAFETY: per the contract.
             Some(f) if !buft.is_null() => unsafe { c_string(f(buft)) },
             _ => String::new(),
+        }
+    }
+
+    /// The first tensor of context `ctx` (null: none, or no `ggml_get_first_tensor`).
+    ///
+    /// # Safety
+    /// `ctx` is a live context of this copy of ggml.
+    pub unsafe fn first_tensor(&self, ctx: Ptr) -> Ptr {
+        match self.first_tensor_fn() {
+            // SAFETY: per the contract.
+            Some(f) if !ctx.is_null() => unsafe { f(ctx) },
+            _ => std::ptr::null_mut(),
         }
     }
 

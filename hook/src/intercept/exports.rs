@@ -106,6 +106,8 @@ in_place_export!(
     ggml_backend_buffer_init, enter: buffer_init_enter, exit: in_place_exit, missing: 0
 );
 trampoline!(ggml_backend_buffer_free(buffer: Ptr), buffer_free, x86_64: "rsi", aarch64: "x1");
+trampoline!(ggml_backend_buffer_set_usage(buffer: Ptr, usage: c_int), buffer_set_usage, x86_64: "rdx", aarch64: "x2");
+trampoline!(ggml_backend_alloc_ctx_tensors_from_buft(ctx: Ptr, buft: Ptr) -> Ptr, alloc_ctx_tensors, x86_64: "rdx", aarch64: "x2");
 trampoline!(llama_process(ctx: Ptr, kind: c_int, batch: Ptr) -> i32, llama_process_impl, x86_64: "rcx", aarch64: "x3");
 trampoline!(llama_batch_ext_add(batch: Ptr, seq_id: i32) -> i32, batch_ext_add, x86_64: "rdx", aarch64: "x2");
 trampoline!(llama_batch_ext_add_token(batch: Ptr, seq_id: i32, token: i32) -> i32, batch_ext_add_token, x86_64: "rcx", aarch64: "x3");
@@ -144,6 +146,8 @@ pub fn wrapper(entry: Entry) -> *const () {
         Entry::BufferInit => ggml_backend_buffer_init as *const (),
         Entry::BufferFree => ggml_backend_buffer_free as *const (),
         Entry::SchedFree => ggml_backend_sched_free as *const (),
+        Entry::BufferSetUsage => ggml_backend_buffer_set_usage as *const (),
+        Entry::AllocCtxTensors => ggml_backend_alloc_ctx_tensors_from_buft as *const (),
     }
 }
 
@@ -895,4 +899,43 @@ unsafe extern "C-unwind" fn buffer_free(buffer: Ptr, ret: usize) {
     type FreeFn = unsafe extern "C-unwind" fn(Ptr);
     // SAFETY: the real ggml_backend_buffer_free, with the caller's argument.
     unsafe { std::mem::transmute::<usize, FreeFn>(real.real)(buffer) }
+}
+
+/// The program tells ggml what a buffer is for (llama.cpp: its weights, ggml's graph allocator:
+/// compute buffers): recorded after the call, with memory tracking on.
+unsafe extern "C-unwind" fn buffer_set_usage(buffer: Ptr, usage: c_int, ret: usize) {
+    let Some(real) = real_function(Entry::BufferSetUsage, ret) else {
+        return;
+    };
+    type SetUsageFn = unsafe extern "C-unwind" fn(Ptr, c_int);
+    // SAFETY: the real ggml_backend_buffer_set_usage, with the caller's arguments.
+    unsafe { std::mem::transmute::<usize, SetUsageFn>(real.real)(buffer, usage) };
+    if !buffer.is_null() && !real.untraced {
+        guarded(|| record::buffer_use(buffer, record::BufferUse::Usage(usage as u32)));
+    }
+}
+
+/// A buffer made for a context's tensors (llama.cpp's KV cache, a model's weights): recorded
+/// after the call with the name of the context's first tensor, with memory tracking on.
+unsafe extern "C-unwind" fn alloc_ctx_tensors(ctx: Ptr, buft: Ptr, ret: usize) -> Ptr {
+    let Some(real) = real_function(Entry::AllocCtxTensors, ret) else {
+        return std::ptr::null_mut();
+    };
+    type AllocFn = unsafe extern "C-unwind" fn(Ptr, Ptr) -> Ptr;
+    // SAFETY: the real ggml_backend_alloc_ctx_tensors_from_buft, with the caller's arguments.
+    let buffer = unsafe { std::mem::transmute::<usize, AllocFn>(real.real)(ctx, buft) };
+    if !buffer.is_null() && !real.untraced {
+        guarded(|| {
+            // SAFETY: the caller's context, live for its call, of this copy of ggml; its first
+            // tensor (when it has one) is live with it.
+            let name = unsafe {
+                let first = real.helpers.first_tensor(ctx);
+                (!first.is_null()).then(|| real.helpers.tensor_name_cstr(first))
+            };
+            if let Some(name) = name {
+                record::buffer_use(buffer, record::BufferUse::FirstTensor(name.to_bytes()));
+            }
+        });
+    }
+    buffer
 }

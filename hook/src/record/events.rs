@@ -245,6 +245,16 @@ pub fn buffer_event(
     local(r, |l| push(l, r, event, Claim::Plain));
 }
 
+/// The program told ggml what backend buffer `buffer` holds: recorded with memory tracking on.
+pub fn buffer_use(buffer: *mut c_void, what: packing::BufferUse<'_>) {
+    let Some(r) = current(1) else { return };
+    if !r.config.memory_tracking {
+        return;
+    }
+    let event = packing::buffer_use_event(buffer as u64, what);
+    local(r, |l| push(l, r, event, Claim::Plain));
+}
+
 /// Records `event` now on this thread (after the held begin of its op share, if any). Inlined:
 /// an event built by the caller and copied from its stack in wider moves than the caller's
 /// stores stalls the copy until those stores are done (perf: a third of this function's samples).

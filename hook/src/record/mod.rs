@@ -30,11 +30,11 @@ mod writer;
 
 pub use device::{DeviceLane, DeviceNode, device_node, device_nodes_wanted, device_timing_on};
 pub use events::{
-    GraphInfo, GraphScope, OpInfo, ThisThread, WaitScope, barrier_wait, buffer_event, graph_begin,
-    graph_end, name_id, op_begin, op_end, seq_removed, span, thread_op, thread_ops, wait_begin,
-    wait_end,
+    GraphInfo, GraphScope, OpInfo, ThisThread, WaitScope, barrier_wait, buffer_event, buffer_use,
+    graph_begin, graph_end, name_id, op_begin, op_end, seq_removed, span, thread_op, thread_ops,
+    wait_begin, wait_end,
 };
-pub use packing::SPAN_SEQS;
+pub use packing::{BufferUse, SPAN_SEQS};
 pub use recorder::Recorder;
 #[cfg(all(target_os = "linux", target_arch = "x86_64"))]
 pub use recorder::THREAD_OPS_NOW;

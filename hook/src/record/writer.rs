@@ -16,7 +16,7 @@ use ggml_viz_format::ext::{self, Counters, Metadata, RpcPart};
 use ggml_viz_format::{self as format, EventType, ExtensionKind, Layout, Payload};
 
 use super::output::Output;
-use super::packing::{DEVICE_ENTRY, rpc_part, span_seqs};
+use super::packing::{self, DEVICE_ENTRY, rpc_part, span_seqs};
 use super::tensors::{MAX_TENSORS, Tensors};
 use crate::base::clock::{self, TickConverter};
 use crate::base::entry::Entry;
@@ -308,10 +308,13 @@ impl TraceWriter {
             },
             TENSOR_ALLOC | TENSOR_FREE => return self.encode_buffer(e, timestamp_ns, d),
             format::EXTENSION_TYPE_CODE => {
-                return match rpc_part(e.entry) {
-                    Some(part) => self.encode_rpc(e, part, timestamp_ns, d.names),
-                    None => self.encode_span(e, timestamp_ns),
-                };
+                if let Some(part) = rpc_part(e.entry) {
+                    return self.encode_rpc(e, part, timestamp_ns, d.names);
+                }
+                if let Some(used) = packing::buffer_use(e) {
+                    return self.encode_buffer_use(e, timestamp_ns, &used);
+                }
+                return self.encode_span(e, timestamp_ns);
             }
             _ => self.thread_payload(e),
         };
@@ -486,6 +489,18 @@ impl TraceWriter {
             timestamp_ns,
             &payload,
             Some(label.as_bytes()),
+        );
+    }
+
+    /// What a buffer holds (an extension record on the thread that said it).
+    fn encode_buffer_use(&mut self, e: &RawEvent, timestamp_ns: u64, used: &ext::BufferUse) {
+        ext::encode_extension(
+            &mut self.buf,
+            self.layout,
+            ExtensionKind::BufferUse,
+            timestamp_ns,
+            e.thread_id,
+            used,
         );
     }
 

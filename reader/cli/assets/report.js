@@ -17,6 +17,14 @@
     if (ns < 1e9) return (ns / 1e6).toFixed(2) + ' ms';
     return (ns / 1e9).toFixed(3) + ' s';
   }
+  // An axis tick at `ns`, ticks `step` ns apart: in the unit of the step, with the decimals
+  // the step needs (2 ms, 2.5 ms, 2.25 ms).
+  function fmtTick(ns, step) {
+    const units = [[1e9, ' s'], [1e6, ' ms'], [1e3, ' µs'], [1, ' ns']];
+    const [div, unit] = units.find(function (u) { return step >= u[0]; }) || units[3];
+    const decimals = Math.max(0, Math.min(3, Math.ceil(-Math.log10(step / div) - 1e-9)));
+    return (ns / div).toFixed(decimals) + unit;
+  }
   function fmtBytes(b) {
     const u = ['B', 'KiB', 'MiB', 'GiB', 'TiB'];
     let i = 0;
@@ -100,7 +108,17 @@
   for (const r of rows) r.idx.sort(function (a, b) { return sp.start[a] - sp.start[b]; });
 
   const view = { t0: 0, t1: tEnd };
+  // Op types, by their drawn time: the first ones take colours apart from one another, the
+  // rest (and other spans: graph computes, calls) a colour from their name.
+  const opTime = new Map();
+  for (let i = 0; i < N; i++) {
+    if (S[sp.cat[i]] === 'op') opTime.set(sp.name[i], (opTime.get(sp.name[i]) || 0) + sp.dur[i]);
+  }
+  const opsByTime = Array.from(opTime.keys()).sort(function (a, b) { return opTime.get(b) - opTime.get(a); });
+  const OP_PALETTE = ['#8fb3ef', '#f4a261', '#7fc97f', '#e78ac3', '#ffd92f', '#a6cee3', '#fb9a99',
+    '#b3a2dc', '#66c2a5', '#e5c494', '#bcbd22', '#9edae5'];
   const colors = new Map();
+  opsByTime.slice(0, OP_PALETTE.length).forEach(function (idx, k) { colors.set(idx, OP_PALETTE[k]); });
   function color(nameIdx) {
     let c = colors.get(nameIdx);
     if (!c) {
@@ -290,6 +308,23 @@
   window.addEventListener('resize', redraw);
   draw();
 
+  // The timeline's colours of op types, the most drawn time first.
+  (function legend() {
+    const host = document.getElementById('timeline-legend');
+    if (!opsByTime.length) return;
+    const SHOWN = 16;
+    host.appendChild(document.createTextNode('Op types:'));
+    for (const idx of opsByTime.slice(0, SHOWN)) {
+      const key = el('span', 'key');
+      const sw = el('i');
+      sw.style.background = color(idx);
+      key.appendChild(sw);
+      key.appendChild(document.createTextNode(S[idx]));
+      host.appendChild(key);
+    }
+    if (opsByTime.length > SHOWN) host.appendChild(document.createTextNode(' … ' + (opsByTime.length - SHOWN) + ' more'));
+  })();
+
   // ---- bars: time per op type, backend, tensor ----
   // Rows of spans have a self time (less their children's), rows of nodes (op timings, each
   // node once however many threads computed it) their threads' time, imbalance (of the
@@ -351,6 +386,10 @@
   document.getElementById('by-op-source').textContent = D.by_op.length ? 'From ' + D.by_op_source + '.' : '';
   bars('by-op', D.by_op, D.by_op.length ? '' : 'No spans. Record with GGML_VIZ_OP_TIMING=1 for per-op times.');
   bars('by-backend', D.by_backend);
+  if (D.by_layer.length) {
+    document.getElementById('by-layer-section').hidden = false;
+    bars('by-layer', D.by_layer);
+  }
   bars('by-tensor', D.by_tensor, D.tensors_not_shown ? fmtCount(D.tensors_not_shown) + ' more tensors not shown.' :
     (D.by_tensor.length ? '' : 'No op spans with tensor names (record with GGML_VIZ_OP_TIMING=1).'));
 
@@ -398,7 +437,7 @@
       height: 260,
       scales: { x: { time: false } },
       axes: [
-        { label: 'time from start', values: function (u, v) { return v.map(function (x) { return fmtNs(x * 1e9); }); } },
+        { label: 'time from start', space: 90, values: function (u, v, i, space, step) { return v.map(function (x) { return fmtTick(x * 1e9, step * 1e9); }); } },
         { label: yLabel, size: 80, values: function (u, v) { return v.map(fmtY); } },
       ],
       series: [{ label: 'time', value: function (u, v) { return v == null ? '' : fmtNs(v * 1e9); } }].concat(series.map(function (s, i) {
@@ -410,7 +449,10 @@
       legend: { live: true },
       cursor: { drag: { x: true, y: false } },
     };
-    charts.push({ host: host, plot: new uPlot(opts, data, host) });
+    const plot = new uPlot(opts, data, host);
+    // Reachable from the page (the browser test reads its axes; so can a user, in devtools).
+    host.uplot = plot;
+    charts.push({ host: host, plot: plot });
   }
   const lat = D.latency;
   document.getElementById('latency-source').textContent = lat.source
@@ -429,6 +471,26 @@
       function (v) { return fmtNs(v * 1e6); }, false);
   } else {
     document.getElementById('latency').appendChild(el('div', 'muted', 'No decode calls or graph computes in the input.'));
+  }
+  if (D.memory_by_use.length) {
+    // What the buffers held, as llama.cpp prints its buffer sizes (MiB).
+    const inputs = new Set(D.memory_by_use.map(function (r) { return r.input; }));
+    const t = el('table', 'bars memory-by-use');
+    const head = el('tr');
+    const cols = (inputs.size > 1 ? ['input'] : []).concat(['held', 'buffer type', 'buffers', 'peak', 'at end']);
+    for (const h of cols) head.appendChild(el('th', '', h));
+    t.appendChild(head);
+    for (const r of D.memory_by_use) {
+      const tr = el('tr');
+      if (inputs.size > 1) tr.appendChild(el('td', '', r.input));
+      tr.appendChild(el('td', '', r.held));
+      tr.appendChild(el('td', '', r.buffer_type));
+      tr.appendChild(el('td', '', fmtCount(r.buffers)));
+      tr.appendChild(el('td', '', r.peak_mib));
+      tr.appendChild(el('td', '', r.end_mib));
+      t.appendChild(tr);
+    }
+    document.getElementById('memory-by-use').appendChild(t);
   }
   if (D.memory.length) {
     chart('memory', 'Live bytes', 'bytes', D.memory.map(function (s) { return { name: s.name, t: s.t, y: s.values }; }), fmtBytes, true);

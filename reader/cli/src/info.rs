@@ -5,7 +5,10 @@ use std::path::PathBuf;
 
 use clap::Args;
 use ggml_viz_reader::format::{EventType, ExtensionKind};
-use ggml_viz_reader::{DurationSummary, Layout, TraceStats};
+use ggml_viz_reader::{BufferRole, DurationSummary, Layout, TraceStats};
+
+/// Bytes in a MiB, the unit llama.cpp prints its buffer sizes in.
+const MIB: f64 = 1024.0 * 1024.0;
 
 use crate::Failure;
 use crate::dump::parse_layout;
@@ -177,6 +180,25 @@ fn write_timing(out: &mut impl Write, stats: &TraceStats) -> io::Result<()> {
             m.live_at_exit
                 .map_or(String::new(), |n| format!(", {n} buffer(s) live at exit"))
         )?;
+        let rows = m.by_role();
+        if rows.iter().any(|r| r.role != BufferRole::Other) {
+            writeln!(
+                out,
+                "memory by use:   {:<16} {:<12} {:>7} {:>12} {:>12}",
+                "held", "buffer type", "buffers", "peak MiB", "at end MiB"
+            )?;
+            for r in rows {
+                writeln!(
+                    out,
+                    "                 {:<16} {:<12} {:>7} {:>12.2} {:>12.2}",
+                    r.role.name(),
+                    r.buffer_type,
+                    r.buffers,
+                    r.peak_bytes as f64 / MIB,
+                    r.end_bytes as f64 / MIB
+                )?;
+            }
+        }
     }
     Ok(())
 }

@@ -1,9 +1,10 @@
 //! Figures computed from a trace's events: counts and durations in one pass ([`stats`]),
 //! per-op timings ([`op_timings`]: threads' shares joined into nodes), their groups
-//! ([`op_groups`]), how they were timed ([`timing_mode`]) and how busy each GPU was
-//! ([`device_use`]).
+//! ([`op_groups`]), how they were timed ([`timing_mode`]), how busy each GPU was
+//! ([`device_use`]) and what the backend buffers held ([`memory`]).
 
 pub mod device_use;
+pub mod memory;
 pub mod op_change;
 pub mod op_groups;
 pub mod op_timings;

@@ -4,6 +4,7 @@
 //! (the scheduler's splits, the backend call under them) are its sub-graphs: counted as such,
 //! never as more graph computes.
 
+use super::memory::MemoryStats;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::hash::{Hash, Hasher};
 
@@ -257,25 +258,13 @@ impl TraceStats {
             }
             Some(EventType::TensorAlloc) => {
                 if let Payload::Memory { ptr, size } = event.payload {
-                    // Sizes come from the file: saturate rather than overflow on hostile input.
-                    self.memory.allocs += 1;
-                    self.memory.allocated_bytes = self.memory.allocated_bytes.saturating_add(size);
-                    let replaced = self.memory.live.insert(ptr, size).unwrap_or(0);
-                    self.memory.live_bytes = self
-                        .memory
-                        .live_bytes
-                        .saturating_sub(replaced)
-                        .saturating_add(size);
-                    self.memory.peak_live_bytes =
-                        self.memory.peak_live_bytes.max(self.memory.live_bytes);
+                    let label = event.label.as_deref().unwrap_or_default();
+                    self.memory.alloc(ptr, size, label);
                 }
             }
             Some(EventType::TensorFree) => {
                 if let Payload::Memory { ptr, .. } = event.payload {
-                    self.memory.frees += 1;
-                    if let Some(size) = self.memory.live.remove(&ptr) {
-                        self.memory.live_bytes = self.memory.live_bytes.saturating_sub(size);
-                    }
+                    self.memory.free(ptr);
                 }
             }
             _ => {}
@@ -300,6 +289,14 @@ impl TraceStats {
                             .into_iter()
                             .filter_map(|(k, v)| Some((k.parse().ok()?, v))),
                     );
+                    true
+                }
+                None => false,
+            },
+            ExtensionKind::BufferUse => match parse_payload::<crate::format::ext::BufferUse>(label)
+            {
+                Some(used) => {
+                    self.memory.use_of(used);
                     true
                 }
                 None => false,
@@ -363,20 +360,6 @@ impl TraceStats {
             .filter(|(code, _)| EventType::from_code(**code).is_none())
             .map(|(c, n)| (*c, *n))
     }
-}
-
-/// What the TENSOR_ALLOC / TENSOR_FREE events of backend buffers add up to.
-#[derive(Clone, Debug, Default)]
-pub struct MemoryStats {
-    pub allocs: u64,
-    pub frees: u64,
-    pub allocated_bytes: u64,
-    pub peak_live_bytes: u64,
-    /// Bytes allocated and not freed by the end of the trace.
-    pub live_bytes: u64,
-    /// Buffers the writer reported still allocated when it closed the trace.
-    pub live_at_exit: Option<u64>,
-    live: HashMap<u64, u64>,
 }
 
 /// Mean, median and 99th percentile of durations (nearest rank), in nanoseconds.

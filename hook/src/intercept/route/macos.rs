@@ -59,6 +59,8 @@ interpose_table!(
     "llama_batch_ext_add_seq",
     "llama_memory_seq_rm",
     "llama_batch_ext_free",
+    "ggml_backend_buffer_set_usage",
+    "ggml_backend_alloc_ctx_tensors_from_buft",
 );
 
 unsafe extern "C" {

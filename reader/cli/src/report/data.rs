@@ -38,6 +38,8 @@ pub struct ReportData {
     pub by_tensor: Vec<Aggregate>,
     pub tensors_not_shown: usize,
     pub by_backend: Vec<Aggregate>,
+    /// Nodes by layer, in layer order (nodes of no layer last): empty without nodes.
+    pub by_layer: Vec<Aggregate>,
     /// What `by_op` groups: nodes, op spans, or every span by name when there are neither.
     pub by_op_source: String,
     pub latency: Latency,
@@ -45,6 +47,25 @@ pub struct ReportData {
     pub sequences: Vec<SequenceRow>,
     pub memory: Vec<Series>,
     pub memory_note: Option<String>,
+    /// The buffers by what they held (weights, KV cache, compute) and buffer type.
+    pub memory_by_use: Vec<MemoryUseRow>,
+}
+
+/// Bytes in a MiB, the unit llama.cpp prints its buffer sizes in.
+const MIB: f64 = 1024.0 * 1024.0;
+
+/// One row of the memory table (see `ggml_viz_reader::MemoryRow`), of one input.
+#[derive(Debug, Serialize)]
+pub struct MemoryUseRow {
+    pub input: String,
+    pub held: &'static str,
+    pub buffer_type: String,
+    pub buffers: u64,
+    pub peak_bytes: u64,
+    pub end_bytes: u64,
+    /// Both in MiB as llama.cpp prints its buffer sizes (`%.2f`: 0.125 is `0.12`).
+    pub peak_mib: String,
+    pub end_mib: String,
 }
 
 #[derive(Debug, Default, Serialize)]
@@ -157,6 +178,7 @@ pub struct OpRows {
     by_op: HashMap<String, Aggregate>,
     by_tensor: HashMap<String, Aggregate>,
     by_backend: HashMap<String, Aggregate>,
+    by_layer: HashMap<String, Aggregate>,
 }
 
 impl OpRows {
@@ -168,6 +190,7 @@ impl OpRows {
             (&mut self.by_op, GroupBy::Op),
             (&mut self.by_tensor, GroupBy::Name),
             (&mut self.by_backend, GroupBy::Backend),
+            (&mut self.by_layer, GroupBy::Layer),
         ] {
             let a = row(map, &by.key(node));
             a.count += 1;
@@ -201,6 +224,7 @@ pub struct ReportBuilder {
     by_name: HashMap<String, Aggregate>,
     by_tensor: HashMap<String, Aggregate>,
     by_backend: HashMap<String, Aggregate>,
+    by_layer: HashMap<String, Aggregate>,
     by_graph_backend: HashMap<String, Aggregate>,
     /// How the inputs' ops were timed, one note per distinct way.
     op_timing: Vec<String>,
@@ -264,6 +288,13 @@ fn sorted(map: HashMap<String, Aggregate>) -> Vec<Aggregate> {
     v
 }
 
+/// The number of a per-layer row's key (`layer 12`); rows of no layer after every layer.
+fn layer_number(key: &str) -> u64 {
+    key.strip_prefix("layer ")
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(u64::MAX)
+}
+
 impl ReportBuilder {
     pub fn new(title: String, inputs: Vec<String>) -> ReportBuilder {
         let mut b = ReportBuilder {
@@ -284,6 +315,7 @@ impl ReportBuilder {
             by_name: HashMap::new(),
             by_tensor: HashMap::new(),
             by_backend: HashMap::new(),
+            by_layer: HashMap::new(),
             by_graph_backend: HashMap::new(),
             op_timing: Vec::new(),
             graphs_by_parent: HashMap::new(),
@@ -467,6 +499,29 @@ impl ReportBuilder {
         merge(&mut self.by_op, rows.by_op);
         merge(&mut self.by_tensor, rows.by_tensor);
         merge(&mut self.by_backend, rows.by_backend);
+        merge(&mut self.by_layer, rows.by_layer);
+    }
+
+    /// The memory table of input `input` (where its buffers said what they held).
+    pub fn add_memory_by_use(&mut self, input: &str, rows: Vec<ggml_viz_reader::MemoryRow>) {
+        if rows
+            .iter()
+            .all(|r| r.role == ggml_viz_reader::BufferRole::Other)
+        {
+            return;
+        }
+        self.data
+            .memory_by_use
+            .extend(rows.into_iter().map(|r| MemoryUseRow {
+                input: input.to_string(),
+                held: r.role.name(),
+                buffer_type: r.buffer_type,
+                buffers: r.buffers,
+                peak_bytes: r.peak_bytes,
+                end_bytes: r.end_bytes,
+                peak_mib: format!("{:.2} MiB", r.peak_bytes as f64 / MIB),
+                end_mib: format!("{:.2} MiB", r.end_bytes as f64 / MIB),
+            }));
     }
 
     /// A warning the page lists with the inputs' own.
@@ -578,6 +633,8 @@ impl ReportBuilder {
         }
         d.by_backend
             .retain(|a| a.name != "(unknown)" || a.count > 0);
+        d.by_layer = sorted(std::mem::take(&mut self.by_layer));
+        d.by_layer.sort_by_key(|a| layer_number(&a.name));
         let mut tensors = sorted(std::mem::take(&mut self.by_tensor));
         d.tensors_not_shown = tensors.len().saturating_sub(TOP_TENSORS);
         tensors.truncate(TOP_TENSORS);

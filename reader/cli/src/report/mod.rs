@@ -122,6 +122,7 @@ pub fn run(args: ReportArgs) -> Result<(), Failure> {
             {
                 builder.add_op_timing(note);
             }
+            builder.add_memory_by_use(name, stats.memory.by_role());
             builder.add_input_totals(
                 stats.events(),
                 stats.counters.map_or(0, |c| c.lost()),
