@@ -5,6 +5,9 @@
 # ggml-rpc) on its last line. The build is cached outside
 # the clone, keyed by version, so a second run returns at once.
 #   bash scripts/setup-llama.sh              # shared ggml libraries (build/)
+#   bash scripts/setup-llama.sh simple       # the same build with llama-simple only (what the
+#                                            # demo needs; the other targets come with the next
+#                                            # plain call)
 #   bash scripts/setup-llama.sh static       # ggml linked into llama-simple itself (build-static/)
 #   bash scripts/setup-llama.sh threadpool   # libggml-cpu with ggml's own thread pool instead of
 #                                            # OpenMP (build-threadpool/bin: put it first on
@@ -44,6 +47,8 @@ variant() {
 }
 
 case "${1:-}" in
+  simple)
+    targets=(llama-simple) ;;
   static)
     variant static "llama-simple with ggml linked in statically" \
       -DBUILD_SHARED_LIBS=OFF -- llama-simple
