@@ -254,8 +254,6 @@ pub fn run(args: RecordArgs) -> Result<u8, Failure> {
     Ok(exit_code(status))
 }
 
-/// Starts the program with the dynamic loader loading the hook before its own libraries. macOS
-/// strips `DYLD_*` variables from protected (SIP) binaries: see the README.
 /// The program's output log of `record --live`: not through a symlink (its name is
 /// predictable), readable by its owner only.
 fn open_log(path: &Path) -> std::io::Result<std::fs::File> {
@@ -317,6 +315,8 @@ fn check_output(path: &Path) -> std::io::Result<()> {
     }
 }
 
+/// Starts the program with the dynamic loader loading the hook before its own libraries. macOS
+/// strips `DYLD_*` variables from protected (SIP) binaries: see docs/platforms.md.
 #[cfg(unix)]
 fn start(cmd: &mut Command, hook: &Path) -> std::io::Result<std::process::Child> {
     let mut preload = hook.as_os_str().to_owned();
