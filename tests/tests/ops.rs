@@ -855,9 +855,10 @@ fn ops_by_name_keeps_a_names_ops_apart() {
     assert_eq!(rows, expected);
 }
 
-/// With op sampling (every other graph compute timed, threads mode), `ops` says what timing
-/// cost: the generation's graph computes' medians with and without op timing, over as many of
-/// each as the trace holds, and the change between them with its interval. Counts and medians
+/// With op sampling (every other graph compute timed, threads mode), `ops`, `info` and the
+/// report say what timing cost: the generation's graph computes' medians with and without op
+/// timing, over as many of each as the trace holds, and the change between them with its
+/// interval. Counts and medians
 /// are the raw trace's (graph computes on the decoding thread after the prompt's, timed where
 /// that thread began an op inside).
 #[test]
@@ -938,6 +939,27 @@ fn op_sampling_says_what_op_timing_cost() {
         line.contains(&format!("without: {change} % (95 % interval")),
         "{line}: {change}"
     );
+    // `info` and the report say the same.
+    let info = text(&cli(|c| c.arg("info").arg(&trace)).stdout);
+    assert!(
+        info.lines()
+            .any(|l| l == format!("op timing cost:  {line}")),
+        "{info}"
+    );
+    let page = trace.with_extension("html");
+    let report = cli(|c| c.arg("report").arg(&trace).arg("-o").arg(&page));
+    assert!(report.status.success(), "{}", text(&report.stderr));
+    let html = std::fs::read_to_string(&page).unwrap();
+    let at = html
+        .find("\"timing_cost\":")
+        .expect("the report's timing cost")
+        + "\"timing_cost\":".len();
+    let said: Vec<String> = serde_json::Deserializer::from_str(&html[at..])
+        .into_iter()
+        .next()
+        .unwrap()
+        .unwrap();
+    assert_eq!(said, [format!("{}: {line}", trace.display())]);
 }
 
 /// One definition of an op type's time: on one trace (llama-simple, 12 tokens, threads-mode op

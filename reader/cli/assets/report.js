@@ -384,6 +384,7 @@
     if (note) host.appendChild(el('div', 'muted', note));
   }
   document.getElementById('by-op-source').textContent = D.by_op.length ? 'From ' + D.by_op_source + '.' : '';
+  for (const line of D.timing_cost) document.getElementById('timing-cost').appendChild(el('div', '', line));
   bars('by-op', D.by_op, D.by_op.length ? '' : 'No spans. Record with GGML_VIZ_OP_TIMING=1 for per-op times.');
   bars('by-backend', D.by_backend);
   if (D.by_layer.length) {

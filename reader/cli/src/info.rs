@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use clap::Args;
 use ggml_viz_reader::format::{EventType, ExtensionKind};
-use ggml_viz_reader::{BufferRole, DurationSummary, Layout, TraceStats};
+use ggml_viz_reader::{BufferRole, DurationSummary, Layout, OpCollector, TraceStats, timing_cost};
 
 /// Bytes in a MiB, the unit llama.cpp prints its buffer sizes in.
 const MIB: f64 = 1024.0 * 1024.0;
@@ -13,6 +13,7 @@ const MIB: f64 = 1024.0 * 1024.0;
 use crate::Failure;
 use crate::dump::parse_layout;
 use crate::input::Input;
+use crate::ops::timing_cost_sentence;
 
 /// Summarize a trace: what it holds and who wrote it.
 ///
@@ -33,14 +34,41 @@ pub struct InfoArgs {
     layout: Option<Layout>,
 }
 
+/// Whether a trace's settings leave some graph computes without op timing: `op_sample` above 1,
+/// or a capture window (`skip_graphs`, `max_graphs`).
+fn leaves_graphs_untimed(settings: &serde_json::Map<String, serde_json::Value>) -> bool {
+    let number = |key: &str| {
+        settings
+            .get(key)
+            .and_then(serde_json::Value::as_u64)
+            .unwrap_or(0)
+    };
+    number("op_sample") > 1 || number("skip_graphs") > 0 || number("max_graphs") > 0
+}
+
 pub fn run(args: InfoArgs) -> Result<(), Failure> {
     let input = Input::open(&args.file, args.layout).map_err(Failure::Data)?;
     let mut stats = TraceStats::default();
+    // Where op timing left some graph computes untimed (sampling, a capture window), the nodes
+    // are joined too, for what timing cost the run: only then (the join is the slower pass).
+    let mut sampled: Option<OpCollector> = None;
+    let mut looked = false;
     let (stop, layout) = input.for_each(args.layout, |event| {
         stats.add(&event);
+        if !looked && let Some(m) = &stats.metadata {
+            looked = true;
+            if leaves_graphs_untimed(&m.settings) {
+                sampled = Some(OpCollector::streaming());
+            }
+        }
+        if let Some(c) = &mut sampled {
+            c.push(Ok(&event));
+            c.take_ready().for_each(drop);
+        }
         Ok(())
     })?;
     stats.finish();
+    let cost = sampled.and_then(|c| timing_cost(&c.finish_each(|_, _| {}).graph_computes));
 
     let mut out = io::stdout().lock();
     let name = input.name();
@@ -55,6 +83,9 @@ pub fn run(args: InfoArgs) -> Result<(), Failure> {
     write_counts(&mut out, &stats)?;
     write_timing(&mut out, &stats)?;
     write_extensions(&mut out, &stats)?;
+    if let Some(c) = cost {
+        writeln!(out, "op timing cost:  {}", timing_cost_sentence(&c))?;
+    }
     match &stop {
         None => writeln!(out, "damage:          none")?,
         Some(stop) => writeln!(

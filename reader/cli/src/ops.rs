@@ -10,7 +10,7 @@ use ggml_viz_reader::{
     GroupBy, OpAnalysis, OpCollector, OpGroups, OpSample, Phase, ThreadTotals,
     oversubscription_note,
 };
-use ggml_viz_reader::{PhaseOps, timing_cost};
+use ggml_viz_reader::{PhaseOps, TimingCost, timing_cost};
 
 use crate::Failure;
 use crate::dump::parse_layout;
@@ -271,20 +271,7 @@ fn write_header(out: &mut impl Write, a: &OpAnalysis, t: &Tables) -> io::Result<
         )?;
     }
     if let Some(c) = timing_cost(&a.graph_computes) {
-        let pct = |x: f64| format!("{:+.1} %", 100.0 * x);
-        writeln!(
-            out,
-            "op timing's own cost: {} graph computes took {} (median of {}) with their ops timed, \
-             {} (median of {}) without: {} (95 % interval {} .. {})",
-            c.phase.map_or("the", |p| p.name()),
-            fmt_ns(c.timed.1),
-            c.timed.0,
-            fmt_ns(c.untimed.1),
-            c.untimed.0,
-            pct(c.change),
-            pct(c.interval.0),
-            pct(c.interval.1)
-        )?;
+        writeln!(out, "{}", timing_cost_sentence(&c))?;
     }
     if t.threaded {
         let sum = |of: fn(&ThreadTotals) -> u64| {
@@ -498,4 +485,21 @@ fn truncate(s: &str, n: usize) -> String {
     } else {
         format!("{}…", s.chars().take(n - 1).collect::<String>())
     }
+}
+
+/// What op timing cost the run, as `ops`, `info` and the report say it.
+pub fn timing_cost_sentence(c: &TimingCost) -> String {
+    let pct = |x: f64| format!("{:+.1} %", 100.0 * x);
+    format!(
+        "op timing's own cost: {} graph computes took {} (median of {}) with their ops timed, \
+         {} (median of {}) without: {} (95 % interval {} .. {})",
+        c.phase.map_or("the", |p| p.name()),
+        fmt_ns(c.timed.1),
+        c.timed.0,
+        fmt_ns(c.untimed.1),
+        c.untimed.0,
+        pct(c.change),
+        pct(c.interval.0),
+        pct(c.interval.1)
+    )
 }

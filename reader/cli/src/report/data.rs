@@ -42,6 +42,8 @@ pub struct ReportData {
     pub by_layer: Vec<Aggregate>,
     /// What `by_op` groups: nodes, op spans, or every span by name when there are neither.
     pub by_op_source: String,
+    /// What op timing cost each input's run, where its trace can tell (see `ops`).
+    pub timing_cost: Vec<String>,
     pub latency: Latency,
     /// A batching server's sequences (slots), in the timeline's order.
     pub sequences: Vec<SequenceRow>,
@@ -522,6 +524,11 @@ impl ReportBuilder {
                 peak_mib: format!("{:.2} MiB", r.peak_bytes as f64 / MIB),
                 end_mib: format!("{:.2} MiB", r.end_bytes as f64 / MIB),
             }));
+    }
+
+    /// What op timing cost an input's run (one sentence, named for the input).
+    pub fn add_timing_cost(&mut self, sentence: String) {
+        self.data.timing_cost.push(sentence);
     }
 
     /// A warning the page lists with the inputs' own.

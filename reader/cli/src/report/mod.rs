@@ -16,9 +16,10 @@ use std::path::{Path, PathBuf};
 use clap::Args;
 use ggml_viz_reader::telemetry::Ids;
 use ggml_viz_reader::telemetry::{Format, detect};
-use ggml_viz_reader::{OpCollector, TraceStats};
+use ggml_viz_reader::{OpCollector, TraceStats, timing_cost};
 
 use crate::Failure;
+use crate::ops::timing_cost_sentence;
 use crate::reading::{InputOpts, Reading};
 use data::{OpRows, ReportBuilder};
 use page::write_html;
@@ -101,6 +102,9 @@ pub fn run(args: ReportArgs) -> Result<(), Failure> {
                 }
             });
         let analysis = collector.finish_each(|_, o| nodes.add_node(&o));
+        if let Some(c) = timing_cost(&analysis.graph_computes) {
+            builder.add_timing_cost(format!("{name}: {}", timing_cost_sentence(&c)));
+        }
         builder.end_input(nodes);
         if analysis.late_shares > 0 {
             builder.warn(format!(
