@@ -1,0 +1,215 @@
+//! What the calls do on their way in and out: a thread's share of a node begins at the
+//! dispatcher's marker or the outermost per-op call and ends at the barrier after the node; a
+//! barrier's wait is recorded around it.
+
+use std::ffi::c_void;
+use std::sync::atomic::AtomicBool;
+
+use super::worker::{Kind, WORKER, Worker, node_tensor, set_worker_slot};
+use crate::base::ggml::Helpers;
+use crate::base::{clock, contained, say_once};
+use crate::intercept::route::Resolved;
+use crate::record;
+
+type Ptr = *mut c_void;
+
+/// Whether calls are timed per thread now. When not (op timing off or by the eval callback, or
+/// not tracing), there is nothing to keep, but a share left open when that began is ended; and
+/// where nothing will be timed for the rest of the process, the thread's calls go straight to
+/// ggml from now on.
+pub(super) fn threads_timed(w: &Worker) -> bool {
+    if record::thread_ops().is_some() {
+        return true;
+    }
+    if w.depth.get() == 0 && w.node.get().is_some() {
+        contained(|| end_node(w));
+    } else if w.depth.get() == 0 && record::thread_ops_never() {
+        w.passthrough.set(true);
+        set_worker_slot(w);
+    }
+    false
+}
+
+/// A timed call at depth 0 (the depth already counts it): its site stands in for tail calls
+/// from inside it, and unless it continues the node this thread's share is open for, a share
+/// begins.
+pub(super) fn outermost_call(
+    w: &Worker,
+    kind: Kind,
+    resolved: &Resolved,
+    site: usize,
+    args: [Ptr; 3],
+) {
+    w.outer_site.set(site);
+    if !w.continues_node(kind, args[1], args[2]) {
+        contained(|| node_begins(w, kind, resolved.helpers, args[0], args[1], args[2]));
+    } else if kind != Kind::Marker {
+        w.node_computed.set(true);
+    }
+}
+
+/// `common`'s fast path at the dispatcher's marker (`ggml_cpu_extra_compute_forward(params,
+/// node)`) at depth 0, from a site this thread resolved before: what [`enter`](super::trampoline) would do, less
+/// the depth, which `common` takes up around the call when this says the call is timed.
+pub(super) extern "C" fn begin_share(
+    worker: *const Worker,
+    site: usize,
+    resolved: *const Resolved,
+    params: Ptr,
+    node: Ptr,
+    row: usize,
+) -> bool {
+    // SAFETY: `common` passes this thread's own `WORKER` (from its TLS slot), which lives as
+    // long as the thread, and only this thread uses it; and a `Resolved` from its call-site
+    // cache, leaked and never freed.
+    let (w, resolved) = unsafe { (&*worker, &*resolved) };
+    w.prefetch_info(node);
+    let (set, _) = w.site_set(row, site);
+    w.marker_lines
+        .set((set.as_ptr() as usize, resolved as *const Resolved as usize));
+    if !threads_timed(w) {
+        return false;
+    }
+    outermost_call(
+        w,
+        Kind::Marker,
+        resolved,
+        site,
+        [params, node, std::ptr::null_mut()],
+    );
+    true
+}
+
+/// `common`'s fast path at a barrier of one thread, called from `site` with a share open: the
+/// share ends if the barrier follows its node (what [`enter`](super::trampoline) would do there, whether or not
+/// per-thread timing goes on).
+pub(super) extern "C" fn end_share(worker: *const Worker, site: usize) {
+    // SAFETY: `common` passes this thread's own `WORKER` (from its TLS slot), which lives as
+    // long as the thread, and only this thread uses it.
+    let w = unsafe { &*worker };
+    if w.barrier_follows_node(site) {
+        contained(|| end_node(w));
+    }
+}
+
+/// `common`'s fast path at a barrier of several threads, called from `site`: what [`enter`](super::trampoline)
+/// would do there (the share ends if the barrier follows its node; the wait begins if it is
+/// recorded, and then [`exit`] follows the call).
+pub(super) extern "C" fn wait_begins(worker: *const Worker, site: usize) -> bool {
+    // SAFETY: `common` passes this thread's own `WORKER` (from its TLS slot), which lives as
+    // long as the thread, and only this thread uses it.
+    let w = unsafe { &*worker };
+    threads_timed(w) && timed_wait(w, site)
+}
+
+/// A barrier call from `site` while threads are timed: whether its wait is recorded.
+pub(super) fn timed_wait(w: &Worker, site: usize) -> bool {
+    contained(|| barrier_begins(w, site)) == Some(true)
+}
+
+/// After a recorded barrier wait, on the thread whose `worker` [`enter`](super::trampoline) returned (after any
+/// other call, `common` itself takes the depth down).
+pub(super) extern "C" fn exit(worker: *const Worker) {
+    // SAFETY: `enter` returned this thread's own `WORKER` (thread-local storage lives as long as
+    // the thread, which is still in the call), and only this thread uses it.
+    let w = unsafe { &*worker };
+    contained(|| barrier_ends(w));
+}
+
+/// An outermost per-op call (or the dispatcher's marker) on this thread for another node than
+/// the one its share is open for.
+fn node_begins(w: &Worker, kind: Kind, h: &'static Helpers, params: Ptr, arg1: Ptr, arg2: Ptr) {
+    let tensor = node_tensor(kind, arg1, arg2);
+    end_node(w);
+    let Some(r) = record::thread_ops() else {
+        return;
+    };
+    if tensor.is_null() || params.is_null() {
+        return;
+    }
+    // SAFETY: `params` is ggml's `struct ggml_compute_params *` for this call, which starts
+    // with `int ith, nth`.
+    let (ith, nth) = unsafe { (*(params as *const i32), *(params as *const i32).add(1)) };
+    if !(0..=65536).contains(&nth) || ith < 0 || ith >= nth {
+        static SAID: AtomicBool = AtomicBool::new(false);
+        say_once(
+            &SAID,
+            format_args!(
+                "this ggml's compute params do not start with the thread index and count \
+                 (read {ith} of {nth}); per-thread op timing stops, nodes are timed with the \
+                 scheduler's eval callback from the next graph on"
+            ),
+        );
+        r.threads_mode_failed();
+        return;
+    }
+    w.ith.set(ith as u32);
+    w.nth.set(nth as u32);
+    // SAFETY: `tensor` is the node this call of the copy `h` belongs to computes: live.
+    let op = unsafe {
+        if kind == Kind::Fused {
+            w.fused_node_info(h, r, arg1, arg2)
+        } else {
+            w.node_info(h, r, tensor)
+        }
+    };
+    record::thread_op(w.this_thread(), r, true, &op);
+    w.open_node(op, r, kind != Kind::Marker);
+}
+
+/// A graph compute returned on this thread: a share still open here ends with it. ggml's graph
+/// loop ends each share at its barrier after the node, but where the compiler inlined that
+/// barrier into the loop (a ggml linked into the executable), a graph of one thread calls none,
+/// and its last node's share would run on into the next graph compute.
+pub fn graph_compute_returned() {
+    WORKER.with(|w| {
+        if w.depth.get() == 0 {
+            contained(|| end_node(w));
+        }
+    });
+}
+
+/// Ends this thread's open share of a node, if any: when it was recorded ending, in ticks.
+fn end_node(w: &Worker) -> Option<u64> {
+    let (op, r) = w.take_node()?;
+    w.prefetch_next();
+    record::active()
+        .is_some_and(|a| std::ptr::eq(a, r))
+        .then(|| record::thread_op(w.this_thread(), r, false, &op))
+}
+
+/// A barrier called from `site`: whether its wait is recorded (else nothing is to be done when
+/// it ends).
+fn barrier_begins(w: &Worker, site: usize) -> bool {
+    // The node before this barrier is done, on this thread, unless the barrier is inside its
+    // op: a call nested in its per-op function, or one from a function no wrapper reaches.
+    let ended = if w.depth.get() == 0 && w.barrier_follows_node(site) {
+        end_node(w)
+    } else {
+        None
+    };
+    let recorded = w.nth.get() > 1 && record::thread_ops().is_some();
+    // The wait begins when the share ends (one clock read for both).
+    w.barrier_start.set(if recorded {
+        ended.unwrap_or_else(clock::now_ticks)
+    } else {
+        0
+    });
+    recorded
+}
+
+fn barrier_ends(w: &Worker) {
+    let start = w.barrier_start.replace(0);
+    if start != 0
+        && let Some(r) = record::thread_ops()
+    {
+        record::barrier_wait(
+            w.this_thread(),
+            r,
+            std::ptr::null_mut(),
+            w.ith.get(),
+            w.nth.get(),
+            start,
+        );
+    }
+}
