@@ -22,20 +22,21 @@
 //! ```
 
 use std::collections::BTreeMap;
-use std::ffi::OsString;
 use std::fmt;
 use std::io::Read;
 use std::path::PathBuf;
 
 use serde_json::{Map, Value};
 
-/// Environment variable through which `ggml-viz record` hands its flags to the hook: a JSON
-/// object with the same keys as [`Config::to_json`]. It outranks the JSON file.
-pub const OVERRIDES_ENV: &str = "GGML_VIZ_OVERRIDES";
+mod settings;
+mod sources;
+
+pub use settings::{CONFIG_FILE_ENV, OVERRIDES_ENV};
+use settings::{SETTINGS, read_variables};
+pub use sources::Sources;
+
 /// The largest ring a thread may get, in events (768 MiB per thread).
 pub const MAX_BUFFER_SIZE: u64 = 1 << 24;
-/// Environment variable naming the JSON configuration file.
-pub const CONFIG_FILE_ENV: &str = "GGML_VIZ_CONFIG";
 
 /// How the hook times the nodes of a graph (`GGML_VIZ_OP_TIMING`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -178,222 +179,6 @@ impl fmt::Display for ConfigError {
 }
 
 impl std::error::Error for ConfigError {}
-
-/// The setting names, their environment variables, and their paths in the seed's JSON file.
-struct Setting {
-    key: &'static str,
-    env: &'static str,
-    /// Path in the JSON file (`["instrumentation", "max_events"]`); the flat key works too.
-    file_path: &'static [&'static str],
-}
-
-const SETTINGS: &[Setting] = &[
-    Setting {
-        key: "output",
-        env: "GGML_VIZ_OUTPUT",
-        file_path: &["instrumentation", "output_file"],
-    },
-    Setting {
-        key: "verbose",
-        env: "GGML_VIZ_VERBOSE",
-        file_path: &["cli", "verbose"],
-    },
-    Setting {
-        key: "disable",
-        env: "GGML_VIZ_DISABLE",
-        file_path: &["instrumentation", "disable"],
-    },
-    Setting {
-        key: "max_events",
-        env: "GGML_VIZ_MAX_EVENTS",
-        file_path: &["instrumentation", "max_events"],
-    },
-    Setting {
-        key: "op_timing",
-        env: "GGML_VIZ_OP_TIMING",
-        file_path: &["instrumentation", "enable_op_timing"],
-    },
-    Setting {
-        key: "op_sample",
-        env: "GGML_VIZ_OP_SAMPLE",
-        file_path: &["instrumentation", "op_sample"],
-    },
-    Setting {
-        key: "memory_tracking",
-        env: "GGML_VIZ_MEMORY_TRACKING",
-        file_path: &["instrumentation", "enable_memory_tracking"],
-    },
-    Setting {
-        key: "thread_tracking",
-        env: "GGML_VIZ_THREAD_TRACKING",
-        file_path: &["instrumentation", "enable_thread_tracking"],
-    },
-    Setting {
-        key: "tensor_names",
-        env: "GGML_VIZ_TENSOR_NAMES",
-        file_path: &["instrumentation", "tensor_names"],
-    },
-    Setting {
-        key: "flush_interval_ms",
-        env: "GGML_VIZ_FLUSH_INTERVAL",
-        file_path: &["instrumentation", "flush_interval_ms"],
-    },
-    Setting {
-        key: "buffer_size",
-        env: "GGML_VIZ_BUFFER_SIZE",
-        file_path: &["instrumentation", "buffer_size"],
-    },
-    Setting {
-        key: "skip_graphs",
-        env: "GGML_VIZ_SKIP_GRAPHS",
-        file_path: &["instrumentation", "skip_graphs"],
-    },
-    Setting {
-        key: "max_graphs",
-        env: "GGML_VIZ_MAX_GRAPHS",
-        file_path: &["instrumentation", "max_graphs"],
-    },
-    Setting {
-        key: "layout",
-        env: "GGML_VIZ_LAYOUT",
-        file_path: &["instrumentation", "layout"],
-    },
-    Setting {
-        key: "memory_bandwidth_mb_s",
-        env: "GGML_VIZ_MEMORY_BANDWIDTH",
-        file_path: &["host", "memory_bandwidth_mb_s"],
-    },
-];
-
-/// The raw inputs: environment variables, the CLI's overrides and config file.
-#[derive(Clone, Debug, Default)]
-pub struct Sources {
-    pub env: BTreeMap<String, String>,
-    /// `--config FILE`; outranks `GGML_VIZ_CONFIG`.
-    pub config_file: Option<PathBuf>,
-    /// The CLI's flags, as a JSON object of setting names.
-    pub overrides: Map<String, Value>,
-    /// `GGML_VIZ_*` variables whose values are not UTF-8: [`Config::load`] says so.
-    pub not_text: Vec<String>,
-}
-
-impl Sources {
-    /// The `GGML_VIZ_*` variables of this process, its overrides and config file.
-    pub fn from_process_env() -> Sources {
-        Sources::from_os_pairs(std::env::vars_os())
-    }
-
-    /// The `GGML_VIZ_*` variables among `vars`, which need not be UTF-8: the host's own
-    /// variables are none of ours (`std::env::vars` would panic on one that is not), and one of
-    /// ours that is not is kept out and said by [`Config::load`].
-    pub fn from_os_pairs(vars: impl IntoIterator<Item = (OsString, OsString)>) -> Sources {
-        let mut not_text = Vec::new();
-        let mut ours = Vec::new();
-        for (key, value) in vars {
-            let Some(key) = key.to_str().filter(|k| k.starts_with("GGML_VIZ_")) else {
-                continue;
-            };
-            match value.into_string() {
-                Ok(value) => ours.push((key.to_string(), value)),
-                Err(_) => not_text.push(key.to_string()),
-            }
-        }
-        Sources {
-            not_text,
-            ..Sources::from_pairs(ours)
-        }
-    }
-
-    /// The `GGML_VIZ_*` variables here that are no setting's but look like one's mistyped
-    /// (`GGML_VIZ_FLUSH_INTERVAL_MS`), each with that setting's variable, in name order: they
-    /// are ignored, which a user should hear. Variables far from every setting (this project's
-    /// own scripts set several) are not named.
-    pub fn misspelt(&self) -> Vec<(&str, &'static str)> {
-        self.env
-            .keys()
-            .filter(|var| read_variables().all(|(_, env)| env != var.as_str()))
-            .filter_map(|var| {
-                read_variables()
-                    .filter_map(|(_, known)| Some((looks_like(var, known)?, known)))
-                    .min()
-                    .map(|(_, known)| (var.as_str(), known))
-            })
-            .collect()
-    }
-
-    /// Sources from environment-like pairs (`GGML_VIZ_OVERRIDES` and `GGML_VIZ_CONFIG` included).
-    pub fn from_pairs<K: Into<String>, V: Into<String>>(
-        pairs: impl IntoIterator<Item = (K, V)>,
-    ) -> Sources {
-        let env: BTreeMap<String, String> = pairs
-            .into_iter()
-            .map(|(k, v)| (k.into(), v.into()))
-            .collect();
-        Sources {
-            config_file: env.get(CONFIG_FILE_ENV).map(PathBuf::from),
-            env,
-            overrides: Map::new(),
-            not_text: Vec::new(),
-        }
-    }
-}
-
-/// The variables [`Config::load`] reads, each with the setting it holds (the two that hold no
-/// single setting stand for themselves).
-fn read_variables() -> impl Iterator<Item = (&'static str, &'static str)> {
-    SETTINGS
-        .iter()
-        .map(|s| (s.key, s.env))
-        .chain([CONFIG_FILE_ENV, OVERRIDES_ENV].map(|e| (e, e)))
-}
-
-/// How far `var` is from the variable `known` (edits), where it looks like a mistyped `known`:
-/// within two edits of it, or it with a short suffix added or taken off (`_MS`, `S`).
-fn looks_like(var: &str, known: &str) -> Option<usize> {
-    let (var, known) = (
-        var.strip_prefix("GGML_VIZ_")?.as_bytes(),
-        known.strip_prefix("GGML_VIZ_")?.as_bytes(),
-    );
-    let (short, long) = if var.len() < known.len() {
-        (var, known)
-    } else {
-        (known, var)
-    };
-    if short.len() < 4 {
-        return None;
-    }
-    // At least this many edits; exactly this many when `long` is `short` with a suffix added.
-    let apart = long.len() - short.len();
-    let suffixed = long.starts_with(short) && apart <= 3;
-    if suffixed {
-        return Some(apart);
-    }
-    // The hook checks every `GGML_VIZ_*` variable that is no setting's against every setting
-    // when it starts: only those of about the same length need the distance.
-    (apart <= 2).then(|| edits_within(var, known, 2)).flatten()
-}
-
-/// The Levenshtein distance of `a` and `b` if it is at most `most`.
-fn edits_within(a: &[u8], b: &[u8], most: usize) -> Option<usize> {
-    let mut row: Vec<usize> = (0..=b.len()).collect();
-    for (i, &x) in a.iter().enumerate() {
-        let mut diagonal = row[0];
-        row[0] = i + 1;
-        for (j, &y) in b.iter().enumerate() {
-            let above = row[j + 1];
-            row[j + 1] = (above + 1)
-                .min(row[j] + 1)
-                .min(diagonal + usize::from(x != y));
-            diagonal = above;
-        }
-        // A row's least value never falls in the rows below it: once past `most`, so is the
-        // distance.
-        if row.iter().all(|&d| d > most) {
-            return None;
-        }
-    }
-    Some(row[b.len()]).filter(|&d| d <= most)
-}
 
 impl Config {
     /// Resolves every setting from `sources` by precedence.
@@ -618,6 +403,8 @@ fn integer(v: &Value) -> Result<u64, String> {
 
 #[cfg(test)]
 mod tests {
+    use std::ffi::OsString;
+
     use super::*;
 
     fn write_temp(name: &str, text: &str) -> PathBuf {
