@@ -44,11 +44,12 @@ pub mod telemetry;
 
 pub use analysis::device_use::DeviceUse;
 pub use analysis::memory::{BufferRole, MemoryRow, MemoryStats};
+pub use analysis::nodes::{NO_GRAPH, OpAnalysis, OpSample, Phase, ThreadTotals};
 pub use analysis::op_change::{
     MIN_GRAPHS, OpChange, PhaseChange, PhaseOps, TimingCost, compare_runs, timing_cost,
 };
 pub use analysis::op_groups::{GroupBy, OpGroup, OpGroups, group_ops, imbalance, wait_share};
-pub use analysis::op_timings::{NO_GRAPH, OpAnalysis, OpCollector, OpSample, Phase, ThreadTotals};
+pub use analysis::op_timings::OpCollector;
 pub use analysis::stats::{DurationSummary, GraphStep, TraceStats, oversubscription_note};
 pub use analysis::timing_mode::{op_timing_mode, op_timing_note};
 pub use format::{

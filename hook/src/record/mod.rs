@@ -29,11 +29,12 @@ mod tensors;
 mod writer;
 
 pub use device::{DeviceLane, DeviceNode, device_node, device_nodes_wanted, device_timing_on};
-pub use events::{
-    GraphInfo, GraphScope, OpInfo, ThisThread, WaitScope, barrier_wait, buffer_event, buffer_use,
-    graph_begin, graph_end, name_id, op_begin, op_end, seq_removed, span, thread_op, thread_ops,
-    wait_begin, wait_end,
+pub use events::buffers::{buffer_event, buffer_use};
+pub use events::graphs::{
+    GraphInfo, GraphScope, WaitScope, graph_begin, graph_end, name_id, wait_begin, wait_end,
 };
+pub use events::spans::{seq_removed, span};
+pub use events::{OpInfo, ThisThread, barrier_wait, op_begin, op_end, thread_op, thread_ops};
 pub use packing::{BufferUse, SPAN_SEQS};
 pub use recorder::Recorder;
 #[cfg(all(target_os = "linux", target_arch = "x86_64"))]

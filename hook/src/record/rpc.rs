@@ -30,7 +30,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use ggml_viz_format::ext::RpcPart;
 
-use super::events::{RpcEdge, rpc_edge, write_soon};
+use super::events::spans::{RpcEdge, rpc_edge, write_soon};
 
 /// The command that opens every connection.
 const HELLO: u8 = 14;

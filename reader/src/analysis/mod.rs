@@ -1,10 +1,11 @@
 //! Figures computed from a trace's events: counts and durations in one pass ([`stats`]),
-//! per-op timings ([`op_timings`]: threads' shares joined into nodes), their groups
-//! ([`op_groups`]), how they were timed ([`timing_mode`]), how busy each GPU was
+//! per-op timings ([`op_timings`]: threads' shares joined into the nodes of [`nodes`]), their
+//! groups ([`op_groups`]), changes between runs ([`op_change`]), how they were timed ([`timing_mode`]), how busy each GPU was
 //! ([`device_use`]) and what the backend buffers held ([`memory`]).
 
 pub mod device_use;
 pub mod memory;
+pub mod nodes;
 pub mod op_change;
 pub mod op_groups;
 pub mod op_timings;

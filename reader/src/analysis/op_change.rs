@@ -16,7 +16,7 @@ use std::collections::BTreeMap;
 
 use rustc_hash::FxHashMap as HashMap;
 
-use super::op_timings::{OpSample, Phase};
+use super::nodes::{OpSample, Phase};
 
 /// Graphs a run needs in a phase for a change to be judged.
 pub const MIN_GRAPHS: usize = 3;

@@ -4,7 +4,7 @@
 
 use rustc_hash::FxHashMap as HashMap;
 
-use crate::analysis::op_timings::OpSample;
+use crate::analysis::nodes::OpSample;
 use crate::analysis::stats::DurationSummary;
 use crate::telemetry::export::summary::Histogram;
 

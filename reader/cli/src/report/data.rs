@@ -12,12 +12,12 @@ use std::collections::HashMap;
 use serde::Serialize;
 
 use ggml_viz_reader::telemetry::{Record, RecordSink, Span};
-use ggml_viz_reader::{GroupBy, OpSample, imbalance, wait_share};
 
 use super::sampling::TimelineSample;
 use super::sequences::{SequenceRow, SequenceTable};
 use super::series::{Latency, POINT_BUDGET, Series, TopKind, TopSpan, latency, memory};
 use super::span_args::{arg_str, arg_uint};
+use super::tables::{Aggregate, OpRows, add, layer_number, merge, sorted};
 
 /// Rows of the per-tensor table.
 const TOP_TENSORS: usize = 40;
@@ -144,68 +144,6 @@ pub struct Sampling {
     pub op_stride: u64,
 }
 
-#[derive(Clone, Debug, Default, Serialize)]
-pub struct Aggregate {
-    pub name: String,
-    pub count: u64,
-    /// Spans: their durations; nodes: their wall times (first thread's start to last thread's
-    /// end).
-    pub total_ns: u64,
-    /// Of the row's spans, their time less their children's (`None`: the row has only nodes).
-    pub self_ns: Option<u64>,
-    /// Of the row's nodes, their threads' shares summed (`None`: the row has only spans).
-    pub thread_ns: Option<u64>,
-    /// Of the row's nodes, the share of their working threads' time spent done and waiting for
-    /// the slowest (`ggml-viz ops`' imbalance; `None`: the row has only spans).
-    pub imbalance: Option<f64>,
-    /// Of the row's nodes' threads' time and the barrier waits after the nodes, the share spent
-    /// waiting at barriers, inside the nodes and after them (`ggml-viz ops`' wait; `None`: the
-    /// row has only spans).
-    pub wait_share: Option<f64>,
-    /// Their parts, summed over the row's nodes.
-    #[serde(skip)]
-    idle_ns: u64,
-    #[serde(skip)]
-    working_ns: u64,
-    #[serde(skip)]
-    wait_ns: u64,
-    #[serde(skip)]
-    inner_wait_ns: u64,
-}
-
-/// Rows by op type, tensor and backend, of one input: its op spans, or its nodes.
-#[derive(Default)]
-pub struct OpRows {
-    count: u64,
-    by_op: HashMap<String, Aggregate>,
-    by_tensor: HashMap<String, Aggregate>,
-    by_backend: HashMap<String, Aggregate>,
-    by_layer: HashMap<String, Aggregate>,
-}
-
-impl OpRows {
-    /// Counts a node: what `ggml-viz ops` counts of a GGMLVIZ trace (each node once, however
-    /// many threads computed a share of it).
-    pub fn add_node(&mut self, node: &OpSample) {
-        self.count += 1;
-        for (map, by) in [
-            (&mut self.by_op, GroupBy::Op),
-            (&mut self.by_tensor, GroupBy::Name),
-            (&mut self.by_backend, GroupBy::Backend),
-            (&mut self.by_layer, GroupBy::Layer),
-        ] {
-            let a = row(map, &by.key(node));
-            a.count += 1;
-            a.total_ns = a.total_ns.saturating_add(node.duration_ns);
-            a.thread_ns = sum(a.thread_ns, Some(node.thread_ns));
-            a.idle_ns = a.idle_ns.saturating_add(node.idle_ns);
-            a.working_ns = a.working_ns.saturating_add(node.working_ns());
-            a.wait_ns = a.wait_ns.saturating_add(node.wait_ns);
-            a.inner_wait_ns = a.inner_wait_ns.saturating_add(node.inner_wait_ns);
-        }
-    }
-}
-
 /// A [`RecordSink`] that builds [`ReportData`] as the records arrive.
 pub struct ReportBuilder {
     data: ReportData,
@@ -237,64 +175,6 @@ pub struct ReportBuilder {
     counters: HashMap<String, Vec<(u64, f64)>>,
     first_ns: u64,
     last_ns: u64,
-}
-
-/// The row of `key`, made empty if new.
-fn row<'a>(map: &'a mut HashMap<String, Aggregate>, key: &str) -> &'a mut Aggregate {
-    map.entry(key.to_string()).or_insert_with(|| Aggregate {
-        name: key.to_string(),
-        ..Aggregate::default()
-    })
-}
-
-/// A sum of values some rows have (`None`: none had one).
-fn sum(a: Option<u64>, b: Option<u64>) -> Option<u64> {
-    match (a, b) {
-        (None, None) => None,
-        _ => Some(a.unwrap_or(0).saturating_add(b.unwrap_or(0))),
-    }
-}
-
-/// Counts one span (or outermost graph) of `total_ns`, `self_ns` under `key`.
-fn add(map: &mut HashMap<String, Aggregate>, key: &str, total_ns: u64, self_ns: u64) {
-    let a = row(map, key);
-    a.count += 1;
-    a.total_ns = a.total_ns.saturating_add(total_ns);
-    a.self_ns = sum(a.self_ns, Some(self_ns));
-}
-
-/// Adds `rows` to `map`'s rows of the same names.
-fn merge(map: &mut HashMap<String, Aggregate>, rows: HashMap<String, Aggregate>) {
-    for (key, r) in rows {
-        let a = row(map, &key);
-        a.count += r.count;
-        a.total_ns = a.total_ns.saturating_add(r.total_ns);
-        a.self_ns = sum(a.self_ns, r.self_ns);
-        a.thread_ns = sum(a.thread_ns, r.thread_ns);
-        a.idle_ns = a.idle_ns.saturating_add(r.idle_ns);
-        a.working_ns = a.working_ns.saturating_add(r.working_ns);
-        a.wait_ns = a.wait_ns.saturating_add(r.wait_ns);
-        a.inner_wait_ns = a.inner_wait_ns.saturating_add(r.inner_wait_ns);
-    }
-}
-
-fn sorted(map: HashMap<String, Aggregate>) -> Vec<Aggregate> {
-    let mut v: Vec<Aggregate> = map.into_values().collect();
-    for a in &mut v {
-        a.imbalance = a.thread_ns.map(|_| imbalance(a.idle_ns, a.working_ns));
-        a.wait_share = a
-            .thread_ns
-            .map(|thread_ns| wait_share(thread_ns, a.wait_ns, a.inner_wait_ns));
-    }
-    v.sort_by(|a, b| b.total_ns.cmp(&a.total_ns).then(a.name.cmp(&b.name)));
-    v
-}
-
-/// The number of a per-layer row's key (`layer 12`); rows of no layer after every layer.
-fn layer_number(key: &str) -> u64 {
-    key.strip_prefix("layer ")
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(u64::MAX)
 }
 
 impl ReportBuilder {
@@ -713,6 +593,7 @@ impl RecordSink for ReportBuilder {
 mod tests {
     use super::*;
     use crate::report::sampling::{MAX_OP_STRIDE, SHARE_WINDOW_SHIFT, SPAN_BUDGET, mix};
+    use ggml_viz_reader::OpSample;
 
     fn top(start: u64, end: u64, kind: TopKind, n_tokens: Option<u64>) -> TopSpan {
         TopSpan {

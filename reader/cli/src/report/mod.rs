@@ -8,6 +8,7 @@ mod sampling;
 mod sequences;
 mod series;
 mod span_args;
+mod tables;
 
 use std::fs::File;
 use std::io::{BufWriter, Write};
@@ -21,8 +22,9 @@ use ggml_viz_reader::{OpCollector, TraceStats, timing_cost};
 use crate::Failure;
 use crate::ops::timing_cost_sentence;
 use crate::reading::{InputOpts, Reading};
-use data::{OpRows, ReportBuilder};
+use data::ReportBuilder;
 use page::write_html;
+use tables::OpRows;
 
 /// Write one HTML report that opens offline: timeline, time per op, latency, memory.
 ///

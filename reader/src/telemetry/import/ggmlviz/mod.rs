@@ -6,20 +6,31 @@
 //! `tensor_ptr`. The C++ tool's own sample has crossing op pairs (begin A, begin B, end A, end
 //! B): such an end is paired with its own begin by tensor, and reported with its byte offset.
 //! Ends without a begin and begins never ended are reported too, never dropped silently.
+//!
+//! Besides the importer's core here: `templates` (one span per distinct begin, shared),
+//! `describe` (what a begin's span is called, its category and arguments), `extensions`
+//! (the writer's extension records: names, tensor infos, spans, RPC parts, counters) and
+//! `buffers_threads` (buffer events as live bytes, thread events as lanes).
 
 use rustc_hash::FxHashMap as HashMap;
 
 use crate::format::Damage;
-use crate::format::ext::{self, NameTables, NamesChanged};
+use crate::format::ext::NameTables;
 use crate::format::{Event, EventType, ExtensionKind, Payload, RecordView};
 use crate::read::Events;
+use crate::telemetry::Span;
 use crate::telemetry::{
     Arg, Args, Clock, Closed, Ids, Lane, Process, Record, RecordSink, SpanStack, Text, Texts,
     clock_of,
 };
-use crate::telemetry::{Span, rpc};
 
 use super::sequences::{self, Sequences};
+use templates::{BeginKey, TemplateId, Templates, begin_key};
+
+mod buffers_threads;
+mod describe;
+mod extensions;
+mod templates;
 
 #[derive(Default)]
 struct Thread {
@@ -37,80 +48,10 @@ struct Opened {
     named: Named,
 }
 
-/// A slot of [`Templates`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct TemplateId(u32);
-
 /// What an open span is called: a described begin's template, or its own.
 enum Named {
     Template(TemplateId),
     Own(Box<Span>),
-}
-
-/// One span per distinct graph, op or barrier begin, with its name, category and arguments: an
-/// open span names its template, and at its close the template, its times written in, is what
-/// the sink is lent. Nothing is cloned, allocated or reference-counted per span.
-#[derive(Default)]
-struct Templates {
-    slots: Vec<Template>,
-    /// Slots no begin finds any more and no open span names: reused first.
-    free: Vec<TemplateId>,
-    /// Slots no begin finds any more that an open span may still name.
-    retired: Vec<TemplateId>,
-}
-
-/// The span a begin opens, and the begin (its label and key).
-struct Template {
-    span: Span,
-    label: Box<[u8]>,
-    key: BeginKey,
-    /// The template of the begin that came after this one last, on the same thread.
-    next: Option<TemplateId>,
-}
-
-impl Templates {
-    fn add(&mut self, span: Span, label: &[u8], key: BeginKey) -> TemplateId {
-        let template = Template {
-            span,
-            label: label.into(),
-            key,
-            next: None,
-        };
-        match self.free.pop() {
-            Some(id) => {
-                self.slots[id.0 as usize] = template;
-                id
-            }
-            None => {
-                self.slots.push(template);
-                TemplateId(self.slots.len() as u32 - 1)
-            }
-        }
-    }
-
-    fn get(&self, t: TemplateId) -> &Template {
-        &self.slots[t.0 as usize]
-    }
-
-    fn get_mut(&mut self, t: TemplateId) -> &mut Template {
-        &mut self.slots[t.0 as usize]
-    }
-
-    /// The template of the begin that came after `t`'s last time, if it is `label` and `key`'s.
-    #[inline(always)]
-    fn after(&self, t: TemplateId, label: &[u8], key: &BeginKey) -> Option<TemplateId> {
-        let next = self.get(t).next?;
-        let n = self.get(next);
-        (n.key == *key && same_bytes(&n.label, label)).then_some(next)
-    }
-
-    /// Slots `gone` will not be found again: free once no span in `open` names them.
-    fn retire(&mut self, gone: impl IntoIterator<Item = TemplateId>, open: &[TemplateId]) {
-        self.retired.extend(gone);
-        let (named, unnamed) = self.retired.drain(..).partition(|t| open.contains(t));
-        self.retired = named;
-        self.free.extend::<Vec<_>>(unnamed);
-    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -120,29 +61,6 @@ enum Kind {
     Call,
     /// A part of a ggml-rpc command.
     Rpc,
-}
-
-/// What of a graph, op or barrier begin's payload its span's name and arguments depend on: all of
-/// it but an op's tensor address (the same node's tensor moves between graphs) and a barrier's
-/// wait.
-type BeginKey = [u64; 4];
-
-fn begin_key(payload: &Payload) -> BeginKey {
-    match *payload {
-        Payload::Graph {
-            graph_ptr: g,
-            n_nodes: n,
-            n_threads: t,
-            backend_ptr: b,
-        } => [0, g, u64::from(n) | u64::from(t) << 32, b],
-        Payload::Op {
-            op_type,
-            op_size,
-            backend_ptr,
-            ..
-        } => [1, u64::from(op_type), op_size, backend_ptr],
-        _ => [2, 0, 0, 0],
-    }
 }
 
 /// An end event: the span it closes (its kind, and its tensor for an op), on which thread, when;
@@ -204,22 +122,6 @@ struct Importer<'s, S: RecordSink> {
     wait_category: Text,
     call_category: Text,
     no_args: Args,
-}
-
-/// Whether `a` and `b` hold the same bytes; short ones (most labels) compared a word at a time.
-#[inline(always)]
-fn same_bytes(a: &[u8], b: &[u8]) -> bool {
-    let n = a.len();
-    if n != b.len() {
-        return false;
-    }
-    let word = |s: &[u8], at: usize| u64::from_le_bytes(s[at..at + 8].try_into().expect("8"));
-    let half = |s: &[u8], at: usize| u32::from_le_bytes(s[at..at + 4].try_into().expect("4"));
-    match n {
-        8..=16 => word(a, 0) == word(b, 0) && word(a, n - 8) == word(b, n - 8),
-        4..8 => half(a, 0) == half(b, 0) && half(a, n - 4) == half(b, n - 4),
-        _ => a == b,
-    }
 }
 
 /// The type codes of the records that open or close a span.
@@ -538,54 +440,6 @@ impl<S: RecordSink> Importer<'_, S> {
         self.event(&e, offset, name);
     }
 
-    /// [`Importer::event`] of memory and thread events (and of types it does not know).
-    #[inline(never)]
-    fn other_event(&mut self, e: Event<'_>) {
-        let ts = e.timestamp_ns;
-        let label: &[u8] = e.label.as_deref().unwrap_or_default();
-        match (e.event_type(), &e.payload) {
-            (Some(EventType::TensorAlloc), &Payload::Memory { ptr, size }) => {
-                let label = String::from_utf8_lossy(label);
-                let buft = label.split('@').next().unwrap_or_default().to_string();
-                let live = self.live.entry(buft.clone()).or_default();
-                *live = live.saturating_add(size.min(i64::MAX as u64) as i64);
-                self.buffers.insert(ptr, (buft.clone(), size));
-                self.counter(buft, ts);
-            }
-            (Some(EventType::TensorFree), &Payload::Memory { ptr, .. }) => {
-                if let Some((buft, size)) = self.buffers.remove(&ptr) {
-                    let live = self.live.entry(buft.clone()).or_default();
-                    *live = live.saturating_sub(size.min(i64::MAX as u64) as i64);
-                    self.counter(buft, ts);
-                }
-            }
-            (Some(ty @ (EventType::ThreadBegin | EventType::ThreadFree)), _) => {
-                let named = (ty == EventType::ThreadBegin && !label.is_empty())
-                    .then(|| String::from_utf8_lossy(label).into_owned());
-                let new = !self.thread_of.contains_key(&e.thread_id);
-                let i = self.thread_named(e.thread_id, named.clone().filter(|_| new));
-                let lane = self.threads[i].lane;
-                // A thread met before its THREAD_BEGIN is renamed.
-                if !new && let Some(name) = named {
-                    let lane = Lane {
-                        id: lane,
-                        process: self.process,
-                        tid: Some(e.thread_id as u64),
-                        name,
-                    };
-                    self.sink.record(Record::Lane(lane));
-                }
-                let name = ty.name().to_string();
-                self.sink.record(Record::Instant(crate::telemetry::Instant {
-                    lane,
-                    name,
-                    time_ns: ts,
-                }));
-            }
-            _ => {}
-        }
-    }
-
     /// The template of the span a graph, op or barrier begin with `label` and `payload` opens:
     /// made once per distinct begin (the same node every graph), then shared.
     /// A thread's begins come in the order they came before (the same graph, every token): the
@@ -624,252 +478,6 @@ impl<S: RecordSink> Importer<'_, S> {
             .or_default()
             .push((key, made));
         made
-    }
-
-    /// The span (times left zero) a graph, op or barrier begin with `label` and `payload` opens.
-    fn describe(&mut self, label: &str, payload: Payload) -> Span {
-        let (name, category, args) = match payload {
-            Payload::Graph {
-                graph_ptr,
-                n_nodes,
-                n_threads,
-                backend_ptr,
-            } => {
-                let mut words = label.splitn(2, ' ');
-                let entry = words
-                    .next()
-                    .filter(|w| !w.is_empty())
-                    .unwrap_or("graph_compute");
-                let mut args = vec![
-                    (self.texts.get("n_nodes"), Arg::UInt(n_nodes as u64)),
-                    (self.texts.get("n_threads"), Arg::UInt(n_threads as u64)),
-                    (
-                        self.texts.get("graph"),
-                        Arg::Str(self.texts.get(&format!("{graph_ptr:#x}"))),
-                    ),
-                ];
-                if let Some(backend) = words
-                    .next()
-                    .map(str::to_string)
-                    .or_else(|| self.names.backend(backend_ptr).map(str::to_string))
-                {
-                    args.push((
-                        self.texts.get("backend"),
-                        Arg::Str(self.texts.get(&backend)),
-                    ));
-                }
-                (
-                    self.texts.get(entry),
-                    self.graph_category.clone(),
-                    args.into(),
-                )
-            }
-            Payload::Op {
-                op_type,
-                op_size,
-                backend_ptr,
-                ..
-            } => {
-                let info = self.names.info(label, op_type);
-                let op = self.names.op(info, op_type);
-                let mut args = vec![
-                    (self.texts.get("tensor"), Arg::Str(self.texts.get(label))),
-                    (self.texts.get("bytes"), Arg::UInt(op_size)),
-                ];
-                if let Some(i) = info {
-                    let (shape, type_name, flops) =
-                        (format!("{:?}", i.ne), i.type_name.clone(), i.flops);
-                    args.push((self.texts.get("shape"), Arg::Str(self.texts.get(&shape))));
-                    args.push((self.texts.get("type"), Arg::Str(self.texts.get(&type_name))));
-                    if let Some(f) = flops {
-                        args.push((self.texts.get("flops"), Arg::UInt(f)));
-                    }
-                }
-                // A backend the trace never named is still told apart from the others; none at
-                // all is a CPU worker thread's share (threads-mode op timing, FORMAT.md).
-                let backend = match self.names.backend(backend_ptr) {
-                    Some(b) => b.to_string(),
-                    None if backend_ptr == 0 => "CPU".into(),
-                    None => format!("backend {backend_ptr:#x}"),
-                };
-                args.push((
-                    self.texts.get("backend"),
-                    Arg::Str(self.texts.get(&backend)),
-                ));
-                (self.texts.get(&op), self.op_category.clone(), args.into())
-            }
-            // A barrier wait: named for its entry point, the label's first word.
-            _ => {
-                let entry = label
-                    .split(' ')
-                    .next()
-                    .filter(|w| !w.is_empty())
-                    .unwrap_or("barrier_wait");
-                let category = self.wait_category.clone();
-                (self.texts.get(entry), category, self.no_args.clone())
-            }
-        };
-        unplaced(name, category, args)
-    }
-
-    /// An extension record; `bytes`, its label, is its JSON payload.
-    fn extension(&mut self, kind: ExtensionKind, e: &Event<'_>, bytes: &[u8]) {
-        match kind {
-            ExtensionKind::Metadata => {
-                if let Some(m) = ext::parse_payload::<ext::Metadata>(bytes) {
-                    let program = m
-                        .command_line
-                        .first()
-                        .map(|c| c.rsplit('/').next().unwrap_or(c).to_string());
-                    self.sink.record(Record::Process(Process {
-                        id: self.process,
-                        pid: m.pid,
-                        name: program.unwrap_or_default(),
-                        host: m.host,
-                        job_id: m.distributed.job_id,
-                        rank: Some(m.distributed.rank),
-                        local_rank: Some(m.distributed.local_rank),
-                        world_size: Some(m.distributed.world_size),
-                    }));
-                }
-            }
-            ExtensionKind::OpNames | ExtensionKind::TensorInfo | ExtensionKind::BackendNames => {
-                match self.names.take(kind, bytes) {
-                    Some(NamesChanged::All) => {
-                        let gone: Vec<_> = self.described.drain().flat_map(|(_, v)| v).collect();
-                        self.retire(gone.into_iter().map(|(_, t)| t));
-                    }
-                    Some(NamesChanged::Tensor(name)) => {
-                        let gone = self.described.remove(name.as_bytes()).unwrap_or_default();
-                        self.retire(gone.into_iter().map(|(_, t)| t));
-                    }
-                    None => {}
-                }
-            }
-            ExtensionKind::SpanBegin => {
-                let span = ext::parse_payload::<ext::SpanBoundary>(bytes).unwrap_or_default();
-                let mut args = Vec::new();
-                if let Some((seq, p0, p1)) = span.removed {
-                    for (key, v) in [("sequence", seq), ("from", p0), ("to", p1)] {
-                        args.push((self.texts.get(key), Arg::Int(v.into())));
-                    }
-                    if p0 <= 0 && p1 < 0 {
-                        self.sequences.cleared(seq);
-                    }
-                }
-                if let Some(n) = span.n_tokens {
-                    args.push((self.texts.get("n_tokens"), Arg::UInt(n as u64)));
-                }
-                if !span.seqs.is_empty() {
-                    // `seq_tokens`: `id:tokens` per sequence, `+n` for sequences beyond those.
-                    let mut text: Vec<String> = span
-                        .seqs
-                        .iter()
-                        .map(|(id, n)| format!("{id}:{n}"))
-                        .collect();
-                    if span.other_seq_tokens > 0 {
-                        text.push(format!("+{}", span.other_seq_tokens));
-                    }
-                    args.push((
-                        self.texts.get("sequences"),
-                        Arg::UInt(span.seqs.len() as u64),
-                    ));
-                    args.push((
-                        self.texts.get("seq_tokens"),
-                        Arg::Str(self.texts.get(&text.join(" "))),
-                    ));
-                    // Inferred, not read: a batch does not say whether a token is prompt or
-                    // generated. A sequence with several tokens in one batch is prefilling (or
-                    // checking a speculative draft); one token is a generation step.
-                    let (prefill, generation): (Vec<u32>, Vec<u32>) =
-                        span.seqs.iter().map(|&(_, n)| n).partition(|&n| n > 1);
-                    for (key, tokens) in [
-                        ("prefill_tokens", prefill),
-                        ("generation_tokens", generation),
-                    ] {
-                        let total = tokens.iter().map(|&n| u64::from(n)).sum();
-                        args.push((self.texts.get(key), Arg::UInt(total)));
-                    }
-                }
-                let args = if args.is_empty() {
-                    self.no_args.clone()
-                } else {
-                    args.into()
-                };
-                let (name, category) = (self.texts.get(&span.name), self.call_category.clone());
-                let named = Named::Own(Box::new(unplaced(name, category, args)));
-                let opened = Opened {
-                    kind: Kind::Call,
-                    tensor: 0,
-                    named,
-                };
-                self.open(e.thread_id, opened, e.timestamp_ns);
-                if !span.seqs.is_empty()
-                    && let Some(open) = self.thread(e.thread_id).stack.top()
-                {
-                    let id = open.id;
-                    self.batches.insert(id, span.seqs);
-                }
-            }
-            ExtensionKind::SpanEnd => {
-                if let Some((span, lane)) = self.close_span(End::of(e, Kind::Call, 0, 0, "")) {
-                    if let Some(seqs) = self.batches.remove(&span.place.id) {
-                        self.sequences.batch(
-                            self.sink,
-                            self.ids,
-                            &self.sequence_names,
-                            self.process,
-                            &seqs,
-                            span.place.start_ns,
-                            span.place.end_ns,
-                        );
-                    }
-                    self.deliver(span, lane);
-                }
-            }
-            ExtensionKind::RpcBegin => {
-                let rpc = ext::RpcBoundary::from_json(bytes).unwrap_or_default();
-                let part = match rpc.part {
-                    ext::RpcPart::Request => "request",
-                    ext::RpcPart::Answer => "answer",
-                    ext::RpcPart::Serve => "serve",
-                };
-                let mut args = vec![
-                    (self.texts.get(rpc::PART), Arg::Str(self.texts.get(part))),
-                    (
-                        self.texts.get(rpc::CONNECTION),
-                        Arg::UInt(rpc.connection.into()),
-                    ),
-                    (self.texts.get(rpc::INDEX), Arg::UInt(rpc.index.into())),
-                ];
-                if let Some(endpoint) = &rpc.endpoint {
-                    args.push((
-                        self.texts.get(rpc::ENDPOINT),
-                        Arg::Str(self.texts.get(endpoint)),
-                    ));
-                }
-                let name = self.texts.get(&ext::rpc_command_name(rpc.command));
-                let category = self.texts.get(rpc::CATEGORY);
-                let named = Named::Own(Box::new(unplaced(name, category, args.into())));
-                let opened = Opened {
-                    kind: Kind::Rpc,
-                    tensor: 0,
-                    named,
-                };
-                self.open(e.thread_id, opened, e.timestamp_ns);
-            }
-            ExtensionKind::RpcEnd => {
-                let rpc = ext::RpcBoundary::from_json(bytes).unwrap_or_default();
-                let bytes = [(rpc::SENT, rpc.sent), (rpc::RECEIVED, rpc.received)]
-                    .map(|(key, n)| (self.texts.get(key), Arg::UInt(n)));
-                if let Some((span, lane)) = self.close_span(End::of(e, Kind::Rpc, 0, 0, "")) {
-                    let mut span = self.owned(span, lane);
-                    span.args = span.args.iter().cloned().chain(bytes).collect();
-                    self.sink.span(&span);
-                }
-            }
-            _ => {}
-        }
     }
 
     #[inline(always)]
@@ -963,17 +571,6 @@ impl<S: RecordSink> Importer<'_, S> {
         span.map(|s| (s, lane))
     }
 
-    fn counter(&mut self, buft: String, ts: u64) {
-        let value = self.live.get(&buft).copied().unwrap_or(0) as f64;
-        self.sink
-            .record(Record::Counter(crate::telemetry::CounterSample {
-                process: self.process,
-                name: format!("live bytes {buft}"),
-                time_ns: ts,
-                value,
-            }));
-    }
-
     fn finish(&mut self, name: &str) {
         let end = self.last_ns;
         let mut open = 0;
@@ -998,6 +595,7 @@ impl<S: RecordSink> Importer<'_, S> {
 
 #[cfg(test)]
 mod tests {
+    use super::templates::same_bytes;
     use super::*;
 
     /// Against `==`, for every length a label can have here and a difference at every place.

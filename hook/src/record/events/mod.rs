@@ -5,24 +5,27 @@
 //! take from the thread's share of the event cap, copy the event into the thread's ring. No
 //! lock, no allocation, no system call. A thread's first event allocates and registers its ring,
 //! once; first sights of names and tensors take their table's lock once each (see `super`).
+//!
+//! Here: each thread's state, what an event may take of its ring and the cap (and what becomes
+//! of a pair whose begin was left out), op events and threads' shares and waits. The builders of
+//! the other events: [`graphs`] (graph computes and waits), [`spans`] (application spans, RPC
+//! parts) and [`buffers`] (backend buffers).
 
 use std::cell::Cell;
 use std::ffi::c_void;
 use std::sync::atomic::Ordering;
 
-use ggml_viz_format::EXTENSION_TYPE_CODE;
 use ggml_viz_format::EventType;
-use ggml_viz_format::ext::RpcPart;
 
-use ggml_viz_config::OpTiming;
-
-use super::packing;
-use super::recorder::{OpMode, Recorder};
-use super::session::{self, active, current};
-use crate::base::entry::Entry;
+use super::recorder::Recorder;
+use super::session::{self, active};
 use crate::base::names::Owner;
 use crate::base::ring::{Pushed, RawEvent, Ring};
 use crate::base::{clock, os};
+
+pub(super) mod buffers;
+pub(super) mod graphs;
+pub(super) mod spans;
 
 /// Per-thread state. No destructors: it stays usable while the host's `atexit` handlers run,
 /// after Rust's own thread-locals are gone.
@@ -215,46 +218,6 @@ thread_local! {
     static THREAD_EXIT: ThreadExit = const { ThreadExit };
 }
 
-/// A backend buffer was made (`alloc`, after `ggml_backend_buffer_init` returned it) or is about
-/// to be freed: TENSOR_ALLOC / TENSOR_FREE keyed by the buffer handle, with its real size, its
-/// base address and its buffer type's name. Only with memory tracking on.
-pub fn buffer_event(
-    alloc: bool,
-    buffer: *mut c_void,
-    size: u64,
-    base: u64,
-    buft_name: impl FnOnce(&Recorder) -> u16,
-) {
-    let Some(r) = current(1) else { return };
-    if !r.config.memory_tracking {
-        return;
-    }
-    let ty = if alloc {
-        EventType::TensorAlloc
-    } else {
-        EventType::TensorFree
-    };
-    let event = RawEvent {
-        type_code: ty.code(),
-        a: buffer as u64,
-        size,
-        d: base,
-        name_id: buft_name(r),
-        ..RawEvent::default()
-    };
-    local(r, |l| push(l, r, event, Claim::Plain));
-}
-
-/// The program told ggml what backend buffer `buffer` holds: recorded with memory tracking on.
-pub fn buffer_use(buffer: *mut c_void, what: packing::BufferUse<'_>) {
-    let Some(r) = current(1) else { return };
-    if !r.config.memory_tracking {
-        return;
-    }
-    let event = packing::buffer_use_event(buffer as u64, what);
-    local(r, |l| push(l, r, event, Claim::Plain));
-}
-
 /// Records `event` now on this thread (after the held begin of its op share, if any). Inlined:
 /// an event built by the caller and copied from its stack in wider moves than the caller's
 /// stores stalls the copy until those stores are done (perf: a third of this function's samples).
@@ -433,135 +396,6 @@ fn make_ready(l: &Local, r: &'static Recorder, events: u64, kept: u64) -> Result
     Ok(())
 }
 
-/// What a graph event says, besides its type and time.
-#[derive(Clone, Copy, Debug)]
-pub struct GraphInfo {
-    pub graph: *mut c_void,
-    pub n_nodes: u32,
-    pub n_threads: u32,
-    pub backend: *mut c_void,
-    pub name_id: u16,
-}
-
-/// Interns the name of a backend or scheduler for the labels.
-pub fn name_id(r: &Recorder, ptr: *mut c_void, owner: Owner, name: impl FnOnce() -> String) -> u16 {
-    r.names.intern(ptr as usize, owner, name)
-}
-
-/// An open graph compute: what its end event needs.
-pub struct GraphScope {
-    recorder: &'static Recorder,
-    entry: Entry,
-    info: GraphInfo,
-    /// What became of its begin event, where it is recorded (its end goes the same way).
-    begin: Option<Fate>,
-    /// Outermost, recorded and sampled for op timing (`op_sample`).
-    ops_timed: bool,
-}
-
-fn graph_event(ty: EventType, entry: Entry, info: &GraphInfo) -> RawEvent {
-    RawEvent {
-        type_code: ty.code(),
-        entry: entry as u8,
-        a: info.graph as u64,
-        b: info.n_nodes,
-        c: info.n_threads,
-        d: info.backend as u64,
-        name_id: info.name_id,
-        ..RawEvent::default()
-    }
-}
-
-/// Before the real call: records the begin event if this graph compute is in the capture
-/// window. `describe` runs only when tracing.
-pub fn graph_begin(
-    entry: Entry,
-    describe: impl FnOnce(&'static Recorder) -> GraphInfo,
-) -> Option<GraphScope> {
-    // A begin and an end event.
-    let r = current(2)?;
-    local(r, |l| {
-        let depth = l.depth.get();
-        if depth == 0 {
-            let in_window = !r.has_window()
-                || r.graph_in_window(r.graphs_begun.fetch_add(1, Ordering::Relaxed));
-            l.recording.set(in_window);
-        }
-        l.depth.set(depth + 1);
-        let recording = l.recording.get() && l.open_op.get().is_none();
-        let c = &r.config;
-        let ops_timed = depth == 0
-            && recording
-            && r.op_mode() != OpMode::Off
-            && r.op_timed_graphs
-                .fetch_add(1, Ordering::Relaxed)
-                .is_multiple_of(c.op_sample.max(1));
-        if depth == 0 && r.op_mode() == OpMode::Threads {
-            r.set_thread_ops(ops_timed);
-        }
-        let info = if recording {
-            describe(r)
-        } else {
-            GraphInfo::empty()
-        };
-        let begin = recording.then(|| {
-            push(
-                l,
-                r,
-                graph_event(EventType::GraphComputeBegin, entry, &info),
-                Claim::Begin,
-            )
-        });
-        Some(GraphScope {
-            recorder: r,
-            entry,
-            info,
-            begin,
-            ops_timed,
-        })
-    })
-}
-
-impl GraphScope {
-    pub fn recorder(&self) -> &'static Recorder {
-        self.recorder
-    }
-
-    /// The name of the scheduler or backend computing (empty when unnamed).
-    pub fn object_name(&self) -> &str {
-        self.recorder
-            .names
-            .get(self.info.name_id)
-            .map_or("", |(_, _, name)| name)
-    }
-
-    /// Whether this graph compute's ops are to be timed with the scheduler's eval callback: sched
-    /// mode, and it is recorded, outermost (a nested scheduler call is timed by the outer one)
-    /// and the one in `op_sample` that is sampled.
-    ///
-    /// In threads mode chosen by `auto`, a graph some of whose nodes the scheduler put on other
-    /// backends than the CPU (`not_only_cpu`: a GPU computes them, which no CPU worker thread
-    /// sees) is timed with the eval callback too, and the CPU worker threads record nothing
-    /// meanwhile; unless a front end times the device's nodes on the device itself
-    /// (`device::device_timing`).
-    pub fn wants_sched_op_timing(&self, not_only_cpu: impl FnOnce() -> bool) -> bool {
-        let r = self.recorder;
-        match r.op_mode() {
-            OpMode::Sched => self.ops_timed,
-            OpMode::Threads
-                if self.ops_timed
-                    && r.config.op_timing == OpTiming::Auto
-                    && !super::device::device_timing()
-                    && not_only_cpu() =>
-            {
-                r.set_thread_ops(false);
-                true
-            }
-            _ => false,
-        }
-    }
-}
-
 /// One node's op event: begin (`OP_COMPUTE_BEGIN`) or end.
 #[derive(Clone, Copy, Debug)]
 pub struct OpInfo {
@@ -703,27 +537,6 @@ pub fn barrier_wait(
     push_at(t.0.for_recorder(r), r, event, now, Claim::Op);
 }
 
-/// An application-level span (`llama_decode`, `llama_encode`): begin or end, with the batch's
-/// tokens (`u32::MAX`: unknown) in `b` and, where known, its sequences: up to `SPAN_SEQS`
-/// (sequence id, tokens) pairs packed two to a word in `a`, `d` and `size` (see
-/// `packing::span_seqs`), the tokens of the others in `name_id`.
-pub fn span(entry: Entry, begin: bool, count: u32, seqs: &[(i32, u32)], other_tokens: u32) {
-    let Some(r) = current(1) else { return };
-    let words = packing::span_words(seqs);
-    let event = RawEvent {
-        type_code: EXTENSION_TYPE_CODE,
-        entry: entry as u8,
-        b: count,
-        c: u32::from(begin),
-        a: words[0],
-        d: words[1],
-        size: words[2],
-        name_id: other_tokens.min(u32::from(u16::MAX)) as u16,
-        ..RawEvent::default()
-    };
-    local(r, |l| span_edge(l, r, event, begin));
-}
-
 /// Records a span's begin or end (`event`): the begin as a pair's, the end as its begin went
 /// (the innermost span open on this thread's; an end whose begin came before tracing did, or
 /// deeper than [`SPAN_DEPTH`], as any event).
@@ -751,150 +564,13 @@ fn span_edge(l: &Local, r: &'static Recorder, event: RawEvent, begin: bool) {
     }
 }
 
-/// `llama_memory_seq_rm(mem, seq, p0, p1)` begins or ends: a span of its own, with the sequence
-/// in `a` and the positions removed, [p0, p1), in `d` and `size` (as `u32`s).
-pub fn seq_removed(begin: bool, seq: i32, p0: i32, p1: i32) {
-    let Some(r) = current(1) else { return };
-    let event = RawEvent {
-        type_code: EXTENSION_TYPE_CODE,
-        entry: Entry::LlamaMemorySeqRm as u8,
-        b: u32::MAX,
-        c: u32::from(begin),
-        a: u64::from(seq as u32),
-        d: u64::from(p0 as u32),
-        size: u64::from(p1 as u32),
-        ..RawEvent::default()
-    };
-    local(r, |l| span_edge(l, r, event, begin));
-}
-
-/// One edge of one part of a ggml-rpc command (see [`super::rpc`]).
-pub struct RpcEdge<'a> {
-    pub part: RpcPart,
-    pub command: u8,
-    pub connection: u32,
-    pub index: u32,
-    pub sent: u64,
-    pub received: u64,
-    /// The far end (a client's) or the address served (a server's).
-    pub endpoint: Option<&'a str>,
-}
-
-/// Records an edge of an RPC command part: `command` in `b`, the connection and the command's
-/// index on it in `a`, bytes sent and received in `d` and `size`, the endpoint's interned name.
-pub fn rpc_edge(begin: bool, edge: &RpcEdge<'_>) {
-    let Some(r) = current(1) else { return };
-    let name_id = edge.endpoint.map_or(0, |endpoint| {
-        // Keyed by the text itself (a socket's address is reused by the next connection).
-        let key = endpoint.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
-            (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
-        }) | 1;
-        r.names
-            .intern(key as usize, Owner::Endpoint, || endpoint.to_string())
-    });
-    let event = RawEvent {
-        type_code: EXTENSION_TYPE_CODE,
-        entry: packing::rpc_entry(edge.part),
-        a: (u64::from(edge.connection) << 32) | u64::from(edge.index),
-        b: u32::from(edge.command),
-        c: u32::from(begin),
-        d: edge.sent,
-        size: edge.received,
-        name_id,
-        ..RawEvent::default()
-    };
-    local(r, |l| push(l, r, event, Claim::Plain));
-}
-
-/// Asks the writer to write what the rings hold now rather than at its next interval: a
-/// ggml-rpc server's client went away, and such servers are stopped with Ctrl-C, which ends
-/// them without their exit handlers.
-pub fn write_soon() {
-    if let Some(r) = active() {
-        r.wake_flusher();
-    }
-}
-
-/// After the real call: the end event. A node still open in a recorded graph compute (ggml
-/// returned early: an abort callback, a failed compute, so the node's end never came) is ended
-/// first, whatever the status.
-pub fn graph_end(scope: GraphScope) {
-    local(scope.recorder, |l| {
-        if let Some(begin) = scope.begin {
-            close_op(l, scope.recorder);
-            let event = graph_event(EventType::GraphComputeEnd, scope.entry, &scope.info);
-            end(l, scope.recorder, event, clock::now_ticks(), begin);
-        }
-        l.depth.set(l.depth.get().saturating_sub(1));
-    });
-}
-
-impl GraphInfo {
-    fn empty() -> GraphInfo {
-        GraphInfo {
-            graph: std::ptr::null_mut(),
-            n_nodes: 0,
-            n_threads: 0,
-            backend: std::ptr::null_mut(),
-            name_id: 0,
-        }
-    }
-}
-
-/// A wait for a backend or scheduler to finish (`*_synchronize`): one barrier_wait event at its
-/// end, whose value is the time waited. Recorded inside recorded graph computes, and outside any
-/// graph compute while the capture window is open.
-pub struct WaitScope {
-    recorder: &'static Recorder,
-    entry: Entry,
-    object: *mut c_void,
-    name_id: u16,
-    start_ticks: u64,
-}
-
-pub fn wait_begin(
-    entry: Entry,
-    object: *mut c_void,
-    name_id: impl FnOnce(&'static Recorder) -> u16,
-) -> Option<WaitScope> {
-    let r = current(1)?;
-    let recording = local(r, |l| {
-        if l.open_op.get().is_some() {
-            false
-        } else if l.depth.get() > 0 {
-            l.recording.get()
-        } else {
-            !r.has_window()
-                || r.graph_in_window(r.graphs_begun.load(Ordering::Relaxed).saturating_sub(1))
-        }
-    });
-    recording.then(|| WaitScope {
-        recorder: r,
-        entry,
-        object,
-        name_id: name_id(r),
-        start_ticks: clock::now_ticks(),
-    })
-}
-
-pub fn wait_end(scope: WaitScope) {
-    let waited = clock::now_ticks().saturating_sub(scope.start_ticks);
-    let event = RawEvent {
-        type_code: EventType::BarrierWait.code(),
-        entry: scope.entry as u8,
-        a: scope.object as u64,
-        d: waited,
-        name_id: scope.name_id,
-        ..RawEvent::default()
-    };
-    local(scope.recorder, |l| {
-        push(l, scope.recorder, event, Claim::Plain)
-    });
-}
-
 #[cfg(test)]
 mod tests {
+    use ggml_viz_format::EXTENSION_TYPE_CODE;
+
     use super::*;
+    use crate::base::entry::Entry;
+    use crate::record::recorder::OpMode;
     use crate::record::writer::TraceWriter;
     use ggml_viz_config::Config;
     use ggml_viz_format::Layout;

@@ -12,15 +12,17 @@ use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 
 use ggml_viz_config::Config;
-use ggml_viz_format::ext::{self, Counters, Metadata, RpcPart};
+use ggml_viz_format::ext::{self, Counters, Metadata};
 use ggml_viz_format::{self as format, EventType, ExtensionKind, Layout, Payload};
 
 use super::output::Output;
-use super::packing::{self, DEVICE_ENTRY, rpc_part, span_seqs};
+use super::packing::{self, DEVICE_ENTRY, rpc_part};
 use super::tensors::{MAX_TENSORS, Tensors};
+
+mod extensions;
 use crate::base::clock::{self, TickConverter};
 use crate::base::entry::Entry;
-use crate::base::names::{self, Names, Owner};
+use crate::base::names::{self, Names};
 use crate::base::ring::{RawEvent, Ring};
 use crate::base::tensor::TensorInfo;
 use crate::base::{os, say};
@@ -466,139 +468,6 @@ impl TraceWriter {
             thread_id,
             &info.json,
         );
-    }
-
-    /// TENSOR_ALLOC / TENSOR_FREE of a backend buffer: label `<buffer type>@<base address>`.
-    fn encode_buffer(&mut self, e: &RawEvent, timestamp_ns: u64, d: &Drain<'_>) {
-        let buft = d.names.get(e.name_id).map_or("", |(_, _, name)| name);
-        if e.type_code == TENSOR_ALLOC {
-            self.live_buffers.insert(e.a, (e.size, buft.to_string()));
-        } else {
-            self.live_buffers.remove(&e.a);
-        }
-        let label = format!("{buft}@{:#x}", e.d);
-        let payload = Payload::Memory {
-            ptr: e.a,
-            size: e.size,
-        };
-        put_event(
-            &mut self.buf,
-            self.layout,
-            e.type_code,
-            e,
-            timestamp_ns,
-            &payload,
-            Some(label.as_bytes()),
-        );
-    }
-
-    /// What a buffer holds (an extension record on the thread that said it).
-    fn encode_buffer_use(&mut self, e: &RawEvent, timestamp_ns: u64, used: &ext::BufferUse) {
-        ext::encode_extension(
-            &mut self.buf,
-            self.layout,
-            ExtensionKind::BufferUse,
-            timestamp_ns,
-            e.thread_id,
-            used,
-        );
-    }
-
-    fn encode_span(&mut self, e: &RawEvent, timestamp_ns: u64) {
-        let kind = if e.c == 1 {
-            ExtensionKind::SpanBegin
-        } else {
-            ExtensionKind::SpanEnd
-        };
-        let entry = Entry::from_code(e.entry);
-        let name = entry.map_or("span", Entry::name);
-        let span = if entry == Some(Entry::LlamaMemorySeqRm) {
-            ext::SpanBoundary {
-                name: name.into(),
-                removed: Some((e.a as u32 as i32, e.d as u32 as i32, e.size as u32 as i32)),
-                ..ext::SpanBoundary::default()
-            }
-        } else {
-            ext::SpanBoundary {
-                name: name.into(),
-                n_tokens: (e.b != u32::MAX).then_some(e.b),
-                seqs: span_seqs(e),
-                other_seq_tokens: u32::from(e.name_id),
-                removed: None,
-            }
-        };
-        ext::encode_extension_json(
-            &mut self.buf,
-            self.layout,
-            kind,
-            timestamp_ns,
-            e.thread_id,
-            &span.to_json(),
-        );
-    }
-
-    fn encode_rpc(&mut self, e: &RawEvent, part: RpcPart, timestamp_ns: u64, names: &Names) {
-        let (kind, begin) = if e.c == 1 {
-            (ExtensionKind::RpcBegin, true)
-        } else {
-            (ExtensionKind::RpcEnd, false)
-        };
-        let rpc = ext::RpcBoundary {
-            part,
-            command: e.b as u8,
-            connection: (e.a >> 32) as u32,
-            index: e.a as u32,
-            endpoint: names
-                .get(e.name_id)
-                .filter(|_| begin)
-                .map(|(_, _, name)| name.to_string()),
-            sent: if begin { 0 } else { e.d },
-            received: if begin { 0 } else { e.size },
-        };
-        ext::encode_extension(
-            &mut self.buf,
-            self.layout,
-            kind,
-            timestamp_ns,
-            e.thread_id,
-            &rpc,
-        );
-    }
-
-    fn encode_new_names(&mut self, names: &Names) {
-        let n = names.len();
-        if n == self.names_written {
-            return;
-        }
-        let backends: Vec<_> = (self.names_written..n)
-            .filter_map(|i| names.get(i as u16 + 1))
-            .filter(|(_, owner, _)| !matches!(owner, Owner::Thread | Owner::Endpoint))
-            .map(|(ptr, owner, name)| ext::BackendName {
-                ptr: ptr as u64,
-                name: name.into(),
-                kind: owner.name().into(),
-            })
-            .collect();
-        let payload = ext::BackendNames { backends };
-        self.encode_own(ExtensionKind::BackendNames, &payload);
-        self.names_written = n;
-    }
-
-    /// One of the writer's own extension records (thread 0, stamped now).
-    fn encode_own<T: serde::Serialize>(&mut self, kind: ExtensionKind, payload: &T) {
-        ext::encode_extension(
-            &mut self.buf,
-            self.layout,
-            kind,
-            clock::now_ns(),
-            0,
-            payload,
-        );
-    }
-
-    fn encode_counters(&mut self, counters: Counters) {
-        self.encode_own(ExtensionKind::Counters, &counters);
-        self.counters_written = counters;
     }
 }
 
