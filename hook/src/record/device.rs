@@ -24,20 +24,6 @@ use crate::base::tensor::{TensorInfo, tensor_key};
 /// Device lanes' thread ids start here (above any Linux thread id, which stays below 2^22).
 const FIRST_LANE: u32 = 0xD000_0000;
 
-/// Whether a front end times some backend's nodes on its device in this process: a graph with
-/// nodes off the CPU is then not timed with the scheduler's eval callback under `auto`.
-static DEVICE_TIMING: AtomicBool = AtomicBool::new(false);
-
-/// Says that a front end times a device's nodes from now on.
-pub fn device_timing_on() {
-    DEVICE_TIMING.store(true, Ordering::Relaxed);
-}
-
-/// Whether a front end times a device's nodes (see [`device_timing_on`]).
-pub fn device_timing() -> bool {
-    DEVICE_TIMING.load(Ordering::Relaxed)
-}
-
 /// Whether device nodes are wanted now: a trace is being recorded and its nodes are timed, not
 /// by the scheduler's eval callback (which computes and waits for each node on its own).
 pub fn device_nodes_wanted() -> bool {

@@ -28,7 +28,7 @@ mod session;
 mod tensors;
 mod writer;
 
-pub use device::{DeviceLane, DeviceNode, device_node, device_nodes_wanted, device_timing_on};
+pub use device::{DeviceLane, DeviceNode, device_node, device_nodes_wanted};
 pub use events::buffers::{buffer_event, buffer_use};
 pub use events::graphs::{
     GraphInfo, GraphScope, WaitScope, graph_begin, graph_end, name_id, wait_begin, wait_end,
@@ -43,5 +43,4 @@ pub use rpc::{
     Transfer, rpc_accepted, rpc_after, rpc_before, rpc_closed, rpc_connected, rpc_listening,
 };
 #[cfg(all(target_os = "linux", target_arch = "x86_64"))]
-pub use session::thread_ops_never;
-pub use session::{Setup, active, finish, start_once};
+pub use session::{Setup, active, device_timing_on, finish, start_once, thread_ops_never};

@@ -22,6 +22,14 @@ pub(super) fn count_missed_while_starting(events: u64) {
     MISSED_WHILE_STARTING.fetch_add(events, Ordering::Relaxed);
 }
 
+/// Transport calls of ggml-rpc that no connection's record follows (`super::rpc`: its table's
+/// lock was not had, or the table was full of live sockets), in this process.
+static RPC_CALLS_UNFOLLOWED: AtomicU64 = AtomicU64::new(0);
+
+pub(super) fn count_rpc_call_unfollowed() {
+    RPC_CALLS_UNFOLLOWED.fetch_add(1, Ordering::Relaxed);
+}
+
 /// In a child after `fork`: its parent's misses are not its own.
 pub(super) fn forget_missed_while_starting() {
     MISSED_WHILE_STARTING.store(0, Ordering::Relaxed);
@@ -215,7 +223,7 @@ impl Recorder {
             missed_while_starting: MISSED_WHILE_STARTING.load(Ordering::Relaxed),
             unnamed: self.names.refused(),
             without_tensor_info: self.tensors.refused(),
-            rpc_calls_unfollowed: super::rpc::rpc_calls_unfollowed(),
+            rpc_calls_unfollowed: RPC_CALLS_UNFOLLOWED.load(Ordering::Relaxed),
         };
         Drain {
             rings,

@@ -26,11 +26,12 @@
 //! the table full of live ones.
 
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, Ordering};
 
 use ggml_viz_format::ext::RpcPart;
 
 use super::events::spans::{RpcEdge, rpc_edge, write_soon};
+use super::recorder::count_rpc_call_unfollowed;
 
 /// The command that opens every connection.
 const HELLO: u8 = 14;
@@ -148,14 +149,6 @@ static TABLE: Mutex<Table> = Mutex::new(Table {
 /// client it is serving); a socket that finds it full of live ones goes unrecorded, counted.
 const MAX_CONNS: usize = 64;
 
-/// Transport calls not followed: the table's lock was not had, or it was full of live sockets.
-static UNFOLLOWED: AtomicU64 = AtomicU64::new(0);
-
-/// Transport calls of ggml-rpc that no connection's record follows ([`UNFOLLOWED`]).
-pub fn rpc_calls_unfollowed() -> u64 {
-    UNFOLLOWED.load(Ordering::Relaxed)
-}
-
 /// The table, if its lock can be had within a few tries (see the module's notes); else the
 /// call is counted as not followed.
 fn table() -> Option<std::sync::MutexGuard<'static, Table>> {
@@ -166,7 +159,7 @@ fn table() -> Option<std::sync::MutexGuard<'static, Table>> {
             Err(std::sync::TryLockError::WouldBlock) => std::thread::yield_now(),
         }
     }
-    UNFOLLOWED.fetch_add(1, Ordering::Relaxed);
+    count_rpc_call_unfollowed();
     None
 }
 
@@ -184,7 +177,7 @@ impl Table {
     fn fresh(&mut self, socket: usize, endpoint: Option<Box<str>>) -> Option<&mut Conn> {
         self.conns.retain(|c| c.socket != socket);
         if self.conns.len() == MAX_CONNS {
-            UNFOLLOWED.fetch_add(1, Ordering::Relaxed);
+            count_rpc_call_unfollowed();
             return None;
         }
         self.conns.push(Conn::new(socket, endpoint));

@@ -10,7 +10,7 @@ use std::fs::File;
 use std::io;
 use std::panic::catch_unwind;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicPtr, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, Ordering};
 use std::sync::{Once, OnceLock, PoisonError};
 use std::time::Duration;
 
@@ -24,6 +24,21 @@ use crate::base::{VERBOSE, clock, contained, metadata, os, say};
 const UNSTARTED: u8 = 0;
 const STARTING: u8 = 1;
 const ACTIVE: u8 = 2;
+
+/// Whether a front end times some backend's nodes on its device in this process: a graph with
+/// nodes off the CPU is then not timed with the scheduler's eval callback under `auto`.
+static DEVICE_TIMING: AtomicBool = AtomicBool::new(false);
+
+/// Says that a front end times a device's nodes from now on.
+pub fn device_timing_on() {
+    DEVICE_TIMING.store(true, Ordering::Relaxed);
+}
+
+/// Whether a front end times a device's nodes (see [`device_timing_on`]).
+pub fn device_timing() -> bool {
+    DEVICE_TIMING.load(Ordering::Relaxed)
+}
+
 /// Disabled, misconfigured, or the output failed: every call goes straight through.
 const INERT: u8 = 3;
 
@@ -167,10 +182,7 @@ fn start(setup: Setup) -> Option<Box<Recorder>> {
     let mut metadata = metadata::collect(&config, setup.ggml_version, (op_mode.name(), &why));
     // A GPU whose device the front end already times (it was created before the first graph
     // compute, as ggml's backends are): how its nodes are timed, beside the CPU's mode.
-    if op_mode != OpMode::Off
-        && config.op_timing != OpTiming::Sched
-        && super::device::device_timing()
-    {
+    if op_mode != OpMode::Off && config.op_timing != OpTiming::Sched && device_timing() {
         metadata.settings.insert(
             "gpu_op_timing".into(),
             "each node's own timestamps on the device (a Vulkan layer at ggml-vulkan's node \

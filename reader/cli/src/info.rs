@@ -7,13 +7,10 @@ use clap::Args;
 use ggml_viz_reader::format::{EventType, ExtensionKind};
 use ggml_viz_reader::{BufferRole, DurationSummary, Layout, OpCollector, TraceStats, timing_cost};
 
-/// Bytes in a MiB, the unit llama.cpp prints its buffer sizes in.
-const MIB: f64 = 1024.0 * 1024.0;
-
 use crate::Failure;
 use crate::dump::parse_layout;
+use crate::figures::{MIB, fmt_ns, timing_cost_sentence};
 use crate::input::Input;
-use crate::ops::timing_cost_sentence;
 
 /// Summarize a trace: what it holds and who wrote it.
 ///
@@ -335,14 +332,4 @@ fn write_extensions(out: &mut impl Write, stats: &TraceStats) -> io::Result<()> 
         )?;
     }
     Ok(())
-}
-
-/// A duration for people: ns, µs, ms or s with three significant decimals.
-pub fn fmt_ns(ns: f64) -> String {
-    match ns {
-        n if n < 1e3 => format!("{n:.0} ns"),
-        n if n < 1e6 => format!("{:.3} µs", n / 1e3),
-        n if n < 1e9 => format!("{:.3} ms", n / 1e6),
-        n => format!("{:.3} s", n / 1e9),
-    }
 }

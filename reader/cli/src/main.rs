@@ -1,6 +1,7 @@
 //! `ggml-viz`: inspect GGMLVIZ traces. Run `ggml-viz --help`.
 
 mod dump;
+mod figures;
 mod info;
 #[cfg(windows)]
 mod inject;

@@ -10,11 +10,11 @@ use ggml_viz_reader::{
     GroupBy, OpAnalysis, OpCollector, OpGroups, OpSample, Phase, ThreadTotals,
     oversubscription_note,
 };
-use ggml_viz_reader::{PhaseOps, TimingCost, timing_cost};
+use ggml_viz_reader::{PhaseOps, timing_cost};
 
 use crate::Failure;
 use crate::dump::parse_layout;
-use crate::info::fmt_ns;
+use crate::figures::{fmt_ns, timing_cost_sentence};
 use crate::input::{Input, ReadStop};
 use crate::progress::stream_bar;
 
@@ -485,21 +485,4 @@ fn truncate(s: &str, n: usize) -> String {
     } else {
         format!("{}…", s.chars().take(n - 1).collect::<String>())
     }
-}
-
-/// What op timing cost the run, as `ops`, `info` and the report say it.
-pub fn timing_cost_sentence(c: &TimingCost) -> String {
-    let pct = |x: f64| format!("{:+.1} %", 100.0 * x);
-    format!(
-        "op timing's own cost: {} graph computes took {} (median of {}) with their ops timed, \
-         {} (median of {}) without: {} (95 % interval {} .. {})",
-        c.phase.map_or("the", |p| p.name()),
-        fmt_ns(c.timed.1),
-        c.timed.0,
-        fmt_ns(c.untimed.1),
-        c.untimed.0,
-        pct(c.change),
-        pct(c.interval.0),
-        pct(c.interval.1)
-    )
 }

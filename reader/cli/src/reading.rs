@@ -16,7 +16,7 @@ use indicatif::ProgressBar;
 
 use crate::Failure;
 use crate::dump::parse_layout;
-use crate::info::fmt_ns;
+use crate::figures::fmt_ns;
 use crate::progress::{bar, file_name, len};
 
 /// Options every telemetry command takes.

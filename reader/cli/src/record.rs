@@ -12,7 +12,7 @@ use ggml_viz_reader::{DurationSummary, TraceFile, TraceStats};
 use serde_json::{Map, Value};
 
 use crate::Failure;
-use crate::info::fmt_ns;
+use crate::figures::fmt_ns;
 
 /// File name of the hook library, and the variable that makes the dynamic loader load it first.
 #[cfg(target_os = "macos")]

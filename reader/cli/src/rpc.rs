@@ -10,7 +10,7 @@ use ggml_viz_reader::telemetry::rpc::{PartIndex, RpcAnalysis, RpcParts, TokenTim
 use ggml_viz_reader::telemetry::{Format, Ids};
 
 use crate::Failure;
-use crate::info::fmt_ns;
+use crate::figures::fmt_ns;
 use crate::reading::{InputOpts, Reading, clock_sentence};
 use crate::timeline::say_warnings;
 

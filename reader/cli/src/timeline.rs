@@ -16,7 +16,7 @@ use ggml_viz_reader::telemetry::{Format, RecordSink, Text};
 use ggml_viz_reader::{MIN_GRAPHS, PhaseOps, compare_runs};
 
 use crate::Failure;
-use crate::info::fmt_ns;
+use crate::figures::fmt_ns;
 use crate::reading::{InputOpts, Reading};
 
 /// Imports every input into `sink`; warnings go to stderr. The first corrupt input fails the

@@ -126,7 +126,7 @@ impl GraphScope {
     /// backends than the CPU (`not_only_cpu`: a GPU computes them, which no CPU worker thread
     /// sees) is timed with the eval callback too, and the CPU worker threads record nothing
     /// meanwhile; unless a front end times the device's nodes on the device itself
-    /// (`device::device_timing`).
+    /// (`session::device_timing`).
     pub fn wants_sched_op_timing(&self, not_only_cpu: impl FnOnce() -> bool) -> bool {
         let r = self.recorder;
         match r.op_mode() {
@@ -134,7 +134,7 @@ impl GraphScope {
             OpMode::Threads
                 if self.ops_timed
                     && r.config.op_timing == OpTiming::Auto
-                    && !crate::record::device::device_timing()
+                    && !crate::record::session::device_timing()
                     && not_only_cpu() =>
             {
                 r.set_thread_ops(false);

@@ -15,7 +15,7 @@ use ggml_viz_reader::{Follower, Layout};
 
 use crate::Failure;
 use crate::dump::parse_layout;
-use crate::info::fmt_ns;
+use crate::figures::fmt_ns;
 
 /// How often the file is polled for new records.
 const POLL: Duration = Duration::from_millis(100);

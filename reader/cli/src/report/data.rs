@@ -18,6 +18,7 @@ use super::sequences::{SequenceRow, SequenceTable};
 use super::series::{Latency, POINT_BUDGET, Series, TopKind, TopSpan, latency, memory};
 use super::span_args::{arg_str, arg_uint};
 use super::tables::{Aggregate, OpRows, add, layer_number, merge, sorted};
+use crate::figures::MIB;
 
 /// Rows of the per-tensor table.
 const TOP_TENSORS: usize = 40;
@@ -52,9 +53,6 @@ pub struct ReportData {
     /// The buffers by what they held (weights, KV cache, compute) and buffer type.
     pub memory_by_use: Vec<MemoryUseRow>,
 }
-
-/// Bytes in a MiB, the unit llama.cpp prints its buffer sizes in.
-const MIB: f64 = 1024.0 * 1024.0;
 
 /// One row of the memory table (see `ggml_viz_reader::MemoryRow`), of one input.
 #[derive(Debug, Serialize)]

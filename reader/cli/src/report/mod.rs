@@ -20,7 +20,7 @@ use ggml_viz_reader::telemetry::{Format, detect};
 use ggml_viz_reader::{OpCollector, TraceStats, timing_cost};
 
 use crate::Failure;
-use crate::ops::timing_cost_sentence;
+use crate::figures::timing_cost_sentence;
 use crate::reading::{InputOpts, Reading};
 use data::ReportBuilder;
 use page::write_html;
