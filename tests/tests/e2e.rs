@@ -13,6 +13,7 @@ mod report;
 mod rpc;
 mod scripts;
 mod server;
+mod source;
 mod threads;
 mod vulkan;
 mod whisper;

@@ -1,0 +1,317 @@
+//! The workspace's own sources, read as text: in no crate does a file import a file that imports
+//! it back, and no file under a `src/` runs over 600 lines before its unit tests. Imports are
+//! the paths a file names through `crate::`, `super::` and `self::` (inline, in `use` lines and
+//! in grouped uses), each resolved to the file of the deepest module it names; a module's
+//! declaring and re-exporting its own children (`mod x; pub use x::Y;`) is its interface, not
+//! an import. A planted circle is caught (the second test), so the first cannot pass by seeing
+//! nothing.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+/// A module's path below its crate root (`["record", "events"]`); the root is empty.
+type Module = Vec<String>;
+
+/// The crates' source roots, from the workspace's root.
+const SOURCE_ROOTS: [&str; 6] = [
+    "format/src",
+    "config/src",
+    "reader/src",
+    "reader/cli/src",
+    "hook/src",
+    "tests/src",
+];
+
+/// The most lines a file may have before its unit tests.
+const MOST_LINES: usize = 600;
+
+fn workspace() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
+}
+
+/// Every `.rs` file under `dir`.
+fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            rust_files(&path, out);
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            out.push(path);
+        }
+    }
+}
+
+/// The module a file under `root` defines (`events/mod.rs` and `events.rs`: `events`).
+fn module_of(root: &Path, file: &Path) -> Module {
+    let rel = file.strip_prefix(root).unwrap().with_extension("");
+    let mut parts: Module = rel
+        .components()
+        .map(|c| c.as_os_str().to_string_lossy().into_owned())
+        .collect();
+    if matches!(
+        parts.last().map(String::as_str),
+        Some("mod" | "lib" | "main")
+    ) {
+        parts.pop();
+    }
+    parts
+}
+
+/// A file's code before its unit tests, without comments, its whitespace runs made one space.
+fn code_of(source: &str) -> String {
+    let before_tests = source
+        .split("#[cfg(test)]\nmod tests")
+        .next()
+        .unwrap_or_default();
+    let mut out = String::new();
+    for line in before_tests.lines() {
+        out.push_str(line.split("//").next().unwrap_or_default());
+        out.push(' ');
+    }
+    let words: Vec<&str> = out.split_whitespace().collect();
+    words.join(" ").replace(":: ", "::").replace(" ::", "::")
+}
+
+/// The paths `code` names that start at `crate`, `super` or `self`, a grouped use giving one
+/// path per item (`use super::{a, b::c}`: `super::a`, `super::b`).
+fn named_paths(code: &str) -> Vec<Vec<String>> {
+    let ident = |c: char| c.is_alphanumeric() || c == '_';
+    let mut paths = Vec::new();
+    let bytes = code.as_bytes();
+    for head in ["crate::", "super::", "self::"] {
+        let mut from = 0;
+        while let Some(at) = code[from..].find(head) {
+            let start = from + at;
+            from = start + head.len();
+            // A whole word only (`my_crate::` is not `crate::`).
+            if start > 0 && ident(bytes[start - 1] as char) {
+                continue;
+            }
+            let mut path: Vec<String> = vec![head.trim_end_matches(':').to_string()];
+            let mut rest = &code[start + head.len()..];
+            loop {
+                if let Some(group) = rest.strip_prefix('{') {
+                    let mut level = 0;
+                    let mut item = String::new();
+                    for c in group.chars() {
+                        match c {
+                            '{' => level += 1,
+                            '}' if level == 0 => break,
+                            '}' => level -= 1,
+                            ',' if level == 0 => {
+                                push_item(&mut paths, &path, &item);
+                                item.clear();
+                                continue;
+                            }
+                            _ => {}
+                        }
+                        item.push(c);
+                    }
+                    push_item(&mut paths, &path, &item);
+                    break;
+                }
+                let end = rest.find(|c: char| !ident(c)).unwrap_or(rest.len());
+                if end == 0 {
+                    paths.push(path);
+                    break;
+                }
+                path.push(rest[..end].to_string());
+                rest = &rest[end..];
+                match rest.strip_prefix("::") {
+                    Some(next) => rest = next,
+                    None => {
+                        paths.push(path);
+                        break;
+                    }
+                }
+            }
+        }
+    }
+    paths
+}
+
+/// One item of a grouped use under `prefix`: its first segment (`self` is the prefix itself).
+fn push_item(paths: &mut Vec<Vec<String>>, prefix: &[String], item: &str) {
+    let first: String = item
+        .trim()
+        .chars()
+        .take_while(|&c| c.is_alphanumeric() || c == '_')
+        .collect();
+    let mut path = prefix.to_vec();
+    if !first.is_empty() && first != "self" {
+        path.push(first);
+    }
+    paths.push(path);
+}
+
+/// The module file `path`, named from module `from`, lands in: the deepest module of `modules`
+/// its segments reach.
+fn resolve(from: &Module, path: &[String], modules: &BTreeSet<Module>) -> Option<Module> {
+    let (mut at, mut rest): (Module, &[String]) = match path.first().map(String::as_str) {
+        Some("crate") => (Vec::new(), &path[1..]),
+        Some("self") => (from.clone(), &path[1..]),
+        Some("super") => {
+            let mut at = from[..from.len().checked_sub(1)?].to_vec();
+            let mut rest = &path[1..];
+            while rest.first().map(String::as_str) == Some("super") {
+                at.pop()?;
+                rest = &rest[1..];
+            }
+            (at, rest)
+        }
+        _ => return None,
+    };
+    while let Some(next) = rest.first() {
+        let mut deeper = at.clone();
+        deeper.push(next.clone());
+        if !modules.contains(&deeper) {
+            break;
+        }
+        at = deeper;
+        rest = &rest[1..];
+    }
+    Some(at)
+}
+
+/// The imports among `files` (module to its code): each module to those it imports.
+fn imports(files: &BTreeMap<Module, String>) -> BTreeMap<Module, BTreeSet<Module>> {
+    let modules: BTreeSet<Module> = files.keys().cloned().collect();
+    files
+        .iter()
+        .map(|(module, code)| {
+            let targets = named_paths(code)
+                .iter()
+                .filter_map(|p| resolve(module, p, &modules))
+                .filter(|t| t != module)
+                .collect();
+            (module.clone(), targets)
+        })
+        .collect()
+}
+
+/// The circles of `graph`: each group of modules that reach one another, of two or more.
+fn circles(graph: &BTreeMap<Module, BTreeSet<Module>>) -> Vec<Vec<String>> {
+    let reach = |from: &Module| -> BTreeSet<Module> {
+        let mut seen = BTreeSet::new();
+        let mut todo = vec![from.clone()];
+        while let Some(m) = todo.pop() {
+            for next in graph.get(&m).into_iter().flatten() {
+                if seen.insert(next.clone()) {
+                    todo.push(next.clone());
+                }
+            }
+        }
+        seen
+    };
+    let reached: BTreeMap<&Module, BTreeSet<Module>> =
+        graph.keys().map(|m| (m, reach(m))).collect();
+    let mut out: Vec<Vec<String>> = Vec::new();
+    let mut placed = BTreeSet::new();
+    for (m, from_m) in &reached {
+        if placed.contains(*m) || !from_m.contains(*m) {
+            continue;
+        }
+        let group: Vec<Module> = from_m
+            .iter()
+            .filter(|other| reached[other].contains(*m))
+            .cloned()
+            .collect();
+        placed.extend(group.iter().cloned());
+        out.push(
+            group
+                .iter()
+                .map(|g| {
+                    if g.is_empty() {
+                        "<root>".into()
+                    } else {
+                        g.join("/")
+                    }
+                })
+                .collect(),
+        );
+    }
+    out
+}
+
+/// Each crate's files, by module: their code before the unit tests.
+fn crate_files(root: &Path) -> (BTreeMap<Module, String>, Vec<(PathBuf, usize)>) {
+    let mut paths = Vec::new();
+    rust_files(root, &mut paths);
+    let mut files = BTreeMap::new();
+    let mut lengths = Vec::new();
+    for path in paths {
+        let source = std::fs::read_to_string(&path).unwrap();
+        let before_tests = source.lines().take_while(|l| *l != "#[cfg(test)]").count();
+        lengths.push((path.clone(), before_tests));
+        files.insert(module_of(root, &path), code_of(&source));
+    }
+    (files, lengths)
+}
+
+#[test]
+fn no_file_imports_one_that_imports_it_back_and_none_runs_long() {
+    let mut found = Vec::new();
+    let mut long = Vec::new();
+    let mut modules = 0;
+    for root in SOURCE_ROOTS {
+        let (files, lengths) = crate_files(&workspace().join(root));
+        modules += files.len();
+        for group in circles(&imports(&files)) {
+            found.push(format!("{root}: {}", group.join(" <-> ")));
+        }
+        long.extend(
+            lengths
+                .into_iter()
+                .filter(|&(_, n)| n > MOST_LINES)
+                .map(|(p, n)| format!("{}: {n} lines", p.display())),
+        );
+    }
+    // Every crate was read: dozens of files, not none.
+    assert!(modules > 100, "{modules} modules read");
+    assert!(found.is_empty(), "import circles:\n{}", found.join("\n"));
+    assert!(
+        long.is_empty(),
+        "over {MOST_LINES} lines before the unit tests:\n{}",
+        long.join("\n")
+    );
+}
+
+#[test]
+fn a_planted_circle_is_found() {
+    let file = |code: &str| code_of(code);
+    let module = |path: &str| -> Module {
+        path.split('/')
+            .filter(|s| !s.is_empty())
+            .map(str::to_string)
+            .collect()
+    };
+    let mut files = BTreeMap::new();
+    files.insert(module(""), file("mod a; mod b; mod c; pub use a::run;"));
+    // a -> b through a grouped use; b -> a through an inline `super::` path: a circle.
+    files.insert(
+        module("a"),
+        file("use super::{b::helper, b};\npub fn run() {}"),
+    );
+    files.insert(
+        module("b"),
+        file("pub fn helper() { super::a::run() } // crate::c in a comment is no import"),
+    );
+    // c -> a only: no circle with it.
+    files.insert(module("c"), file("use crate::a::run;"));
+    let graph = imports(&files);
+    assert_eq!(
+        graph[&module("c")],
+        BTreeSet::from([module("a")]),
+        "{graph:?}"
+    );
+    assert_eq!(
+        circles(&graph),
+        vec![vec!["a".to_string(), "b".to_string()]]
+    );
+    // Without the back edge, nothing.
+    files.insert(module("b"), file("pub fn helper() {}"));
+    assert!(circles(&imports(&files)).is_empty());
+}
