@@ -43,6 +43,7 @@ mod read;
 pub mod telemetry;
 
 pub use analysis::device_use::DeviceUse;
+pub use analysis::histogram::Histogram;
 pub use analysis::memory::{BufferRole, MemoryRow, MemoryStats};
 pub use analysis::nodes::{NO_GRAPH, OpAnalysis, OpSample, Phase, ThreadTotals};
 pub use analysis::op_change::{

@@ -4,9 +4,9 @@
 
 use rustc_hash::FxHashMap as HashMap;
 
+use crate::analysis::histogram::Histogram;
 use crate::analysis::nodes::OpSample;
 use crate::analysis::stats::DurationSummary;
-use crate::telemetry::export::summary::Histogram;
 
 /// How to group ops.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -11,10 +11,10 @@
 use std::collections::{HashMap, VecDeque};
 use std::time::Duration;
 
+use ggml_viz_reader::Histogram;
 use ggml_viz_reader::format::ext::{self, Counters};
 use ggml_viz_reader::format::{Event, EventType, ExtensionKind, Payload};
 use ggml_viz_reader::telemetry::Text;
-use ggml_viz_reader::telemetry::export::summary::Histogram;
 use ggml_viz_reader::{Damage, OpCollector};
 
 #[derive(Debug, Default)]
