@@ -9,7 +9,7 @@
 //! - `cpu_ops`: per-op timing on the CPU backend's worker threads (Linux x86-64);
 //! - [`eval_callback`]: per-op timing through the scheduler's eval callback;
 //! - [`batches`]: token counts of llama.cpp's opaque batches, for the decode spans;
-//! - `rpc`: ggml-rpc's transport, for the commands on both ends of a connection (Linux x86-64),
+//! - `rpc_transport`: ggml-rpc's transport, for the commands on both ends of a connection (Linux x86-64),
 //!   and `rpc_names`, the names of its methods;
 //! - [`start`]: start-up of tracing at the first wrapped call, shared by every front end;
 //! - `vulkan`: a Vulkan layer that times the nodes ggml-vulkan labels on the device (built on
@@ -28,8 +28,8 @@ mod inline;
 mod install;
 mod route;
 #[cfg(all(target_os = "linux", target_arch = "x86_64"))]
-mod rpc;
-#[cfg(all(target_os = "linux", target_arch = "x86_64"))]
 mod rpc_names;
+#[cfg(all(target_os = "linux", target_arch = "x86_64"))]
+mod rpc_transport;
 mod start;
 mod vulkan;

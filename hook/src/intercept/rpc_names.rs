@@ -1,4 +1,4 @@
-//! The names of ggml-rpc's transport methods that [`super::rpc`] wraps (Itanium names of the
+//! The names of ggml-rpc's transport methods that [`super::rpc_transport`] wraps (Itanium names of the
 //! ggml we build against), and the start-up check that this process's calls reach them.
 
 use std::ffi::CStr;

@@ -14,7 +14,7 @@
 //! - [`packing`]: what events pack into a raw event's untyped fields, packed and unpacked.
 //! - [`writer`]: the consumer side: encodes what the rings hold and writes it, through
 //!   [`output`]: a thread of its own that makes the file's writes.
-//! - [`rpc`]: ggml-rpc commands, read off the transport's calls that a front end reports.
+//! - [`rpc_commands`]: ggml-rpc commands, read off the transport's calls that a front end reports.
 //! - [`session`]: start (from the [`Setup`] the front end hands in), the flusher thread, the last
 //!   flush at exit, the child's fresh start after `fork`, and stopping when the output fails.
 
@@ -23,7 +23,7 @@ mod events;
 mod output;
 mod packing;
 mod recorder;
-mod rpc;
+mod rpc_commands;
 mod session;
 mod tensors;
 mod writer;
@@ -39,8 +39,9 @@ pub use packing::{BufferUse, SPAN_SEQS};
 pub use recorder::Recorder;
 #[cfg(all(target_os = "linux", target_arch = "x86_64"))]
 pub use recorder::THREAD_OPS_NOW;
-pub use rpc::{
+pub use rpc_commands::{
     Transfer, rpc_accepted, rpc_after, rpc_before, rpc_closed, rpc_connected, rpc_listening,
 };
 #[cfg(all(target_os = "linux", target_arch = "x86_64"))]
-pub use session::{Setup, active, device_timing_on, finish, start_once, thread_ops_never};
+pub use session::thread_ops_never;
+pub use session::{Setup, active, device_timing_on, finish, start_once};

@@ -22,7 +22,7 @@ pub(super) fn count_missed_while_starting(events: u64) {
     MISSED_WHILE_STARTING.fetch_add(events, Ordering::Relaxed);
 }
 
-/// Transport calls of ggml-rpc that no connection's record follows (`super::rpc`: its table's
+/// Transport calls of ggml-rpc that no connection's record follows (`super::rpc_commands`: its table's
 /// lock was not had, or the table was full of live sockets), in this process.
 static RPC_CALLS_UNFOLLOWED: AtomicU64 = AtomicU64::new(0);
 

@@ -33,15 +33,15 @@ pub struct DumpArgs {
     /// What to write, as `export --to` names it.
     // Also `--format`, hidden: its name before, kept for the scripts that used it (elsewhere
     // `--format` names an input's format).
-    #[arg(long = "to", alias = "format", value_enum, default_value_t = Format::Text)]
-    format: Format,
+    #[arg(long = "to", alias = "format", value_enum, default_value_t = DumpStyle::Text)]
+    format: DumpStyle,
     /// Read with this event layout instead of detecting it (packed: the spec's; padded: the C++ tool's).
     #[arg(long, value_parser = parse_layout)]
     layout: Option<Layout>,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
-enum Format {
+enum DumpStyle {
     /// One line per event, for people.
     Text,
     /// One JSON object per line, for programs.
@@ -56,11 +56,11 @@ pub fn run(args: DumpArgs) -> Result<(), Failure> {
     let input = Input::open(&args.file, args.layout).map_err(Failure::Data)?;
     let mut out = BufWriter::with_capacity(1 << 16, io::stdout().lock());
     let (stop, _) = input.for_each(args.layout, |event| match args.format {
-        Format::Jsonl => {
+        DumpStyle::Jsonl => {
             serde_json::to_writer(&mut out, &jsonl_object(&event))?;
             out.write_all(b"\n")
         }
-        Format::Text => write_text(&mut out, &event),
+        DumpStyle::Text => write_text(&mut out, &event),
     })?;
     out.flush()?;
     match stop {

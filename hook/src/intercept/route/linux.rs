@@ -77,7 +77,7 @@ pub enum Callee {
     Entry(Entry),
     #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     Cpu(u8, &'static CStr),
-    /// One of ggml-rpc's transport methods (by its row in [`crate::intercept::rpc`]).
+    /// One of ggml-rpc's transport methods (by its row in [`crate::intercept::rpc_transport`]).
     #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     Rpc(u8, &'static CStr),
 }

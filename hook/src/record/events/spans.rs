@@ -49,7 +49,7 @@ pub fn seq_removed(begin: bool, seq: i32, p0: i32, p1: i32) {
     local(r, |l| span_edge(l, r, event, begin));
 }
 
-/// One edge of one part of a ggml-rpc command (see [`crate::record::rpc`]).
+/// One edge of one part of a ggml-rpc command (see [`crate::record::rpc_commands`]).
 pub struct RpcEdge<'a> {
     pub part: RpcPart,
     pub command: u8,

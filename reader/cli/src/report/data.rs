@@ -14,8 +14,8 @@ use serde::Serialize;
 use ggml_viz_reader::telemetry::{Record, RecordSink, Span};
 
 use super::sampling::TimelineSample;
-use super::sequences::{SequenceRow, SequenceTable};
 use super::series::{Latency, POINT_BUDGET, Series, TopKind, TopSpan, latency, memory};
+use super::slots::{SequenceRow, SequenceTable};
 use super::span_args::{arg_str, arg_uint};
 use super::tables::{Aggregate, OpRows, add, layer_number, merge, sorted};
 use crate::figures::MIB;

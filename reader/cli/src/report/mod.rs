@@ -5,8 +5,8 @@
 mod data;
 mod page;
 mod sampling;
-mod sequences;
 mod series;
+mod slots;
 mod span_args;
 mod tables;
 

@@ -43,7 +43,7 @@ pub struct Sequences {
 }
 
 /// Names and categories shared by every step.
-pub struct Names {
+pub struct SequenceNames {
     category: Text,
     request: Text,
     prefill: Text,
@@ -54,9 +54,9 @@ pub struct Names {
     generated: Text,
 }
 
-impl Names {
-    pub fn new(texts: &mut Texts) -> Names {
-        Names {
+impl SequenceNames {
+    pub fn new(texts: &mut Texts) -> SequenceNames {
+        SequenceNames {
             category: texts.get(CATEGORY),
             request: texts.get("request"),
             prefill: texts.get("prefill"),
@@ -76,7 +76,7 @@ impl Sequences {
         &mut self,
         sink: &mut S,
         ids: &mut Ids,
-        names: &Names,
+        names: &SequenceNames,
         process: u32,
         seqs: &[(i32, u32)],
         start_ns: u64,
@@ -140,7 +140,7 @@ impl Sequences {
     }
 
     /// Closes every request still open, at its last step's end.
-    pub fn finish<S: RecordSink>(&mut self, sink: &mut S, names: &Names) {
+    pub fn finish<S: RecordSink>(&mut self, sink: &mut S, names: &SequenceNames) {
         let mut ids: Vec<i32> = self.by_id.keys().copied().collect();
         ids.sort_unstable();
         for id in ids {
@@ -153,7 +153,7 @@ impl Sequences {
 
 impl Sequence {
     /// Closes the open request, if any, with its tokens as arguments.
-    fn close_request<S: RecordSink>(&mut self, sink: &mut S, names: &Names) {
+    fn close_request<S: RecordSink>(&mut self, sink: &mut S, names: &SequenceNames) {
         if let Some(mut span) = self.stack.close(self.lane, self.last_end_ns) {
             let tokens = [
                 (names.prompt.clone(), Arg::UInt(self.prompt_tokens)),
@@ -173,8 +173,8 @@ mod tests {
     use crate::telemetry::Collected;
 
     /// The names, an empty state, span ids and a sink for one test.
-    fn fresh() -> (Names, Sequences, Ids, Collected) {
-        let names = Names::new(&mut Texts::default());
+    fn fresh() -> (SequenceNames, Sequences, Ids, Collected) {
+        let names = SequenceNames::new(&mut Texts::default());
         (
             names,
             Sequences::default(),

@@ -116,7 +116,7 @@ struct Importer<'s, S: RecordSink> {
     /// By span id, the sequences of each open decode span whose batch named them.
     batches: HashMap<u64, Vec<(i32, u32)>>,
     sequences: Sequences,
-    sequence_names: sequences::Names,
+    sequence_names: sequences::SequenceNames,
     graph_category: Text,
     op_category: Text,
     wait_category: Text,
@@ -189,7 +189,7 @@ impl<'s, S: RecordSink> Import<'s, S> {
     pub fn new(name: &'s str, ids: &'s mut Ids, sink: &'s mut S) -> Import<'s, S> {
         let process = ids.process();
         let mut texts = Texts::default();
-        let sequence_names = sequences::Names::new(&mut texts);
+        let sequence_names = sequences::SequenceNames::new(&mut texts);
         let imp = Importer {
             sink,
             ids,
