@@ -9,7 +9,7 @@ use ggml_viz_reader::{Event, Layout};
 use serde_json::{Map, Value, json};
 
 use crate::Failure;
-use crate::input::Input;
+use crate::input::{Input, parse_layout};
 
 /// Print every event of a trace, in file order.
 ///
@@ -46,10 +46,6 @@ enum DumpStyle {
     Text,
     /// One JSON object per line, for programs.
     Jsonl,
-}
-
-pub fn parse_layout(s: &str) -> Result<Layout, String> {
-    s.parse()
 }
 
 pub fn run(args: DumpArgs) -> Result<(), Failure> {

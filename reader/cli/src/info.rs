@@ -8,9 +8,9 @@ use ggml_viz_reader::format::{EventType, ExtensionKind};
 use ggml_viz_reader::{BufferRole, DurationSummary, Layout, OpCollector, TraceStats, timing_cost};
 
 use crate::Failure;
-use crate::dump::parse_layout;
 use crate::figures::{MIB, fmt_ns, timing_cost_sentence};
 use crate::input::Input;
+use crate::input::parse_layout;
 
 /// Summarize a trace: what it holds and who wrote it.
 ///

@@ -183,3 +183,8 @@ pub fn being_written(path: &std::path::Path) -> bool {
         .open(path)
         .is_err_and(|e| e.raw_os_error() == Some(ERROR_SHARING_VIOLATION))
 }
+
+/// A `--layout` value: `packed` or `padded` (the two event layouts found in the wild).
+pub fn parse_layout(s: &str) -> Result<Layout, String> {
+    s.parse()
+}

@@ -1,6 +1,8 @@
 //! `ggml-viz`: inspect GGMLVIZ traces. Run `ggml-viz --help`.
 
+mod diff;
 mod dump;
+mod export;
 mod figures;
 mod info;
 #[cfg(windows)]
@@ -13,7 +15,7 @@ mod reading;
 mod record;
 mod report;
 mod rpc;
-mod timeline;
+mod summary;
 #[cfg(target_os = "linux")]
 mod vulkan_layer;
 
@@ -39,9 +41,9 @@ enum Command {
     Record(record::RecordArgs),
     Info(info::InfoArgs),
     Ops(ops::OpsArgs),
-    Summary(timeline::SummaryArgs),
-    Diff(timeline::DiffArgs),
-    Export(timeline::ExportArgs),
+    Summary(summary::SummaryArgs),
+    Diff(diff::DiffArgs),
+    Export(export::ExportArgs),
     Live(live::LiveArgs),
     Report(report::ReportArgs),
     Rpc(rpc::RpcArgs),
@@ -94,9 +96,9 @@ fn main() -> ExitCode {
         Command::Record(args) => record::run(args),
         Command::Info(args) => info::run(args).map(|()| 0),
         Command::Ops(args) => ops::run(args).map(|()| 0),
-        Command::Summary(args) => timeline::summary(args).map(|()| 0),
-        Command::Diff(args) => timeline::diff(args).map(|()| 0),
-        Command::Export(args) => timeline::export(args).map(|()| 0),
+        Command::Summary(args) => summary::summary(args).map(|()| 0),
+        Command::Diff(args) => diff::diff(args).map(|()| 0),
+        Command::Export(args) => export::export(args).map(|()| 0),
         Command::Report(args) => report::run(args).map(|()| 0),
         Command::Live(args) => live::run(args).map(|()| 0),
         Command::Rpc(args) => rpc::run(args).map(|()| 0),

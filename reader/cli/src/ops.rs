@@ -13,8 +13,8 @@ use ggml_viz_reader::{
 use ggml_viz_reader::{PhaseOps, timing_cost};
 
 use crate::Failure;
-use crate::dump::parse_layout;
 use crate::figures::{fmt_ns, timing_cost_sentence};
+use crate::input::parse_layout;
 use crate::input::{Input, ReadStop};
 use crate::progress::stream_bar;
 

@@ -15,9 +15,11 @@ use ggml_viz_reader::{Damage, Layout, RecordView};
 use indicatif::ProgressBar;
 
 use crate::Failure;
-use crate::dump::parse_layout;
 use crate::figures::fmt_ns;
+use crate::input::parse_layout;
 use crate::progress::{bar, file_name, len};
+use ggml_viz_reader::OpCollector;
+use ggml_viz_reader::telemetry::export::summary::{NodeTimes, Summary};
 
 /// Options every telemetry command takes.
 #[derive(Args)]
@@ -251,5 +253,60 @@ pub fn clock_sentence(o: &ClockOffset) -> String {
             fmt_ns(disagreement)
         ),
         None => format!("{} {}", signed(o.offset_ns), spread(o)),
+    }
+}
+
+/// Imports every input into `sink`; warnings go to stderr. The first corrupt input fails the
+/// command, after everything before the damage was delivered.
+pub fn import_all<S: RecordSink>(
+    paths: &[PathBuf],
+    opts: &InputOpts,
+    sink: &mut S,
+) -> Result<(), Failure> {
+    let mut ids = Ids::default();
+    let mut reading = Reading::new(paths, 1, opts);
+    paths
+        .iter()
+        .try_for_each(|path| reading.import(path, opts, &mut ids, sink))
+        .map_err(|e| Failure::Data(e.0))
+}
+
+/// [`import_all`] into a [`Summary`], whose op types count nodes where the inputs timed them
+/// (each node's wall time, as `ggml-viz ops`, `diff --ops` and the report have it; not each
+/// thread's share of it).
+pub fn summarize(paths: &[PathBuf], opts: &InputOpts) -> (Summary, Result<(), Failure>) {
+    let mut summary = Summary::default();
+    let mut ids = Ids::default();
+    let mut reading = Reading::new(paths, 1, opts);
+    let mut nodes: std::collections::HashMap<String, NodeTimes> = Default::default();
+    let mut result = Ok(());
+    for path in paths {
+        let mut collector = OpCollector::streaming();
+        let mut add = |o: &ggml_viz_reader::OpSample| {
+            nodes
+                .entry(o.op.to_string())
+                .or_default()
+                .add(o.duration_ns);
+        };
+        let imported = reading.import_watching(path, opts, &mut ids, &mut summary, &mut |e| {
+            if let Ok(record) = e {
+                collector.push(Ok(&record.event()));
+                collector.take_ready().for_each(|o| add(&o));
+            }
+        });
+        collector.finish_each(|_, o| add(&o));
+        if let Err(e) = imported {
+            result = Err(Failure::Data(e.0));
+            break;
+        }
+    }
+    drop(reading);
+    summary.use_nodes(&nodes);
+    (summary, result)
+}
+
+pub fn say_warnings(warnings: &[String]) {
+    for w in warnings {
+        eprintln!("ggml-viz: warning: {w}");
     }
 }

@@ -11,8 +11,8 @@ use ggml_viz_reader::telemetry::{Format, Ids};
 
 use crate::Failure;
 use crate::figures::fmt_ns;
+use crate::reading::say_warnings;
 use crate::reading::{InputOpts, Reading, clock_sentence};
-use crate::timeline::say_warnings;
 
 /// Join the traces of a ggml-rpc client and its servers: connections, clocks, commands.
 ///

@@ -14,8 +14,8 @@ use figures::{LiveStats, Snapshot};
 use ggml_viz_reader::{Follower, Layout};
 
 use crate::Failure;
-use crate::dump::parse_layout;
 use crate::figures::fmt_ns;
+use crate::input::parse_layout;
 
 /// How often the file is polled for new records.
 const POLL: Duration = Duration::from_millis(100);
