@@ -201,7 +201,7 @@ fn llama_server_under_concurrent_load_decodes_what_it_reports() {
         c.spans
             .iter()
             .filter(|s| s.category == "llama" && s.start_ns >= started_ns)
-            .filter_map(|s| arg(s, key))
+            .filter_map(|s| s.arg(key))
             .map(|v| match v {
                 Arg::UInt(n) => *n,
                 other => panic!("{key}: {other:?}"),
@@ -270,7 +270,7 @@ fn llama_server_under_concurrent_load_decodes_what_it_reports() {
     // start (`llama_memory_seq_rm(mem, slot, 0, -1)`, no prompt cache here) once per request.
     let clears = (c.spans.iter())
         .filter(|s| s.name == "llama_memory_seq_rm" && s.start_ns >= started_ns)
-        .filter(|s| arg(s, "from") == Some(&Arg::Int(0)) && arg(s, "to") == Some(&Arg::Int(-1)))
+        .filter(|s| s.arg("from") == Some(&Arg::Int(0)) && s.arg("to") == Some(&Arg::Int(-1)))
         .count();
     assert_eq!(clears, results.len(), "a cleared sequence per request");
 
@@ -278,7 +278,7 @@ fn llama_server_under_concurrent_load_decodes_what_it_reports() {
     // named its sequences, and as many sequences per batch as the importer's decode spans.
     let all_batches: Vec<usize> = (c.spans.iter())
         .filter(|s| s.name == "llama_decode")
-        .filter_map(|s| arg(s, "sequences"))
+        .filter_map(|s| s.arg("sequences"))
         .map(|v| match v {
             Arg::UInt(n) => *n as usize,
             other => panic!("{other:?}"),
@@ -351,10 +351,10 @@ fn decode_batches(c: &Collected, since_ns: u64) -> Vec<(u64, BTreeMap<u64, u64>)
         .iter()
         .filter(|s| s.category == "llama" && s.name == "llama_decode" && s.start_ns >= since_ns)
         .map(|s| {
-            let Some(Arg::UInt(n)) = arg(s, "n_tokens") else {
+            let Some(Arg::UInt(n)) = s.arg("n_tokens") else {
                 panic!("a decode without n_tokens: {s:?}")
             };
-            let Some(Arg::Str(seqs)) = arg(s, "seq_tokens") else {
+            let Some(Arg::Str(seqs)) = s.arg("seq_tokens") else {
                 panic!("a decode without its sequences: {s:?}")
             };
             let seqs = seqs
@@ -510,14 +510,9 @@ fn llama_server_answers_the_same_with_the_hook() {
     assert_eq!(answers[0], answers[1]);
 }
 
-/// `span`'s argument `key`.
-fn arg<'a>(span: &'a Span, key: &str) -> Option<&'a Arg> {
-    span.args.iter().find(|(k, _)| k == key).map(|(_, v)| v)
-}
-
 /// `span`'s unsigned argument `key`, which it must have.
 fn uint(span: &Span, key: &str) -> u64 {
-    match arg(span, key) {
+    match span.arg(key) {
         Some(Arg::UInt(n)) => *n,
         other => panic!("{key}: {other:?} in {span:?}"),
     }

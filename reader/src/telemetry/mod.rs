@@ -116,6 +116,19 @@ impl Span {
     pub fn duration_ns(&self) -> u64 {
         self.end_ns.saturating_sub(self.start_ns)
     }
+
+    /// The argument `key`, if the span has it.
+    pub fn arg(&self, key: &str) -> Option<&Arg> {
+        self.args.iter().find(|(k, _)| &**k == key).map(|(_, v)| v)
+    }
+
+    /// The argument `key` as an unsigned count (tokens, bytes), if it is one.
+    pub fn arg_uint(&self, key: &str) -> Option<u64> {
+        match self.arg(key) {
+            Some(Arg::UInt(n)) => Some(*n),
+            _ => None,
+        }
+    }
 }
 
 /// One value of a counter (live bytes of a buffer type, memory of a device).

@@ -16,7 +16,6 @@ use ggml_viz_reader::telemetry::{Record, RecordSink, Span};
 use super::sampling::TimelineSample;
 use super::series::{Latency, POINT_BUDGET, Series, TopKind, TopSpan, latency, memory};
 use super::slots::{SequenceRow, SequenceTable};
-use super::span_args::{arg_str, arg_uint};
 use super::tables::{Aggregate, OpRows, add, layer_number, merge, sorted};
 use crate::figures::MIB;
 
@@ -254,8 +253,8 @@ impl ReportBuilder {
         self.first_ns = self.first_ns.min(span.start_ns);
         self.last_ns = self.last_ns.max(span.end_ns);
         self.sequences.span(span);
-        let tensor = arg_str(span, "tensor");
-        let backend = arg_str(span, "backend");
+        let tensor = span.arg("tensor").map(|a| a.to_string());
+        let backend = span.arg("backend").map(|a| a.to_string());
         let is_op = span.category == "op";
         if is_op {
             let ops = &mut self.input_ops;
@@ -318,9 +317,9 @@ impl ReportBuilder {
                 start: span.start_ns,
                 end: span.end_ns,
                 kind,
-                n_tokens: arg_uint(span, "n_tokens"),
+                n_tokens: span.arg_uint("n_tokens"),
                 // Where the batch's sequences are known: a sequence's prompt in it.
-                prefill: arg_uint(span, "prefill_tokens").map(|n| n > 0),
+                prefill: span.arg_uint("prefill_tokens").map(|n| n > 0),
             });
         }
         let key = TimelineSample::key(span, is_op);
@@ -331,15 +330,15 @@ impl ReportBuilder {
         let rows = &mut self.data.lanes[lane as usize].rows;
         *rows = (*rows).max(span.depth + 1);
         let detail = [
-            arg_str(span, "type"),
-            arg_str(span, "shape"),
+            span.arg("type").map(|a| a.to_string()),
+            span.arg("shape").map(|a| a.to_string()),
             backend.map(|b| format!("on {b}")),
         ]
         .into_iter()
         .flatten()
         .collect::<Vec<_>>()
         .join(" ");
-        let bytes = arg_uint(span, "bytes").unwrap_or(0);
+        let bytes = span.arg_uint("bytes").unwrap_or(0);
         let name = self.string(&span.name);
         let cat = self.string(&span.category);
         let tensor = tensor.map_or(0, |t| self.string(&t));

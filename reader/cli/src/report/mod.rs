@@ -7,7 +7,6 @@ mod page;
 mod sampling;
 mod series;
 mod slots;
-mod span_args;
 mod tables;
 
 use std::fs::File;

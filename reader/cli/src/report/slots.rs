@@ -9,7 +9,6 @@ use serde::Serialize;
 use ggml_viz_reader::telemetry::{SEQUENCE_CATEGORY, Span};
 
 use super::series::quantile;
-use super::span_args::arg_uint;
 
 #[derive(Debug, Default, PartialEq, Serialize)]
 pub struct SequenceRow {
@@ -52,8 +51,8 @@ impl SequenceTable {
             "prefill" => lane.prefill_end_ns = span.end_ns,
             "request" => {
                 lane.durations.push(span.duration_ns());
-                lane.prefill_tokens += arg_uint(span, "prefill_tokens").unwrap_or(0);
-                lane.generation_tokens += arg_uint(span, "generation_tokens").unwrap_or(0);
+                lane.prefill_tokens += span.arg_uint("prefill_tokens").unwrap_or(0);
+                lane.generation_tokens += span.arg_uint("generation_tokens").unwrap_or(0);
                 let generating_from = lane.prefill_end_ns.clamp(span.start_ns, span.end_ns);
                 lane.generating_ns += span.end_ns - generating_from;
             }

@@ -130,7 +130,7 @@ impl RecordSink for RpcParts {
 impl RpcParts {
     /// Keeps the command part an RPC span describes (a span without a known part is none).
     fn command_part(&mut self, process: u32, span: &Span) {
-        let arg = |key: &str| span.args.iter().find(|(k, _)| &**k == key).map(|(_, v)| v);
+        let arg = |key: &str| span.arg(key);
         let uint = |key: &str| match arg(key) {
             Some(Arg::UInt(n)) => *n,
             _ => 0,
