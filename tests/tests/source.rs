@@ -4,7 +4,9 @@
 //! in grouped uses), each resolved to the file of the deepest module it names; a module's
 //! declaring and re-exporting its own children (`mod x; pub use x::Y;`) is its interface, not
 //! an import. A planted circle is caught (the second test), so the first cannot pass by seeing
-//! nothing.
+//! nothing. And the reader's layers, each importing only from itself and the layers below it:
+//! the format, `read`, the telemetry model, the cross-host RPC join, the importers, `analysis`,
+//! the exporters (the CLI above all: another crate).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -314,4 +316,142 @@ fn a_planted_circle_is_found() {
     // Without the back edge, nothing.
     files.insert(module("b"), file("pub fn helper() {}"));
     assert!(circles(&imports(&files)).is_empty());
+}
+
+/// The reader's layers from the bottom, each a list of module paths (a module's children are in
+/// its layer). `format` is the format crate, re-exported; the crate root only re-exports.
+const READER_LAYERS: [&[&str]; 7] = [
+    &["format"],
+    &["read"],
+    &["telemetry", "telemetry/text"],
+    &["telemetry/rpc"],
+    &["telemetry/import"],
+    &["analysis"],
+    &["telemetry/export"],
+];
+
+/// The layer of `module` (its deepest listed ancestor's), if any.
+fn layer_of(module: &[String]) -> Option<usize> {
+    let path = module.join("/");
+    READER_LAYERS
+        .iter()
+        .enumerate()
+        .flat_map(|(i, layer)| layer.iter().map(move |m| (i, *m)))
+        .filter(|(_, m)| path == *m || path.starts_with(&format!("{m}/")))
+        .max_by_key(|(_, m)| m.len())
+        .map(|(i, _)| i)
+}
+
+/// The names the crate root re-exports (`pub use analysis::stats::TraceStats;`), each with the
+/// module it comes from.
+fn root_reexports(lib: &str) -> BTreeMap<String, Module> {
+    let mut out = BTreeMap::new();
+    for statement in code_of(lib).split(';') {
+        let Some(path) = statement.trim().strip_prefix("pub use ") else {
+            continue;
+        };
+        let (module, names) = match path.split_once("::{") {
+            Some((m, list)) => (m, list.trim_end_matches('}').split(',').collect::<Vec<_>>()),
+            None => match path.rsplit_once("::") {
+                Some((m, name)) => (m, vec![name]),
+                None => continue,
+            },
+        };
+        let module: Module = module.split("::").map(str::to_string).collect();
+        for name in names {
+            let name = name.rsplit(" as ").next().unwrap_or_default().trim();
+            if !name.is_empty() {
+                out.insert(name.to_string(), module.clone());
+            }
+        }
+    }
+    out
+}
+
+/// The imports of the reader's files that reach a layer above their own: `(file, target)`.
+fn upward_imports(files: &BTreeMap<Module, String>, lib: &str) -> Vec<(String, String)> {
+    let reexports = root_reexports(lib);
+    let modules: BTreeSet<Module> = files.keys().cloned().collect();
+    let mut found = Vec::new();
+    for (module, code) in files {
+        let Some(own) = layer_of(module) else {
+            continue;
+        };
+        for path in named_paths(code) {
+            // `crate::Name` re-exported at the root stands for its own module.
+            let path = match (path.first().map(String::as_str), path.get(1)) {
+                (Some("crate"), Some(name)) if reexports.contains_key(name) => {
+                    let mut p = vec!["crate".to_string()];
+                    p.extend(reexports[name].iter().cloned());
+                    p.extend(path[2..].iter().cloned());
+                    p
+                }
+                _ => path,
+            };
+            let target = if path.first().map(String::as_str) == Some("crate")
+                && path.get(1).map(String::as_str) == Some("format")
+            {
+                vec!["format".to_string()]
+            } else {
+                match resolve(module, &path, &modules) {
+                    Some(t) => t,
+                    None => continue,
+                }
+            };
+            if layer_of(&target).is_some_and(|t| t > own) {
+                found.push((module.join("/"), target.join("/")));
+            }
+        }
+    }
+    found.sort();
+    found.dedup();
+    found
+}
+
+#[test]
+fn the_readers_layers_import_only_downwards() {
+    let root = workspace().join("reader/src");
+    let (files, _) = crate_files(&root);
+    // Every file is in a layer (the root aside): a new top-level module must be placed.
+    let unplaced: Vec<String> = (files.keys())
+        .filter(|m| !m.is_empty() && layer_of(m).is_none())
+        .map(|m| m.join("/"))
+        .collect();
+    assert!(unplaced.is_empty(), "modules in no layer: {unplaced:?}");
+    let lib = std::fs::read_to_string(root.join("lib.rs")).unwrap();
+    let upward = upward_imports(&files, &lib);
+    assert!(upward.is_empty(), "imports of a layer above: {upward:?}");
+
+    // Planted: the model naming an exporter, an importer naming analysis through a root
+    // re-export, and `read` naming the model: each is found; a downward import is not.
+    let mut planted = files.clone();
+    let mut plant = |module: &str, code: &str| {
+        let key: Module = module.split('/').map(str::to_string).collect();
+        let old = planted[&key].clone();
+        planted.insert(key, format!("{old} {code}"));
+    };
+    plant(
+        "telemetry",
+        "use crate::telemetry::export::perfetto::PerfettoWriter;",
+    );
+    plant(
+        "telemetry/import/ge_log",
+        "fn f() { crate::TraceStats::default(); }",
+    );
+    plant("read/mmap", "use crate::telemetry::Span;");
+    plant("analysis/stats", "use crate::read::Events;");
+    assert_eq!(
+        upward_imports(&planted, &lib),
+        [
+            ("read/mmap".to_string(), "telemetry".to_string()),
+            (
+                "telemetry".to_string(),
+                "telemetry/export/perfetto".to_string()
+            ),
+            (
+                "telemetry/import/ge_log".to_string(),
+                "analysis/stats".to_string()
+            ),
+        ]
+    );
 }
