@@ -3,23 +3,23 @@
 //! putting a ggml-rpc job's traces on its client's clock (a first pass over their commands), with
 //! the bytes read shown on a bar.
 
+use std::collections::HashMap;
 use std::fs::File;
 use std::path::{Path, PathBuf};
 
 use clap::Args;
+use ggml_viz_reader::telemetry::export::summary::{NodeTimes, Summary};
 use ggml_viz_reader::telemetry::rpc::{Aligned, Alignment, ClockOffset, RpcParts, analyse};
 use ggml_viz_reader::telemetry::{
-    Format, Ids, ImportError, RecordSink, detect, import_path_reporting,
+    Format, Ids, ImportError, RecordSink, RecordTap, detect, import_path_reporting,
 };
-use ggml_viz_reader::{Damage, Layout, RecordView};
+use ggml_viz_reader::{Damage, Layout, OpCollector, RecordView};
 use indicatif::ProgressBar;
 
 use crate::Failure;
 use crate::figures::fmt_ns;
 use crate::input::parse_layout;
 use crate::progress::{bar, file_name, len};
-use ggml_viz_reader::OpCollector;
-use ggml_viz_reader::telemetry::export::summary::{NodeTimes, Summary};
 
 /// Options every telemetry command takes.
 #[derive(Args)]
@@ -117,7 +117,7 @@ impl Reading {
         for i in 0..self.paths.len() {
             let path = self.paths[i].clone();
             // Failures are reported by the real pass, which reads the same input.
-            let _ = self.read(&path, opts, &mut ids, &mut parts, &mut |_| {});
+            let _ = self.read(&path, opts, &mut ids, &mut parts, &mut ());
             input_of.resize(parts.processes.len(), i);
         }
         if parts.parts.is_empty() {
@@ -167,18 +167,18 @@ impl Reading {
         ids: &mut Ids,
         sink: &mut S,
     ) -> Result<(), ImportError> {
-        self.import_watching(path, opts, ids, sink, &mut |_| {})
+        self.import_tapped(path, opts, ids, sink, &mut ())
     }
 
-    /// [`Reading::import`], handing `events` each GGMLVIZ event as it is decoded and the damage
-    /// that ended the read.
-    pub fn import_watching<S: RecordSink>(
+    /// [`Reading::import`], with `tap` reading a GGMLVIZ trace's records beside the importer
+    /// (the trace read once).
+    pub fn import_tapped<S: RecordSink>(
         &mut self,
         path: &Path,
         opts: &InputOpts,
         ids: &mut Ids,
         sink: &mut S,
-        events: &mut impl FnMut(Result<RecordView<'_>, &Damage>),
+        tap: &mut impl RecordTap,
     ) -> Result<(), ImportError> {
         let alignment = self
             .paths
@@ -186,8 +186,8 @@ impl Reading {
             .position(|p| p == path)
             .and_then(|i| self.alignments.get(i).cloned());
         match alignment {
-            Some(a) => self.read(path, opts, ids, &mut Aligned::new(sink, &a), events),
-            None => self.read(path, opts, ids, sink, events),
+            Some(a) => self.read(path, opts, ids, &mut Aligned::new(sink, &a), tap),
+            None => self.read(path, opts, ids, sink, tap),
         }
     }
 
@@ -197,7 +197,7 @@ impl Reading {
         opts: &InputOpts,
         ids: &mut Ids,
         sink: &mut S,
-        events: &mut impl FnMut(Result<RecordView<'_>, &Damage>),
+        tap: &mut impl RecordTap,
     ) -> Result<(), ImportError> {
         self.bar.set_message(file_name(path));
         let (bar, done) = (&self.bar, self.done);
@@ -208,7 +208,7 @@ impl Reading {
             ids,
             sink,
             &mut |read| bar.set_position(done + read),
-            events,
+            tap,
         );
         self.done += len(path);
         self.bar.set_position(self.done);
@@ -271,6 +271,39 @@ pub fn import_all<S: RecordSink>(
         .map_err(|e| Failure::Data(e.0))
 }
 
+/// The nodes of a trace's op events as the importer reads them: each op type's node wall times
+/// (what [`summarize`] counts an op type by).
+struct NodeTap<'a> {
+    collector: OpCollector,
+    nodes: &'a mut HashMap<String, NodeTimes>,
+}
+
+impl NodeTap<'_> {
+    fn add(nodes: &mut HashMap<String, NodeTimes>, node: &ggml_viz_reader::OpSample) {
+        nodes
+            .entry(node.op.to_string())
+            .or_default()
+            .add(node.duration_ns);
+    }
+
+    fn finish(self) {
+        let nodes = self.nodes;
+        self.collector.finish_each(|_, o| Self::add(nodes, &o));
+    }
+}
+
+impl RecordTap for NodeTap<'_> {
+    fn record(&mut self, record: RecordView<'_>) {
+        self.collector.push(Ok(&record.event()));
+        let nodes = &mut *self.nodes;
+        self.collector
+            .take_ready()
+            .for_each(|o| Self::add(nodes, &o));
+    }
+
+    fn damage(&mut self, _: &Damage) {}
+}
+
 /// [`import_all`] into a [`Summary`], whose op types count nodes where the inputs timed them
 /// (each node's wall time, as `ggml-viz ops`, `diff --ops` and the report have it; not each
 /// thread's share of it).
@@ -278,23 +311,15 @@ pub fn summarize(paths: &[PathBuf], opts: &InputOpts) -> (Summary, Result<(), Fa
     let mut summary = Summary::default();
     let mut ids = Ids::default();
     let mut reading = Reading::new(paths, 1, opts);
-    let mut nodes: std::collections::HashMap<String, NodeTimes> = Default::default();
+    let mut nodes: HashMap<String, NodeTimes> = HashMap::new();
     let mut result = Ok(());
     for path in paths {
-        let mut collector = OpCollector::streaming();
-        let mut add = |o: &ggml_viz_reader::OpSample| {
-            nodes
-                .entry(o.op.to_string())
-                .or_default()
-                .add(o.duration_ns);
+        let mut tap = NodeTap {
+            collector: OpCollector::streaming(),
+            nodes: &mut nodes,
         };
-        let imported = reading.import_watching(path, opts, &mut ids, &mut summary, &mut |e| {
-            if let Ok(record) = e {
-                collector.push(Ok(&record.event()));
-                collector.take_ready().for_each(|o| add(&o));
-            }
-        });
-        collector.finish_each(|_, o| add(&o));
+        let imported = reading.import_tapped(path, opts, &mut ids, &mut summary, &mut tap);
+        tap.finish();
         if let Err(e) = imported {
             result = Err(Failure::Data(e.0));
             break;

@@ -19,7 +19,7 @@ pub use export::chrome_json::ChromeJsonWriter;
 pub use export::perfetto::PerfettoWriter;
 pub use export::summary::Summary;
 pub use import::{
-    Format, ImportError, SEQUENCE_CATEGORY, detect, import_path, import_path_reporting,
+    Format, ImportError, RecordTap, SEQUENCE_CATEGORY, detect, import_path, import_path_reporting,
 };
 pub use text::{ByAddress, Text, Texts};
 

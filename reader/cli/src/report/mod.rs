@@ -14,9 +14,9 @@ use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 
 use clap::Args;
-use ggml_viz_reader::telemetry::Ids;
 use ggml_viz_reader::telemetry::{Format, detect};
-use ggml_viz_reader::{OpCollector, TraceStats, timing_cost};
+use ggml_viz_reader::telemetry::{Ids, RecordTap};
+use ggml_viz_reader::{Damage, OpCollector, RecordView, TraceStats, timing_cost};
 
 use crate::Failure;
 use crate::figures::timing_cost_sentence;
@@ -55,6 +55,32 @@ pub struct ReportArgs {
     input: InputOpts,
 }
 
+/// What a report counts of a GGMLVIZ input beside the page's data, from the same read: the
+/// counts `info` shows, the nodes `ops` shows (each counted once known: memory does not grow
+/// with the trace), and the damage that ended the read.
+struct InputTap<'a> {
+    name: &'a str,
+    stats: TraceStats,
+    damage: Option<String>,
+    collector: OpCollector,
+    nodes: OpRows,
+}
+
+impl RecordTap for InputTap<'_> {
+    fn record(&mut self, record: RecordView<'_>) {
+        let event = record.event();
+        self.stats.add(&event);
+        self.collector.push(Ok(&event));
+        let nodes = &mut self.nodes;
+        self.collector.take_ready().for_each(|o| nodes.add_node(&o));
+    }
+
+    fn damage(&mut self, damage: &Damage) {
+        // Described as the importer describes it (the page lists it once).
+        self.damage = Some(format!("{}: {damage}", self.name));
+    }
+}
+
 fn file_name(p: &Path) -> String {
     p.file_name()
         .map_or_else(|| p.display().to_string(), |n| n.to_string_lossy().into())
@@ -85,23 +111,21 @@ pub fn run(args: ReportArgs) -> Result<(), Failure> {
     let mut failure = None;
     for (path, name) in args.files.iter().zip(&names) {
         let items = builder.items;
-        let mut stats = TraceStats::default();
-        let mut damage = None;
-        let mut collector = OpCollector::streaming();
-        let mut nodes = OpRows::default();
-        let imported =
-            reading.import_watching(path, &args.input, &mut ids, &mut builder, &mut |e| {
-                match e {
-                    Ok(record) => {
-                        let event = record.event();
-                        stats.add(&event);
-                        collector.push(Ok(&event));
-                        collector.take_ready().for_each(|o| nodes.add_node(&o));
-                    }
-                    // Described as the importer describes it (the page lists it once).
-                    Err(d) => damage = Some(format!("{name}: {d}")),
-                }
-            });
+        let mut tap = InputTap {
+            name,
+            stats: TraceStats::default(),
+            damage: None,
+            collector: OpCollector::streaming(),
+            nodes: OpRows::default(),
+        };
+        let imported = reading.import_tapped(path, &args.input, &mut ids, &mut builder, &mut tap);
+        let InputTap {
+            mut stats,
+            damage,
+            collector,
+            mut nodes,
+            ..
+        } = tap;
         let analysis = collector.finish_each(|_, o| nodes.add_node(&o));
         if let Some(c) = timing_cost(&analysis.graph_computes) {
             builder.add_timing_cost(format!("{name}: {}", timing_cost_sentence(&c)));

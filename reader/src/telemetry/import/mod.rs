@@ -147,7 +147,23 @@ pub fn import_path<S: RecordSink>(
     ids: &mut Ids,
     sink: &mut S,
 ) -> Result<(), ImportError> {
-    import_path_reporting(path, format, layout, ids, sink, &mut |_| {}, &mut |_| {})
+    import_path_reporting(path, format, layout, ids, sink, &mut |_| {}, &mut ())
+}
+
+/// What reads a GGMLVIZ trace's records beside the importer, as they lie in the read buffer
+/// (decoded as far as it asks): the same bytes, read once, feed the telemetry model and, through
+/// a tap, a caller's own counts (`TraceStats`) or node analysis (`OpCollector`). `()` taps
+/// nothing.
+pub trait RecordTap {
+    /// A record, in file order.
+    fn record(&mut self, record: crate::RecordView<'_>);
+    /// The damage that ended the read (a truncated tail is one too).
+    fn damage(&mut self, damage: &crate::Damage);
+}
+
+impl RecordTap for () {
+    fn record(&mut self, _: crate::RecordView<'_>) {}
+    fn damage(&mut self, _: &crate::Damage) {}
 }
 
 /// Bytes read between two calls of an import's progress callback.
@@ -185,9 +201,8 @@ impl<R: std::io::Read> std::io::Read for Counting<'_, R> {
 }
 
 /// [`import_path`], telling `progress` how many bytes of the file were read so far (for a
-/// progress bar): every few megabytes, and at the end; and, for a GGMLVIZ trace, handing
-/// `events` each event as it lies (decoded as far as `events` asks) and the damage that ended
-/// the read (so that a caller who also counts the raw events reads the trace once).
+/// progress bar): every few megabytes, and at the end; and, for a GGMLVIZ trace, handing `tap`
+/// each record and the damage that ended the read (see [`RecordTap`]).
 pub fn import_path_reporting<S: RecordSink>(
     path: &std::path::Path,
     format: Option<Format>,
@@ -195,7 +210,7 @@ pub fn import_path_reporting<S: RecordSink>(
     ids: &mut Ids,
     sink: &mut S,
     progress: &mut dyn FnMut(u64),
-    events: &mut impl FnMut(Result<crate::RecordView<'_>, &crate::Damage>),
+    tap: &mut impl RecordTap,
 ) -> Result<(), ImportError> {
     let name = path.display().to_string();
     let fail = |e: std::io::Error| ImportError(format!("cannot read {name}: {e}"));
@@ -212,13 +227,13 @@ pub fn import_path_reporting<S: RecordSink>(
             let mut io_error = None;
             let mut import = ggmlviz::Import::new(&name, ids, sink);
             let ended = reader.for_each_record(|offset, record| {
-                events(Ok(record));
+                tap.record(record);
                 import.record(offset, record)
             });
             match ended {
                 Ok(()) => {}
                 Err(crate::StreamError::Damage(d)) => {
-                    events(Err(&d));
+                    tap.damage(&d);
                     import.item(d.offset, Err(d));
                 }
                 Err(crate::StreamError::Io(e)) => io_error = Some(e),
