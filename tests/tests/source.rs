@@ -4,9 +4,10 @@
 //! in grouped uses), each resolved to the file of the deepest module it names; a module's
 //! declaring and re-exporting its own children (`mod x; pub use x::Y;`) is its interface, not
 //! an import. A planted circle is caught (the second test), so the first cannot pass by seeing
-//! nothing. And the reader's layers, each importing only from itself and the layers below it:
-//! the format, `read`, the telemetry model, the cross-host RPC join, the importers, `analysis`,
-//! the exporters (the CLI above all: another crate).
+//! nothing. And the layers of the reader (the format, `read`, the telemetry model, the
+//! cross-host RPC join, the importers, `analysis`, the exporters) and of the hook (`base`,
+//! `record`, `intercept`), each importing only from itself and the layers below it, a name the
+//! crate root re-exports counting as its own module's; planted breaches are found.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -320,7 +321,7 @@ fn a_planted_circle_is_found() {
 
 /// The reader's layers from the bottom, each a list of module paths (a module's children are in
 /// its layer). `format` is the format crate, re-exported; the crate root only re-exports.
-const READER_LAYERS: [&[&str]; 7] = [
+const READER_LAYERS: &[&[&str]] = &[
     &["format"],
     &["read"],
     &["telemetry", "telemetry/text"],
@@ -330,10 +331,14 @@ const READER_LAYERS: [&[&str]; 7] = [
     &["telemetry/export"],
 ];
 
-/// The layer of `module` (its deepest listed ancestor's), if any.
-fn layer_of(module: &[String]) -> Option<usize> {
+/// The hook's layers: the base (entry names, OS, clock, ring, ggml helpers), the recording core
+/// (which names no mechanism), the front ends (wrappers, routing, inline hooks).
+const HOOK_LAYERS: &[&[&str]] = &[&["base"], &["record"], &["intercept"]];
+
+/// The layer of `module` among `layers` (its deepest listed ancestor's), if any.
+fn layer_of(layers: &[&[&str]], module: &[String]) -> Option<usize> {
     let path = module.join("/");
-    READER_LAYERS
+    layers
         .iter()
         .enumerate()
         .flat_map(|(i, layer)| layer.iter().map(move |m| (i, *m)))
@@ -368,13 +373,18 @@ fn root_reexports(lib: &str) -> BTreeMap<String, Module> {
     out
 }
 
-/// The imports of the reader's files that reach a layer above their own: `(file, target)`.
-fn upward_imports(files: &BTreeMap<Module, String>, lib: &str) -> Vec<(String, String)> {
+/// The imports of a crate's files that reach a layer of `layers` above their own:
+/// `(file, target)`; `lib` is the crate root's source (its re-exports).
+fn upward_imports(
+    layers: &[&[&str]],
+    files: &BTreeMap<Module, String>,
+    lib: &str,
+) -> Vec<(String, String)> {
     let reexports = root_reexports(lib);
     let modules: BTreeSet<Module> = files.keys().cloned().collect();
     let mut found = Vec::new();
     for (module, code) in files {
-        let Some(own) = layer_of(module) else {
+        let Some(own) = layer_of(layers, module) else {
             continue;
         };
         for path in named_paths(code) {
@@ -398,7 +408,7 @@ fn upward_imports(files: &BTreeMap<Module, String>, lib: &str) -> Vec<(String, S
                     None => continue,
                 }
             };
-            if layer_of(&target).is_some_and(|t| t > own) {
+            if layer_of(layers, &target).is_some_and(|t| t > own) {
                 found.push((module.join("/"), target.join("/")));
             }
         }
@@ -408,22 +418,41 @@ fn upward_imports(files: &BTreeMap<Module, String>, lib: &str) -> Vec<(String, S
     found
 }
 
-#[test]
-fn the_readers_layers_import_only_downwards() {
-    let root = workspace().join("reader/src");
+/// The modules of the crate at `root` in none of `layers`, and its imports of a layer above
+/// their own.
+fn layer_breaches(root: &str, layers: &[&[&str]]) -> (Vec<String>, Vec<(String, String)>) {
+    let root = workspace().join(root);
     let (files, _) = crate_files(&root);
-    // Every file is in a layer (the root aside): a new top-level module must be placed.
-    let unplaced: Vec<String> = (files.keys())
-        .filter(|m| !m.is_empty() && layer_of(m).is_none())
+    let unplaced = (files.keys())
+        .filter(|m| !m.is_empty() && layer_of(layers, m).is_none())
         .map(|m| m.join("/"))
         .collect();
-    assert!(unplaced.is_empty(), "modules in no layer: {unplaced:?}");
     let lib = std::fs::read_to_string(root.join("lib.rs")).unwrap();
-    let upward = upward_imports(&files, &lib);
-    assert!(upward.is_empty(), "imports of a layer above: {upward:?}");
+    (unplaced, upward_imports(layers, &files, &lib))
+}
 
-    // Planted: the model naming an exporter, an importer naming analysis through a root
-    // re-export, and `read` naming the model: each is found; a downward import is not.
+#[test]
+fn the_readers_and_the_hooks_layers_import_only_downwards() {
+    for (root, layers) in [("reader/src", READER_LAYERS), ("hook/src", HOOK_LAYERS)] {
+        let (unplaced, upward) = layer_breaches(root, layers);
+        assert!(
+            unplaced.is_empty(),
+            "{root}: modules in no layer: {unplaced:?}"
+        );
+        assert!(
+            upward.is_empty(),
+            "{root}: imports of a layer above: {upward:?}"
+        );
+    }
+}
+
+/// Planted upward imports, each found, in the reader's tree and in a hook-like crate: inline
+/// paths, grouped uses (nested too), `super::` chains that climb out of a layer, names the
+/// crate root re-exports from an upper layer (renamed too); and what a lower layer may write.
+#[test]
+fn planted_upward_imports_are_found() {
+    let (files, _) = crate_files(&workspace().join("reader/src"));
+    let lib = std::fs::read_to_string(workspace().join("reader/src/lib.rs")).unwrap();
     let mut planted = files.clone();
     let mut plant = |module: &str, code: &str| {
         let key: Module = module.split('/').map(str::to_string).collect();
@@ -441,7 +470,7 @@ fn the_readers_layers_import_only_downwards() {
     plant("read/mmap", "use crate::telemetry::Span;");
     plant("analysis/stats", "use crate::read::Events;");
     assert_eq!(
-        upward_imports(&planted, &lib),
+        upward_imports(READER_LAYERS, &planted, &lib),
         [
             ("read/mmap".to_string(), "telemetry".to_string()),
             (
@@ -454,4 +483,61 @@ fn the_readers_layers_import_only_downwards() {
             ),
         ]
     );
+
+    let lib = "mod base; mod intercept; mod record; pub use base::entry::Entry;\n\
+               pub use record::{Recorder, graph_begin as begin};";
+    let module = |path: &str| -> Module { path.split('/').map(str::to_string).collect() };
+    let crate_with = |file: &str, code: &str| {
+        let mut files: BTreeMap<Module, String> = [
+            "",
+            "base",
+            "base/os",
+            "base/ring",
+            "base/entry",
+            "record",
+            "record/recorder",
+            "intercept",
+            "intercept/inline",
+            "intercept/exports",
+        ]
+        .iter()
+        .map(|m| (module(m), String::new()))
+        .map(|(m, c)| (if m == [String::new()] { Vec::new() } else { m }, c))
+        .collect();
+        files.insert(module(file), code_of(code));
+        files
+    };
+    let caught = |file: &str, code: &str| {
+        !upward_imports(HOOK_LAYERS, &crate_with(file, code), lib).is_empty()
+    };
+    assert!(caught("base/ring", "use crate::record::Recorder;"));
+    assert!(caught(
+        "base/ring",
+        "use crate::{base::os, intercept::inline};"
+    ));
+    assert!(caught(
+        "base/ring",
+        "use crate::{\n    record::{self, Setup},\n};"
+    ));
+    assert!(caught(
+        "record/recorder",
+        "fn f() { crate::intercept::exports::wrapper(e); }"
+    ));
+    assert!(caught("base/ring", "use super::super::record::Recorder;"));
+    assert!(caught("base", "use super::record;"));
+    assert!(caught("base/ring", "let r: &crate::Recorder = todo!();"));
+    assert!(caught("base/ring", "use crate::begin;"));
+    // What a base module may write.
+    assert!(!caught(
+        "base/ring",
+        "use super::os::thread_id;\nuse crate::base::ring::Ring;\nuse crate::Entry;"
+    ));
+    assert!(!caught(
+        "base/ring",
+        "// see crate::record::Recorder\n/// [`crate::intercept`]\nfn f() {}"
+    ));
+    assert!(!caught(
+        "base/ring",
+        "use ggml_viz_format::ext::SpanBoundary;"
+    ));
 }
