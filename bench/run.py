@@ -598,10 +598,15 @@ def main():
         "quick": args.quick,
         "sections": sections,
         "seconds": round(time.time() - started),
+        "date": time.strftime("%Y-%m-%d"),
     }
     with open(out, "w") as f:
         json.dump({"machine": machine, "metrics": RESULTS}, f, indent=2)
     progress(f"wrote {len(RESULTS)} metrics to {os.path.relpath(out, ROOT)} in {machine['seconds']} s")
+    # A recorded run (not --quick, into bench/): docs/performance.md's tables follow it.
+    if not args.quick and os.path.dirname(os.path.abspath(out)) == os.path.join(ROOT, "bench"):
+        run([sys.executable, os.path.join(ROOT, "bench", "table.py")])
+        progress("rendered docs/performance.md's tables (bench/table.py)")
 
 
 SECTIONS = {"producer": producer, "decode": decode, "readers": readers, "rpc": rpc, "live": live,
