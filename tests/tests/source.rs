@@ -63,14 +63,19 @@ fn module_of(root: &Path, file: &Path) -> Module {
     parts
 }
 
-/// A file's code before its unit tests, without comments, its whitespace runs made one space.
-fn code_of(source: &str) -> String {
-    let before_tests = source
+/// A file's text before its unit tests (`#[cfg(test)] mod tests`; other `#[cfg(test)]` items,
+/// such as a helper the tests call, are part of the file).
+fn before_tests(source: &str) -> &str {
+    source
         .split("#[cfg(test)]\nmod tests")
         .next()
-        .unwrap_or_default();
+        .unwrap_or_default()
+}
+
+/// A file's code before its unit tests, without comments, its whitespace runs made one space.
+fn code_of(source: &str) -> String {
     let mut out = String::new();
-    for line in before_tests.lines() {
+    for line in before_tests(source).lines() {
         out.push_str(line.split("//").next().unwrap_or_default());
         out.push(' ');
     }
@@ -247,8 +252,7 @@ fn crate_files(root: &Path) -> (BTreeMap<Module, String>, Vec<(PathBuf, usize)>)
     let mut lengths = Vec::new();
     for path in paths {
         let source = std::fs::read_to_string(&path).unwrap();
-        let before_tests = source.lines().take_while(|l| *l != "#[cfg(test)]").count();
-        lengths.push((path.clone(), before_tests));
+        lengths.push((path.clone(), before_tests(&source).lines().count()));
         files.insert(module_of(root, &path), code_of(&source));
     }
     (files, lengths)
