@@ -38,6 +38,18 @@ pub const MAX_LABEL_LEN: u32 = 16 << 20;
 /// Type code of the ggml-viz extension records (see [`Extension`]). Spec-following readers skip
 /// it like any other unknown type.
 pub const EXTENSION_TYPE_CODE: u8 = 0xC0;
+
+/// The label of a buffer event (TENSOR_ALLOC / TENSOR_FREE, FORMAT.md "Buffers"):
+/// `<buffer type name>@<base address>` (`CPU_Mapped@0x7f…`).
+pub fn buffer_label(buffer_type: &str, base: u64) -> String {
+    format!("{buffer_type}@{base:#x}")
+}
+
+/// The buffer type a buffer event's label names (see [`buffer_label`]): all of it where it has
+/// no `@`.
+pub fn buffer_type_of(label: &str) -> &str {
+    label.split('@').next().unwrap_or_default()
+}
 /// First four bytes of an extension record's union: tells our records from another writer's use
 /// of the same type code.
 pub const EXTENSION_MAGIC: [u8; 4] = *b"GVZX";

@@ -103,7 +103,7 @@ impl MemoryStats {
         if size > 0 {
             let label = String::from_utf8_lossy(label);
             self.lives.push(BufferLife {
-                buffer_type: label.split('@').next().unwrap_or_default().to_string(),
+                buffer_type: crate::format::buffer_type_of(&label).to_string(),
                 size,
                 usage: None,
                 first_tensor: None,

@@ -2,7 +2,7 @@
 //! RPC parts, names, counters, and the writer's own records.
 
 use ggml_viz_format::ext::{self, Counters, RpcPart};
-use ggml_viz_format::{ExtensionKind, Payload};
+use ggml_viz_format::{self as format, ExtensionKind, Payload};
 
 use super::{Drain, TENSOR_ALLOC, TraceWriter, put_event};
 use crate::base::clock;
@@ -20,7 +20,7 @@ impl TraceWriter {
         } else {
             self.live_buffers.remove(&e.a);
         }
-        let label = format!("{buft}@{:#x}", e.d);
+        let label = format::buffer_label(buft, e.d);
         let payload = Payload::Memory {
             ptr: e.a,
             size: e.size,

@@ -14,7 +14,7 @@ impl<S: RecordSink> Importer<'_, S> {
         match (e.event_type(), &e.payload) {
             (Some(EventType::TensorAlloc), &Payload::Memory { ptr, size }) => {
                 let label = String::from_utf8_lossy(label);
-                let buft = label.split('@').next().unwrap_or_default().to_string();
+                let buft = crate::format::buffer_type_of(&label).to_string();
                 let live = self.live.entry(buft.clone()).or_default();
                 *live = live.saturating_add(size.min(i64::MAX as u64) as i64);
                 self.buffers.insert(ptr, (buft.clone(), size));
