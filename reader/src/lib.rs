@@ -52,7 +52,7 @@ pub use analysis::op_change::{
 pub use analysis::op_groups::{GroupBy, OpGroup, OpGroups, group_ops, imbalance, wait_share};
 pub use analysis::op_timings::OpCollector;
 pub use analysis::stats::{DurationSummary, GraphStep, TraceStats, oversubscription_note};
-pub use analysis::timing_mode::{op_timing_mode, op_timing_note};
+pub use analysis::timing_mode::{leaves_graphs_untimed, op_timing_mode, op_timing_note};
 pub use format::{
     Damage, DamageKind, Event, EventType, Layout, LayoutChoice, LayoutSource, Payload, RecordView,
     choose_layout,

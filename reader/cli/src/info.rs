@@ -31,18 +31,6 @@ pub struct InfoArgs {
     layout: Option<Layout>,
 }
 
-/// Whether a trace's settings leave some graph computes without op timing: `op_sample` above 1,
-/// or a capture window (`skip_graphs`, `max_graphs`).
-fn leaves_graphs_untimed(settings: &serde_json::Map<String, serde_json::Value>) -> bool {
-    let number = |key: &str| {
-        settings
-            .get(key)
-            .and_then(serde_json::Value::as_u64)
-            .unwrap_or(0)
-    };
-    number("op_sample") > 1 || number("skip_graphs") > 0 || number("max_graphs") > 0
-}
-
 pub fn run(args: InfoArgs) -> Result<(), Failure> {
     let input = Input::open(&args.file, args.layout).map_err(Failure::Data)?;
     let mut stats = TraceStats::default();
@@ -54,7 +42,7 @@ pub fn run(args: InfoArgs) -> Result<(), Failure> {
         stats.add(&event);
         if !looked && let Some(m) = &stats.metadata {
             looked = true;
-            if leaves_graphs_untimed(&m.settings) {
+            if ggml_viz_reader::leaves_graphs_untimed(&m.settings) {
                 sampled = Some(OpCollector::streaming());
             }
         }

@@ -79,8 +79,8 @@ pub struct MemoryStats {
     pub live_bytes: u64,
     /// Buffers the writer reported still allocated when it closed the trace.
     pub live_at_exit: Option<u64>,
-    /// Live buffers: handle to size and index into `lives`.
-    live: HashMap<u64, (u64, usize)>,
+    /// Live buffers: handle to size and, for a buffer of some size, its index into `lives`.
+    live: HashMap<u64, (u64, Option<usize>)>,
     /// Every buffer of a non-zero size, in the order allocated.
     lives: Vec<BufferLife>,
     /// Allocations (true) and frees, in trace order, by index into `lives`.
@@ -99,8 +99,8 @@ impl MemoryStats {
             .saturating_sub(replaced)
             .saturating_add(size);
         self.peak_live_bytes = self.peak_live_bytes.max(self.live_bytes);
-        let index = self.lives.len();
-        if size > 0 {
+        let index = (size > 0).then_some(self.lives.len());
+        if let Some(index) = index {
             let label = String::from_utf8_lossy(label);
             self.lives.push(BufferLife {
                 buffer_type: crate::format::buffer_type_of(&label).to_string(),
@@ -122,9 +122,9 @@ impl MemoryStats {
     }
 
     /// Takes live buffer `ptr` out of the live set (its free, in the changes).
-    fn forget(&mut self, ptr: u64) -> Option<(u64, usize)> {
+    fn forget(&mut self, ptr: u64) -> Option<(u64, Option<usize>)> {
         let (size, index) = self.live.remove(&ptr)?;
-        if size > 0 {
+        if let Some(index) = index {
             self.changes.push((index, false));
         }
         Some((size, index))
@@ -132,12 +132,9 @@ impl MemoryStats {
 
     /// A `buffer_use` record: what the live buffer it names holds.
     pub(crate) fn use_of(&mut self, used: BufferUse) {
-        let Some(&(size, index)) = self.live.get(&used.buffer) else {
+        let Some(&(_, Some(index))) = self.live.get(&used.buffer) else {
             return;
         };
-        if size == 0 {
-            return;
-        }
         let life = &mut self.lives[index];
         if used.usage.is_some() {
             life.usage = used.usage;

@@ -14,6 +14,18 @@ pub fn op_timing_mode(settings: &serde_json::Map<String, serde_json::Value>) -> 
     }
 }
 
+/// Whether a trace's settings leave some graph computes without op timing: `op_sample` above 1,
+/// or a capture window (`skip_graphs`, `max_graphs`).
+pub fn leaves_graphs_untimed(settings: &serde_json::Map<String, serde_json::Value>) -> bool {
+    let number = |key: &str| {
+        settings
+            .get(key)
+            .and_then(serde_json::Value::as_u64)
+            .unwrap_or(0)
+    };
+    number("op_sample") > 1 || number("skip_graphs") > 0 || number("max_graphs") > 0
+}
+
 /// What a reader should be told about how op timings were taken, from the writer's settings
 /// (`op_timing`, `op_sample` of the metadata record); `None` when the trace does not say.
 /// The mode is [`op_timing_mode`]'s; `op_timing_why` says why it ran; `gpu_op_timing`, how a

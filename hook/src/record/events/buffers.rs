@@ -20,10 +20,7 @@ pub fn buffer_event(
     base: u64,
     buft_name: impl FnOnce(&Recorder) -> u16,
 ) {
-    let Some(r) = current(1) else { return };
-    if !r.config.memory_tracking {
-        return;
-    }
+    let Some(r) = tracking_memory() else { return };
     let ty = if alloc {
         EventType::TensorAlloc
     } else {
@@ -42,10 +39,12 @@ pub fn buffer_event(
 
 /// The program told ggml what backend buffer `buffer` holds: recorded with memory tracking on.
 pub fn buffer_use(buffer: *mut c_void, what: packing::BufferUse<'_>) {
-    let Some(r) = current(1) else { return };
-    if !r.config.memory_tracking {
-        return;
-    }
+    let Some(r) = tracking_memory() else { return };
     let event = packing::buffer_use_event(buffer as u64, what);
     local(r, |l| push(l, r, event, Claim::Plain));
+}
+
+/// The recorder, if one records this call with memory tracking on.
+fn tracking_memory() -> Option<&'static Recorder> {
+    current(1).filter(|r| r.config.memory_tracking)
 }
