@@ -16,11 +16,13 @@ pub fn fmt_ns(ns: f64) -> String {
     }
 }
 
-/// What op timing cost the run, as `ops`, `info` and the report say it.
+/// What op timing cost the run (`generation graph computes took … with their ops timed, …
+/// without: +1.2 % (95 % interval …)`), as `ops`, `info` and the report say it after their own
+/// lead.
 pub fn timing_cost_sentence(c: &TimingCost) -> String {
     let pct = |x: f64| format!("{:+.1} %", 100.0 * x);
     format!(
-        "op timing's own cost: {} graph computes took {} (median of {}) with their ops timed, \
+        "{} graph computes took {} (median of {}) with their ops timed, \
          {} (median of {}) without: {} (95 % interval {} .. {})",
         c.phase.map_or("the", |p| p.name()),
         fmt_ns(c.timed.1),

@@ -271,7 +271,7 @@ fn write_header(out: &mut impl Write, a: &OpAnalysis, t: &Tables) -> io::Result<
         )?;
     }
     if let Some(c) = timing_cost(&a.graph_computes) {
-        writeln!(out, "{}", timing_cost_sentence(&c))?;
+        writeln!(out, "op timing's own cost: {}", timing_cost_sentence(&c))?;
     }
     if t.threaded {
         let sum = |of: fn(&ThreadTotals) -> u64| {

@@ -128,7 +128,10 @@ pub fn run(args: ReportArgs) -> Result<(), Failure> {
         } = tap;
         let analysis = collector.finish_each(|_, o| nodes.add_node(&o));
         if let Some(c) = timing_cost(&analysis.graph_computes) {
-            builder.add_timing_cost(format!("{name}: {}", timing_cost_sentence(&c)));
+            builder.add_timing_cost(format!(
+                "{name}: op timing's own cost: {}",
+                timing_cost_sentence(&c)
+            ));
         }
         builder.end_input(nodes);
         if analysis.late_shares > 0 {
