@@ -126,7 +126,7 @@ impl Host {
         for (k, v) in env {
             cmd.env(k, v);
         }
-        let child = cmd
+        let child = crate::server::interruptible(&mut cmd)
             .stdout(Stdio::from(std::fs::File::create(log).unwrap()))
             .stderr(Stdio::from(
                 std::fs::OpenOptions::new().append(true).open(log).unwrap(),

@@ -66,7 +66,9 @@ fn get(port: u16, path: &str) -> Option<String> {
 /// Starts the server and waits (at most a minute) until it says it is ready.
 pub(crate) fn start(cmd: Command, port: u16, log: &Path) -> Child {
     let mut cmd = cmd;
-    let mut child = cmd.spawn().expect("llama-server starts");
+    let mut child = interruptible(&mut cmd)
+        .spawn()
+        .expect("llama-server starts");
     let deadline = Instant::now() + Duration::from_secs(60);
     while !get(port, "/health").is_some_and(|b| b.contains("ok")) {
         if let Ok(Some(status)) = child.try_wait() {
@@ -87,6 +89,22 @@ pub(crate) fn start(cmd: Command, port: u16, log: &Path) -> Child {
 /// Stops the server as a user would (SIGINT), and waits for it to exit (at most 30 s).
 pub(crate) fn stop(child: Child) {
     interrupt(child, "llama-server", 30);
+}
+
+/// Lets a process `cmd` starts be stopped by SIGINT ([`interrupt`]) however the tests were
+/// started: one started in the background by a non-interactive shell (`cargo test … &`) inherits
+/// SIGINT ignored, and a program that installs no handler of its own (`ggml-rpc-server`) would
+/// then never stop.
+pub(crate) fn interruptible(cmd: &mut Command) -> &mut Command {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: between fork and exec, the closure calls `signal` alone, which is
+    // async-signal-safe, and touches no memory of the parent's.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::signal(libc::SIGINT, libc::SIG_DFL);
+            Ok(())
+        })
+    }
 }
 
 /// Sends SIGINT to `child` (`what`), as Ctrl-C would, and waits at most `seconds` for it to exit.
