@@ -17,7 +17,7 @@ type Module = Vec<String>;
 
 /// The crates' source roots, from the workspace's root.
 const SOURCE_ROOTS: [&str; 6] = [
-    "format/src",
+    "reader/format/src",
     "config/src",
     "reader/src",
     "reader/cli/src",

@@ -35,44 +35,32 @@ impl<T> UnsafeCell<T> {
     }
 }
 
-/// One event as the producer stores it: plain data, turned into a GGMLVIZ record by the sink.
+/// One slot: a raw event as the producer stores it, plain data of one fixed size (48 bytes).
+/// Its `kind` says what the other fields hold: the recording core's `raw` module has a
+/// constructor and a decoder for each kind, and nothing else reads or writes them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RawEvent {
-    /// When, in [`crate::base::clock::now_ticks`] ticks.
+    /// When: [`crate::base::clock::now_ticks`] ticks, unless the kind names another clock.
     pub ticks: u64,
-    /// The union's first u64 (graph, tensor or object pointer).
-    pub a: u64,
-    /// The union's last u64 (backend pointer, or a duration in ticks for barrier waits).
-    pub d: u64,
-    /// Op events: `op_size`, the bytes of the node's result.
-    pub size: u64,
-    /// The union's u32 fields (n_nodes / op_type, n_threads). An op end's `c` is 0, or 1 + the
-    /// ticks since its begin where the slot stands for the whole share (both records).
-    pub b: u32,
-    pub c: u32,
+    pub words: [u64; 3],
+    pub halves: [u32; 2],
+    /// The thread that recorded it (set as it is stored).
     pub thread_id: u32,
-    pub type_code: u8,
-    /// Which entry point recorded it: an index into [`crate::base::entry::Entry`].
-    pub entry: u8,
-    /// Graph and wait events: interned name of the backend or scheduler (see
-    /// [`crate::base::names`]). Op events: the tensor's entry in the recorder's tensor table. 0
-    /// for none.
-    pub name_id: u16,
+    pub kind: u8,
+    pub tag: u8,
+    pub short: u16,
 }
 
 impl RawEvent {
-    /// Every field 0 (also the `Default`, and usable in a `const`).
+    /// Every field 0 (also the `Default`, and usable in a `const`): of no kind.
     pub const ZERO: RawEvent = RawEvent {
         ticks: 0,
-        a: 0,
-        d: 0,
-        size: 0,
-        b: 0,
-        c: 0,
+        words: [0; 3],
+        halves: [0; 2],
         thread_id: 0,
-        type_code: 0,
-        entry: 0,
-        name_id: 0,
+        kind: 0,
+        tag: 0,
+        short: 0,
     };
 }
 
@@ -81,6 +69,9 @@ impl Default for RawEvent {
         RawEvent::ZERO
     }
 }
+
+// `GGML_VIZ_BUFFER_SIZE` counts slots: a slot's size is what a ring of them costs.
+const _: () = assert!(size_of::<RawEvent>() == 48);
 
 /// What [`Ring::push`] did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -3,22 +3,21 @@
 //! node here with its begin and end already on `CLOCK_MONOTONIC`. Each device queue is a lane
 //! of its own (a thread id no OS thread has, named by a THREAD_BEGIN record); a node is one ring
 //! slot, written as the node's OP_COMPUTE_BEGIN and OP_COMPUTE_END (the writer converts its
-//! monotonic times, by [`DEVICE_ENTRY`], without the thread's tick conversion).
+//! monotonic times, known by their kind, without the thread's tick conversion).
 //!
 //! The event goes into the ring of the thread that read the timestamps, stamped with the
 //! device's time: the writer keeps each lane's own order, which the device gave.
 
+use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 
-use ggml_viz_format::EventType;
 use ggml_viz_format::ext::TensorInfoRef;
 
 use super::events::store_as_given;
-use super::packing::DEVICE_ENTRY;
+use super::raw::{DeviceLaneNamed, DeviceOp, OpInfo};
 use super::recorder::{OpMode, Recorder};
 use super::session::active;
 use crate::base::names::Owner;
-use crate::base::ring::RawEvent;
 use crate::base::tensor::{TensorInfo, tensor_key};
 
 /// Device lanes' thread ids start here (above any Linux thread id, which stays below 2^22).
@@ -73,35 +72,34 @@ pub fn device_node(lane: &DeviceLane, device: usize, backend: &str, node: &Devic
         let name_id = r
             .names
             .intern(lane.tid as usize, Owner::Thread, || lane.name.clone());
-        let begin = RawEvent {
-            type_code: EventType::ThreadBegin.code(),
-            entry: DEVICE_ENTRY,
+        let begin = DeviceLaneNamed {
+            lane: lane.tid,
             name_id,
-            size: u64::from(lane.tid),
-            ..RawEvent::ZERO
-        };
+        }
+        .event();
         store_as_given(r, begin, node.begin_ns, 1);
     }
     // Named as a backend: the writer's backend names then name the device the op events carry.
     r.names
         .intern(device, Owner::Backend, || backend.to_string());
     let tensor_id = tensor_of(r, node);
-    // One slot for both records: the end, with 1 + the duration in `c` (as a whole share).
+    // One slot for both records: the end, with the duration (as a whole share).
     let took = node
         .end_ns
         .saturating_sub(node.begin_ns)
-        .min(u64::from(u32::MAX) - 1);
-    let end = RawEvent {
-        type_code: EventType::OpComputeEnd.code(),
-        entry: DEVICE_ENTRY,
-        a: tensor_key(&[node.name.as_bytes()], 0, 0, [0; 4]),
-        b: node.op_type.unwrap_or(u32::MAX),
-        c: took as u32 + 1,
-        d: device as u64,
-        size: u64::from(lane.tid),
-        name_id: tensor_id,
-        ..RawEvent::ZERO
-    };
+        .min(u64::from(u32::MAX));
+    let end = DeviceOp {
+        op: OpInfo {
+            tensor: tensor_key(&[node.name.as_bytes()], 0, 0, [0; 4]) as *mut c_void,
+            op_type: node.op_type.unwrap_or(u32::MAX),
+            op_size: 0,
+            backend: device as *mut c_void,
+            tensor_id,
+        },
+        lane: lane.tid,
+        took: took as u32,
+    }
+    .event();
     store_as_given(r, end, node.begin_ns + took, 2);
 }
 

@@ -11,7 +11,8 @@
 //! - [`device`]: nodes a GPU timed, on a lane per device queue.
 //! - [`recorder`]: one trace's shared state (rings, names, tensors, cap, counters, writer).
 //! - [`tensors`]: the tensor infos op events refer to.
-//! - [`packing`]: what events pack into a raw event's untyped fields, packed and unpacked.
+//! - [`raw`]: the raw events' kinds, one struct each, built by the producer and decoded by the
+//!   writer.
 //! - [`writer`]: the consumer side: encodes what the rings hold and writes it, through
 //!   [`output`]: a thread of its own that makes the file's writes.
 //! - [`rpc_commands`]: ggml-rpc commands, read off the transport's calls that a front end reports.
@@ -21,7 +22,7 @@
 mod device;
 mod events;
 mod output;
-mod packing;
+mod raw;
 mod recorder;
 mod rpc_commands;
 mod session;
@@ -31,11 +32,11 @@ mod writer;
 pub use device::{DeviceLane, DeviceNode, device_node, device_nodes_wanted};
 pub use events::buffers::{buffer_event, buffer_use};
 pub use events::graphs::{
-    GraphInfo, GraphScope, WaitScope, graph_begin, graph_end, name_id, wait_begin, wait_end,
+    GraphScope, WaitScope, graph_begin, graph_end, name_id, wait_begin, wait_end,
 };
 pub use events::spans::{seq_removed, span};
-pub use events::{OpInfo, ThisThread, barrier_wait, op_begin, op_end, thread_op, thread_ops};
-pub use packing::{BufferUse, SPAN_SEQS};
+pub use events::{ThisThread, barrier_wait, op_begin, op_end, thread_op, thread_ops};
+pub use raw::{BufferUse, GraphInfo, OpInfo, SPAN_SEQS};
 pub use recorder::Recorder;
 #[cfg(all(target_os = "linux", target_arch = "x86_64"))]
 pub use recorder::THREAD_OPS_NOW;

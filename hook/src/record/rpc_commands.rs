@@ -30,7 +30,8 @@ use std::sync::atomic::{AtomicU32, Ordering};
 
 use ggml_viz_format::ext::RpcPart;
 
-use super::events::spans::{RpcEdge, rpc_edge, write_soon};
+use super::events::spans::{rpc_edge, write_soon};
+use super::raw::RpcEdge;
 use super::recorder::count_rpc_call_unfollowed;
 
 /// The command that opens every connection.
@@ -100,16 +101,19 @@ impl Conn {
         }
     }
 
-    fn edge(&self, part: RpcPart) -> RpcEdge<'_> {
-        RpcEdge {
+    /// Records the begin or end of this connection's current command's `part`.
+    fn record_edge(&self, begin: bool, part: RpcPart) {
+        let edge = RpcEdge {
+            begin,
             part,
             command: self.command,
             connection: self.id,
             index: self.index,
             sent: self.sent,
             received: self.received,
-            endpoint: self.endpoint.as_deref(),
-        }
+            endpoint_id: 0,
+        };
+        rpc_edge(edge, self.endpoint.as_deref());
     }
 
     /// A command byte: HELLO opens a new connection (numbered afresh); any other is the next
@@ -239,7 +243,7 @@ pub unsafe fn rpc_before(socket: usize, transfer: Transfer, data: *const u8, siz
             conn.command_begins(unsafe { *data });
             if conn.state == State::Size {
                 conn.sent = 1;
-                rpc_edge(true, &conn.edge(RpcPart::Request));
+                conn.record_edge(true, RpcPart::Request);
             }
         }
         (Some(Role::Client), Transfer::Send, State::Size) if size == 8 => {
@@ -256,13 +260,13 @@ pub unsafe fn rpc_before(socket: usize, transfer: Transfer, data: *const u8, siz
             conn.received = 0;
             conn.sent = 0;
             conn.state = State::AnswerSize;
-            rpc_edge(true, &conn.edge(RpcPart::Answer));
+            conn.record_edge(true, RpcPart::Answer);
         }
         (Some(Role::Server), Transfer::Recv, State::Idle | State::Serving | State::Lost)
             if size == 1 =>
         {
             if conn.state == State::Serving {
-                rpc_edge(false, &conn.edge(RpcPart::Serve));
+                conn.record_edge(false, RpcPart::Serve);
             }
             if conn.state != State::Lost {
                 conn.state = State::Idle;
@@ -273,7 +277,7 @@ pub unsafe fn rpc_before(socket: usize, transfer: Transfer, data: *const u8, siz
                 // The answer's first byte: the earliest the client can have it.
                 conn.answering = true;
                 conn.sent = 0;
-                rpc_edge(true, &conn.edge(RpcPart::Answer));
+                conn.record_edge(true, RpcPart::Answer);
             }
             conn.sent += size as u64;
         }
@@ -305,7 +309,7 @@ pub unsafe fn rpc_after(socket: usize, transfer: Transfer, data: *const u8, size
     match (conn.role, transfer, conn.state) {
         (Some(Role::Client), Transfer::Flush, State::Payload(0)) => {
             conn.state = State::Sent;
-            rpc_edge(false, &conn.edge(RpcPart::Request));
+            conn.record_edge(false, RpcPart::Request);
         }
         (Some(Role::Client), Transfer::Recv, State::AnswerSize) if size == 8 => {
             // SAFETY: eight bytes just received, the caller's contract.
@@ -314,7 +318,7 @@ pub unsafe fn rpc_after(socket: usize, transfer: Transfer, data: *const u8, size
             conn.state = State::AnswerPayload(n);
             if n == 0 {
                 conn.state = State::Idle;
-                rpc_edge(false, &conn.edge(RpcPart::Answer));
+                conn.record_edge(false, RpcPart::Answer);
             }
         }
         (Some(Role::Client), Transfer::Recv, State::AnswerPayload(left)) if size as u64 <= left => {
@@ -322,7 +326,7 @@ pub unsafe fn rpc_after(socket: usize, transfer: Transfer, data: *const u8, size
             conn.state = State::AnswerPayload(left - size as u64);
             if left == size as u64 {
                 conn.state = State::Idle;
-                rpc_edge(false, &conn.edge(RpcPart::Answer));
+                conn.record_edge(false, RpcPart::Answer);
             }
         }
         (Some(Role::Server), Transfer::Recv, State::Idle | State::Lost) if size == 1 => {
@@ -334,7 +338,7 @@ pub unsafe fn rpc_after(socket: usize, transfer: Transfer, data: *const u8, size
             conn.command_begins(command);
             if conn.state == State::Size {
                 conn.received = 1;
-                rpc_edge(true, &conn.edge(RpcPart::Serve));
+                conn.record_edge(true, RpcPart::Serve);
             }
         }
         (Some(Role::Server), Transfer::Recv, State::Size) if size == 8 => {
@@ -358,7 +362,7 @@ pub unsafe fn rpc_after(socket: usize, transfer: Transfer, data: *const u8, size
         (Some(Role::Server), Transfer::Flush, State::Serving) if conn.answering => {
             conn.answering = false;
             let received = std::mem::take(&mut conn.received);
-            rpc_edge(false, &conn.edge(RpcPart::Answer));
+            conn.record_edge(false, RpcPart::Answer);
             conn.received = received;
         }
         _ => {}

@@ -17,7 +17,7 @@ use crate::input::{Input, parse_layout};
 /// timestamp_ns, thread_id and label, plus graph_ptr, n_nodes, n_threads, backend_ptr for graph
 /// events; tensor_ptr, op_type, op_size, backend_ptr for op events; ptr, size for memory events;
 /// object_ptr, thread_index, n_threads, value for barrier waits and thread events (for a wait,
-/// value is its duration in nanoseconds; format/FORMAT.md). Integers are exact over the full u64
+/// value is its duration in nanoseconds; reader/format/FORMAT.md). Integers are exact over the full u64
 /// range. Types outside the spec (ggml-viz extension records among them) print as type
 /// "unknown" with their type_code.
 ///

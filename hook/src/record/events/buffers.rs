@@ -2,11 +2,8 @@
 
 use std::ffi::c_void;
 
-use ggml_viz_format::EventType;
-
 use super::{Claim, local, push};
-use crate::base::ring::RawEvent;
-use crate::record::packing;
+use crate::record::raw::{BufferEdge, BufferHeld, BufferUse};
 use crate::record::recorder::Recorder;
 use crate::record::session::current;
 
@@ -21,26 +18,22 @@ pub fn buffer_event(
     buft_name: impl FnOnce(&Recorder) -> u16,
 ) {
     let Some(r) = tracking_memory() else { return };
-    let ty = if alloc {
-        EventType::TensorAlloc
-    } else {
-        EventType::TensorFree
-    };
-    let event = RawEvent {
-        type_code: ty.code(),
-        a: buffer as u64,
+    let event = BufferEdge {
+        alloc,
+        buffer: buffer as u64,
         size,
-        d: base,
+        base,
         name_id: buft_name(r),
-        ..RawEvent::default()
-    };
+    }
+    .event();
     local(r, |l| push(l, r, event, Claim::Plain));
 }
 
 /// The program told ggml what backend buffer `buffer` holds: recorded with memory tracking on.
-pub fn buffer_use(buffer: *mut c_void, what: packing::BufferUse<'_>) {
+pub fn buffer_use(buffer: *mut c_void, what: BufferUse<'_>) {
     let Some(r) = tracking_memory() else { return };
-    let event = packing::buffer_use_event(buffer as u64, what);
+    let buffer = buffer as u64;
+    let event = BufferHeld { buffer, what }.event();
     local(r, |l| push(l, r, event, Claim::Plain));
 }
 

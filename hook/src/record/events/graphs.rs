@@ -4,8 +4,6 @@
 use std::ffi::c_void;
 use std::sync::atomic::Ordering;
 
-use ggml_viz_format::EventType;
-
 use ggml_viz_config::OpTiming;
 
 use super::{Claim, Fate, close_op, end, local, push};
@@ -13,18 +11,9 @@ use crate::base::clock;
 use crate::base::entry::Entry;
 use crate::base::names::Owner;
 use crate::base::ring::RawEvent;
+use crate::record::raw::{GraphEdge, GraphInfo, Wait};
 use crate::record::recorder::{OpMode, Recorder};
 use crate::record::session::current;
-
-/// What a graph event says, besides its type and time.
-#[derive(Clone, Copy, Debug)]
-pub struct GraphInfo {
-    pub graph: *mut c_void,
-    pub n_nodes: u32,
-    pub n_threads: u32,
-    pub backend: *mut c_void,
-    pub name_id: u16,
-}
 
 /// Interns the name of a backend or scheduler for the labels.
 pub fn name_id(r: &Recorder, ptr: *mut c_void, owner: Owner, name: impl FnOnce() -> String) -> u16 {
@@ -42,17 +31,13 @@ pub struct GraphScope {
     ops_timed: bool,
 }
 
-fn graph_event(ty: EventType, entry: Entry, info: &GraphInfo) -> RawEvent {
-    RawEvent {
-        type_code: ty.code(),
+fn graph_event(begin: bool, entry: Entry, info: &GraphInfo) -> RawEvent {
+    GraphEdge {
+        begin,
         entry: entry as u8,
-        a: info.graph as u64,
-        b: info.n_nodes,
-        c: info.n_threads,
-        d: info.backend as u64,
-        name_id: info.name_id,
-        ..RawEvent::default()
+        info: *info,
     }
+    .event()
 }
 
 /// Before the real call: records the begin event if this graph compute is in the capture
@@ -85,16 +70,9 @@ pub fn graph_begin(
         let info = if recording {
             describe(r)
         } else {
-            GraphInfo::empty()
+            GraphInfo::EMPTY
         };
-        let begin = recording.then(|| {
-            push(
-                l,
-                r,
-                graph_event(EventType::GraphComputeBegin, entry, &info),
-                Claim::Begin,
-            )
-        });
+        let begin = recording.then(|| push(l, r, graph_event(true, entry, &info), Claim::Begin));
         Some(GraphScope {
             recorder: r,
             entry,
@@ -152,23 +130,11 @@ pub fn graph_end(scope: GraphScope) {
     local(scope.recorder, |l| {
         if let Some(begin) = scope.begin {
             close_op(l, scope.recorder);
-            let event = graph_event(EventType::GraphComputeEnd, scope.entry, &scope.info);
+            let event = graph_event(false, scope.entry, &scope.info);
             end(l, scope.recorder, event, clock::now_ticks(), begin);
         }
         l.depth.set(l.depth.get().saturating_sub(1));
     });
-}
-
-impl GraphInfo {
-    fn empty() -> GraphInfo {
-        GraphInfo {
-            graph: std::ptr::null_mut(),
-            n_nodes: 0,
-            n_threads: 0,
-            backend: std::ptr::null_mut(),
-            name_id: 0,
-        }
-    }
 }
 
 /// A wait for a backend or scheduler to finish (`*_synchronize`): one barrier_wait event at its
@@ -209,14 +175,13 @@ pub fn wait_begin(
 
 pub fn wait_end(scope: WaitScope) {
     let waited = clock::now_ticks().saturating_sub(scope.start_ticks);
-    let event = RawEvent {
-        type_code: EventType::BarrierWait.code(),
+    let event = Wait {
         entry: scope.entry as u8,
-        a: scope.object as u64,
-        d: waited,
+        object: scope.object as u64,
+        waited,
         name_id: scope.name_id,
-        ..RawEvent::default()
-    };
+    }
+    .event();
     local(scope.recorder, |l| {
         push(l, scope.recorder, event, Claim::Plain)
     });

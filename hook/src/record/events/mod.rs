@@ -15,8 +15,7 @@ use std::cell::Cell;
 use std::ffi::c_void;
 use std::sync::atomic::Ordering;
 
-use ggml_viz_format::EventType;
-
+use super::raw::{Kind, OpEdge, OpInfo, OpShare, ThreadEdge, WorkerWait};
 use super::recorder::Recorder;
 use super::session::{self, active};
 use crate::base::names::Owner;
@@ -171,26 +170,17 @@ fn has_ring(l: &Local, r: &'static Recorder) -> bool {
         if r.config.thread_tracking {
             // Registers this thread's exit hook (a thread-local with a destructor).
             THREAD_EXIT.with(|_| {});
-            push(
-                l,
-                r,
-                thread_event(r, l, EventType::ThreadBegin),
-                Claim::Plain,
-            );
+            push(l, r, thread_event(r, l, true), Claim::Plain);
         }
     }
     true
 }
 
-/// THREAD_BEGIN or THREAD_FREE for this thread, labelled with its name.
-fn thread_event(r: &Recorder, l: &Local, ty: EventType) -> RawEvent {
+/// This thread's first event (`begin`) or its exit, labelled with its name.
+fn thread_event(r: &Recorder, l: &Local, begin: bool) -> RawEvent {
     let tid = thread_id(l);
     let name_id = r.names.intern(tid as usize, Owner::Thread, os::thread_name);
-    RawEvent {
-        type_code: ty.code(),
-        name_id,
-        ..RawEvent::default()
-    }
+    ThreadEdge { begin, name_id }.event()
 }
 
 /// Its destructor runs when the thread exits: the THREAD_FREE event.
@@ -202,12 +192,7 @@ impl Drop for ThreadExit {
             let Some(r) = active() else { return };
             LOCAL.with(|l| {
                 if l.generation.get() == r.generation && !l.ring.get().is_null() {
-                    push(
-                        l,
-                        r,
-                        thread_event(r, l, EventType::ThreadFree),
-                        Claim::Plain,
-                    );
+                    push(l, r, thread_event(r, l, false), Claim::Plain);
                 }
             });
         });
@@ -235,10 +220,10 @@ fn push_at(l: &Local, r: &'static Recorder, event: RawEvent, ticks: u64, claim: 
 
 /// Stores `event`, standing for `events` records, in this thread's ring with `time` as its
 /// `ticks` as given: a time a front end read off another clock, which the writer converts by the
-/// event's entry (`device`). An op event leaves the room op events leave; anything else, the
+/// event's kind (`device`). A device's node leaves the room op events leave; anything else, the
 /// room any event leaves.
 pub(super) fn store_as_given(r: &'static Recorder, event: RawEvent, time: u64, events: u64) {
-    let claim = if event.type_code == EventType::OpComputeEnd.code() {
+    let claim = if Kind::of(&event) == Some(Kind::DeviceOp) {
         Claim::Op
     } else {
         Claim::Plain
@@ -396,38 +381,16 @@ fn make_ready(l: &Local, r: &'static Recorder, events: u64, kept: u64) -> Result
     Ok(())
 }
 
-/// One node's op event: begin (`OP_COMPUTE_BEGIN`) or end.
-#[derive(Clone, Copy, Debug)]
-pub struct OpInfo {
-    pub tensor: *mut c_void,
-    pub op_type: u32,
-    pub op_size: u64,
-    pub backend: *mut c_void,
-    /// The tensor's entry in the recorder's tensor table.
-    pub tensor_id: u16,
-}
-
-fn op_event(ty: EventType, op: &OpInfo) -> RawEvent {
-    RawEvent {
-        type_code: ty.code(),
-        a: op.tensor as u64,
-        b: op.op_type,
-        size: op.op_size,
-        d: op.backend as u64,
-        name_id: op.tensor_id,
-        ..RawEvent::default()
-    }
+/// A node's op begin (`OP_COMPUTE_BEGIN`) or end, in a slot of its own.
+#[inline(always)]
+fn op_event(begin: bool, op: &OpInfo) -> RawEvent {
+    OpEdge { begin, op: *op }.event()
 }
 
 /// Our eval callback is about to let ggml compute one node.
 pub fn op_begin(r: &'static Recorder, op: &OpInfo) {
     local(r, |l| {
-        let fate = push(
-            l,
-            r,
-            op_event(EventType::OpComputeBegin, op),
-            Claim::OpBegin,
-        );
+        let fate = push(l, r, op_event(true, op), Claim::OpBegin);
         l.forget(l.open_op.replace(Some((*op, fate))).map(|(_, begin)| begin));
     });
 }
@@ -440,7 +403,7 @@ pub fn op_end(r: &'static Recorder) {
 /// Ends the open node, if there is one.
 fn close_op(l: &Local, r: &'static Recorder) {
     if let Some((op, begin)) = l.open_op.take() {
-        let event = op_event(EventType::OpComputeEnd, &op);
+        let event = op_event(false, &op);
         end(l, r, event, clock::now_ticks(), begin);
     }
 }
@@ -477,7 +440,7 @@ pub fn thread_op(t: ThisThread, r: &'static Recorder, begin: bool, op: &OpInfo) 
         if l.share_begin.get().is_some() {
             l.forget(l.share_begin.take());
         }
-        let event = op_event(EventType::OpComputeBegin, op);
+        let event = op_event(true, op);
         // Held only when the ring is ready: a thread's first events (its ring, its THREAD_BEGIN)
         // go in at the time they are taken.
         if ready(l, 2 + u64::from(l.promised.get())) {
@@ -489,20 +452,18 @@ pub fn thread_op(t: ThisThread, r: &'static Recorder, begin: bool, op: &OpInfo) 
         }
         return ticks;
     }
-    let event = op_event(EventType::OpComputeEnd, op);
     if l.holding.get() {
         let held = l.held.get();
         let took = ticks.wrapping_sub(held.ticks);
-        if held.a == event.a && took < u64::from(u32::MAX) {
+        if OpEdge::of(&held).op.tensor == op.tensor
+            && let Ok(took) = u32::try_from(took)
+        {
             l.holding.set(false);
-            let whole = RawEvent {
-                c: took as u32 + 1,
-                ..event
-            };
-            store(l, r, whole, ticks, 2, Claim::Op);
+            store(l, r, OpShare { op: *op, took }.event(), ticks, 2, Claim::Op);
             return ticks;
         }
     }
+    let event = op_event(false, op);
     release(l, r);
     match l.share_begin.take() {
         Some(begin) => end(l, r, event, ticks, begin),
@@ -525,14 +486,13 @@ pub fn barrier_wait(
     start_ticks: u64,
 ) {
     let now = clock::now_ticks();
-    let event = RawEvent {
-        type_code: EventType::BarrierWait.code(),
-        a: threadpool as u64,
-        b: ith,
-        c: nth,
-        d: now.saturating_sub(start_ticks),
-        ..RawEvent::default()
-    };
+    let event = WorkerWait {
+        threadpool: threadpool as u64,
+        ith,
+        nth,
+        waited: now.saturating_sub(start_ticks),
+    }
+    .event();
     // Stamped with the clock read that ended the wait (one read, not two).
     push_at(t.0.for_recorder(r), r, event, now, Claim::Op);
 }
@@ -566,10 +526,9 @@ fn span_edge(l: &Local, r: &'static Recorder, event: RawEvent, begin: bool) {
 
 #[cfg(test)]
 mod tests {
-    use ggml_viz_format::EXTENSION_TYPE_CODE;
-
     use super::*;
     use crate::base::entry::Entry;
+    use crate::record::raw::{GraphEdge, GraphInfo, SeqRemoved, SpanEdge};
     use crate::record::recorder::OpMode;
     use crate::record::writer::TraceWriter;
     use ggml_viz_config::Config;
@@ -597,37 +556,48 @@ mod tests {
         Box::leak(Box::new(Recorder::new(config, OpMode::Threads, writer, -1)))
     }
 
-    /// The type code and entry of each event in this thread's ring, taken out, and the events
-    /// dropped.
-    fn drained(l: &Local) -> (Vec<(u8, u8)>, u64) {
+    /// The kind of each event in this thread's ring, taken out, and the events dropped.
+    fn drained(l: &Local) -> (Vec<Kind>, u64) {
         // SAFETY: this thread's ring, leaked; the test has no flusher, so this is its only
         // consumer.
         let ring = unsafe { &*l.ring.get() };
         let mut events = Vec::new();
         // SAFETY: the only consumer, as above.
-        unsafe { ring.drain(|e| events.push((e.type_code, e.entry))) };
+        unsafe { ring.drain(|e| events.extend(Kind::of(e))) };
         (events, ring.dropped())
     }
 
-    /// The type codes of `events`, as [`drained`] gives them.
-    fn types(events: &[(u8, u8)]) -> Vec<u8> {
-        events.iter().map(|&(ty, _)| ty).collect()
+    const NODE: OpInfo = OpInfo {
+        tensor: 0x100 as *mut c_void,
+        op_type: 1,
+        op_size: 4,
+        backend: std::ptr::null_mut(),
+        tensor_id: 0,
+    };
+
+    fn wait() -> RawEvent {
+        WorkerWait {
+            threadpool: 0,
+            ith: 0,
+            nth: 2,
+            waited: 1,
+        }
+        .event()
     }
 
-    fn event(ty: EventType) -> RawEvent {
-        RawEvent {
-            type_code: ty.code(),
-            ..RawEvent::default()
+    fn graph(begin: bool) -> RawEvent {
+        GraphEdge {
+            begin,
+            entry: Entry::GraphCompute as u8,
+            info: GraphInfo::EMPTY,
         }
+        .event()
     }
 
     #[test]
     fn a_ring_full_of_op_events_takes_graph_computes_whole_or_not_at_all() {
         let r = recorder(64);
-        let share = RawEvent {
-            c: 5,
-            ..event(EventType::OpComputeEnd)
-        };
+        let share = OpShare { op: NODE, took: 4 }.event();
         let (events, dropped) = std::thread::spawn(move || {
             local(r, |l| {
                 // Op shares fill the ring but for the room kept for graph computes.
@@ -636,19 +606,19 @@ mod tests {
                     .count();
                 assert_eq!(shares, 64 - STRUCTURE_ROOM);
                 // Anything else may take it too (here one slot: an odd number is left).
-                let wait = push(l, r, event(EventType::BarrierWait), Claim::Plain);
+                let wait = push(l, r, wait(), Claim::Plain);
                 assert_eq!(wait, Fate::Stored);
                 // Graph computes take the rest, each begin only with its end's slot kept, while
                 // the op events inside them are left out: a share, and a sched-mode op whose end
                 // is left out with its begin.
                 let mut whole = 0;
                 loop {
-                    let begin = push(l, r, event(EventType::GraphComputeBegin), Claim::Begin);
+                    let begin = push(l, r, graph(true), Claim::Begin);
                     assert_eq!(store(l, r, share, 1, 2, Claim::Op), Fate::Dropped);
-                    let op = push(l, r, event(EventType::OpComputeBegin), Claim::OpBegin);
+                    let op = push(l, r, op_event(true, &NODE), Claim::OpBegin);
                     assert_eq!(op, Fate::Dropped);
-                    end(l, r, event(EventType::OpComputeEnd), 1, op);
-                    end(l, r, event(EventType::GraphComputeEnd), 1, begin);
+                    end(l, r, op_event(false, &NODE), 1, op);
+                    end(l, r, graph(false), 1, begin);
                     if begin != Fate::Stored {
                         break;
                     }
@@ -662,15 +632,12 @@ mod tests {
         })
         .join()
         .unwrap();
-        let mut expected = vec![EventType::OpComputeEnd.code(); 64 - STRUCTURE_ROOM];
-        expected.push(EventType::BarrierWait.code());
+        let mut expected = vec![Kind::OpShare; 64 - STRUCTURE_ROOM];
+        expected.push(Kind::WorkerWait);
         for _ in 0..(STRUCTURE_ROOM - 1) / 2 {
-            expected.extend([
-                EventType::GraphComputeBegin.code(),
-                EventType::GraphComputeEnd.code(),
-            ]);
+            expected.extend([Kind::GraphBegin, Kind::GraphEnd]);
         }
-        assert_eq!(types(&events), expected);
+        assert_eq!(events, expected);
         // Shares of 2 events: the 16 refused first, and one in each compute tried (7 whole and
         // the one left out); the ops' begins and ends (2 per compute tried); the compute left out.
         let tried = (STRUCTURE_ROOM as u64 - 1) / 2 + 1;
@@ -684,39 +651,27 @@ mod tests {
     fn a_share_whose_begin_went_in_on_its_own_ends_as_its_begin_went() {
         let r = recorder(8);
         let (events, dropped) = std::thread::spawn(move || {
-            let node = OpInfo {
-                tensor: 0x100 as *mut c_void,
-                op_type: 1,
-                op_size: 4,
-                backend: std::ptr::null_mut(),
-                tensor_id: 0,
-            };
             let t = ThisThread::get();
             let l = t.0.for_recorder(r);
             for _ in 0..3 {
-                push(l, r, event(EventType::BarrierWait), Claim::Plain);
+                push(l, r, wait(), Claim::Plain);
             }
             // Two shares, each with a barrier wait inside, which puts its held begin in the ring
             // first: the first share's begin goes in (3 of 8 taken: its end's slot and the
             // graph computes' 2 are free after it), the second's does not (6 taken), and its
             // end is left out with it.
             for _ in 0..2 {
-                thread_op(t, r, true, &node);
+                thread_op(t, r, true, &NODE);
                 barrier_wait(t, r, std::ptr::null_mut(), 0, 2, 0);
-                thread_op(t, r, false, &node);
+                thread_op(t, r, false, &NODE);
             }
             assert_eq!(l.promised.get(), 0);
             drained(l)
         })
         .join()
         .unwrap();
-        let [wait, begin, end] = [
-            EventType::BarrierWait,
-            EventType::OpComputeBegin,
-            EventType::OpComputeEnd,
-        ]
-        .map(EventType::code);
-        assert_eq!(types(&events), [wait, wait, wait, begin, wait, end]);
+        let (wait, begin, end) = (Kind::WorkerWait, Kind::OpBegin, Kind::OpEnd);
+        assert_eq!(events, [wait, wait, wait, begin, wait, end]);
         // The second share's begin, its wait and its end.
         assert_eq!(dropped, 3);
     }
@@ -724,13 +679,7 @@ mod tests {
     #[test]
     fn a_span_goes_in_whole_or_not_at_all() {
         let r = recorder(8);
-        let span = |entry: Entry, begin: bool| RawEvent {
-            type_code: EXTENSION_TYPE_CODE,
-            entry: entry as u8,
-            c: u32::from(begin),
-            ..RawEvent::default()
-        };
-        let decode_edge = move |begin| span(Entry::LlamaDecode, begin);
+        let decode_edge = |begin| SpanEdge::new(begin, Entry::LlamaDecode, 1, &[], 0).event();
         let (events, dropped) = std::thread::spawn(move || {
             let l = ThisThread::get().0.for_recorder(r);
             // A span with another inside it, whole; then 3 other events, which leave one slot:
@@ -740,24 +689,28 @@ mod tests {
             span_edge(l, r, decode_edge(false), false);
             span_edge(l, r, decode_edge(false), false);
             for _ in 0..3 {
-                push(l, r, event(EventType::BarrierWait), Claim::Plain);
+                push(l, r, wait(), Claim::Plain);
             }
             span_edge(l, r, decode_edge(true), true);
             span_edge(l, r, decode_edge(false), false);
             assert_eq!((l.promised.get(), l.span_depth.get()), (0, 0));
             // An end whose begin came before this thread recorded goes in as any event, in the
             // last slot.
-            span_edge(l, r, span(Entry::LlamaMemorySeqRm, false), false);
+            let seq_rm = SeqRemoved {
+                begin: false,
+                seq: 0,
+                p0: 0,
+                p1: -1,
+            };
+            span_edge(l, r, seq_rm.event(), false);
             drained(l)
         })
         .join()
         .unwrap();
-        let decode = (EXTENSION_TYPE_CODE, Entry::LlamaDecode as u8);
-        let wait = (EventType::BarrierWait.code(), 0);
-        let seq_rm = (EXTENSION_TYPE_CODE, Entry::LlamaMemorySeqRm as u8);
+        let (begin, end, wait) = (Kind::SpanBegin, Kind::SpanEnd, Kind::WorkerWait);
         assert_eq!(
             events,
-            [decode, decode, decode, decode, wait, wait, wait, seq_rm]
+            [begin, begin, end, end, wait, wait, wait, Kind::SeqRmEnd]
         );
         assert_eq!(dropped, 2);
     }

@@ -1,36 +1,44 @@
 //! The writer's extension records (FORMAT.md): buffers and what they hold, application spans,
 //! RPC parts, names, counters, and the writer's own records.
 
-use ggml_viz_format::ext::{self, Counters, RpcPart};
-use ggml_viz_format::{self as format, ExtensionKind, Payload};
+use ggml_viz_format::ext::{self, Counters};
+use ggml_viz_format::{self as format, EventType, ExtensionKind, Payload};
 
-use super::{Drain, TENSOR_ALLOC, TraceWriter, put_event};
+use super::{Drain, TraceWriter};
 use crate::base::clock;
 use crate::base::entry::Entry;
 use crate::base::names::{Names, Owner};
-use crate::base::ring::RawEvent;
-use crate::record::packing::span_seqs;
+use crate::record::raw::{BufferEdge, RpcEdge, SeqRemoved, SpanEdge};
 
 impl TraceWriter {
     /// TENSOR_ALLOC / TENSOR_FREE of a backend buffer: label `<buffer type>@<base address>`.
-    pub(super) fn encode_buffer(&mut self, e: &RawEvent, timestamp_ns: u64, d: &Drain<'_>) {
-        let buft = d.names.get(e.name_id).map_or("", |(_, _, name)| name);
-        if e.type_code == TENSOR_ALLOC {
-            self.live_buffers.insert(e.a, (e.size, buft.to_string()));
+    pub(super) fn encode_buffer(
+        &mut self,
+        b: &BufferEdge,
+        thread_id: u32,
+        timestamp_ns: u64,
+        d: &Drain<'_>,
+    ) {
+        let buft = d.names.get(b.name_id).map_or("", |(_, _, name)| name);
+        let type_code = if b.alloc {
+            self.live_buffers
+                .insert(b.buffer, (b.size, buft.to_string()));
+            EventType::TensorAlloc.code()
         } else {
-            self.live_buffers.remove(&e.a);
-        }
-        let label = format::buffer_label(buft, e.d);
-        let payload = Payload::Memory {
-            ptr: e.a,
-            size: e.size,
+            self.live_buffers.remove(&b.buffer);
+            EventType::TensorFree.code()
         };
-        put_event(
+        let label = format::buffer_label(buft, b.base);
+        let payload = Payload::Memory {
+            ptr: b.buffer,
+            size: b.size,
+        };
+        format::encode_record(
             &mut self.buf,
             self.layout,
-            e.type_code,
-            e,
+            type_code,
             timestamp_ns,
+            thread_id,
             &payload,
             Some(label.as_bytes()),
         );
@@ -39,83 +47,99 @@ impl TraceWriter {
     /// What a buffer holds (an extension record on the thread that said it).
     pub(super) fn encode_buffer_use(
         &mut self,
-        e: &RawEvent,
-        timestamp_ns: u64,
         used: &ext::BufferUse,
+        thread_id: u32,
+        timestamp_ns: u64,
     ) {
         ext::encode_extension(
             &mut self.buf,
             self.layout,
             ExtensionKind::BufferUse,
             timestamp_ns,
-            e.thread_id,
+            thread_id,
             used,
         );
     }
 
-    pub(super) fn encode_span(&mut self, e: &RawEvent, timestamp_ns: u64) {
-        let kind = if e.c == 1 {
+    pub(super) fn encode_span(&mut self, span: &SpanEdge, thread_id: u32, timestamp_ns: u64) {
+        let boundary = ext::SpanBoundary {
+            name: Entry::from_code(span.entry)
+                .map_or("span", Entry::name)
+                .into(),
+            n_tokens: (span.n_tokens != u32::MAX).then_some(span.n_tokens),
+            seqs: span.seqs(),
+            other_seq_tokens: u32::from(span.other_tokens),
+            removed: None,
+        };
+        self.encode_span_boundary(span.begin, &boundary, thread_id, timestamp_ns);
+    }
+
+    pub(super) fn encode_seq_removed(
+        &mut self,
+        removed: &SeqRemoved,
+        thread_id: u32,
+        timestamp_ns: u64,
+    ) {
+        let boundary = ext::SpanBoundary {
+            name: Entry::LlamaMemorySeqRm.name().into(),
+            removed: Some((removed.seq, removed.p0, removed.p1)),
+            ..ext::SpanBoundary::default()
+        };
+        self.encode_span_boundary(removed.begin, &boundary, thread_id, timestamp_ns);
+    }
+
+    fn encode_span_boundary(
+        &mut self,
+        begin: bool,
+        boundary: &ext::SpanBoundary,
+        thread_id: u32,
+        timestamp_ns: u64,
+    ) {
+        let kind = if begin {
             ExtensionKind::SpanBegin
         } else {
             ExtensionKind::SpanEnd
-        };
-        let entry = Entry::from_code(e.entry);
-        let name = entry.map_or("span", Entry::name);
-        let span = if entry == Some(Entry::LlamaMemorySeqRm) {
-            ext::SpanBoundary {
-                name: name.into(),
-                removed: Some((e.a as u32 as i32, e.d as u32 as i32, e.size as u32 as i32)),
-                ..ext::SpanBoundary::default()
-            }
-        } else {
-            ext::SpanBoundary {
-                name: name.into(),
-                n_tokens: (e.b != u32::MAX).then_some(e.b),
-                seqs: span_seqs(e),
-                other_seq_tokens: u32::from(e.name_id),
-                removed: None,
-            }
         };
         ext::encode_extension_json(
             &mut self.buf,
             self.layout,
             kind,
             timestamp_ns,
-            e.thread_id,
-            &span.to_json(),
+            thread_id,
+            &boundary.to_json(),
         );
     }
 
     pub(super) fn encode_rpc(
         &mut self,
-        e: &RawEvent,
-        part: RpcPart,
+        edge: &RpcEdge,
+        thread_id: u32,
         timestamp_ns: u64,
         names: &Names,
     ) {
-        let (kind, begin) = if e.c == 1 {
-            (ExtensionKind::RpcBegin, true)
+        let kind = if edge.begin {
+            ExtensionKind::RpcBegin
         } else {
-            (ExtensionKind::RpcEnd, false)
+            ExtensionKind::RpcEnd
         };
         let rpc = ext::RpcBoundary {
-            part,
-            command: e.b as u8,
-            connection: (e.a >> 32) as u32,
-            index: e.a as u32,
+            part: edge.part,
+            command: edge.command,
+            connection: edge.connection,
+            index: edge.index,
             endpoint: names
-                .get(e.name_id)
-                .filter(|_| begin)
+                .get(edge.endpoint_id)
+                .filter(|_| edge.begin)
                 .map(|(_, _, name)| name.to_string()),
-            sent: if begin { 0 } else { e.d },
-            received: if begin { 0 } else { e.size },
+            sent: if edge.begin { 0 } else { edge.sent },
+            received: if edge.begin { 0 } else { edge.received },
         };
         ext::encode_extension(
             &mut self.buf,
             self.layout,
             kind,
             timestamp_ns,
-            e.thread_id,
+            thread_id,
             &rpc,
         );
     }

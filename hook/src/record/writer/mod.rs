@@ -16,7 +16,10 @@ use ggml_viz_format::ext::{self, Counters, Metadata};
 use ggml_viz_format::{self as format, EventType, ExtensionKind, Layout, Payload};
 
 use super::output::Output;
-use super::packing::{self, DEVICE_ENTRY, rpc_part};
+use super::raw::{
+    BufferEdge, BufferHeld, DeviceLaneNamed, DeviceOp, GraphEdge, Kind, OpEdge, OpInfo, OpShare,
+    RpcEdge, SeqRemoved, SpanEdge, ThreadEdge, Wait, WorkerWait,
+};
 use super::tensors::{MAX_TENSORS, Tensors};
 
 mod extensions;
@@ -32,8 +35,16 @@ const GRAPH_END: u8 = EventType::GraphComputeEnd.code();
 const OP_BEGIN: u8 = EventType::OpComputeBegin.code();
 const OP_END: u8 = EventType::OpComputeEnd.code();
 const BARRIER_WAIT: u8 = EventType::BarrierWait.code();
-const TENSOR_ALLOC: u8 = EventType::TensorAlloc.code();
-const TENSOR_FREE: u8 = EventType::TensorFree.code();
+const THREAD_BEGIN: u8 = EventType::ThreadBegin.code();
+const THREAD_FREE: u8 = EventType::ThreadFree.code();
+
+/// The payload of a thread's begin or exit: nothing in it.
+const NO_THREAD_PAYLOAD: Payload = Payload::Thread {
+    object_ptr: 0,
+    thread_index: 0,
+    n_threads: 0,
+    value: 0,
+};
 
 /// The encoding buffer's first capacity: one flush of a 100 ms interval at ~20,000 events/s.
 const BUF_CAPACITY: usize = 1 << 20;
@@ -71,9 +82,7 @@ pub struct TraceWriter {
     live_buffers: std::collections::BTreeMap<u64, (u64, String)>,
     /// Op types whose names were written.
     op_names_written: rustc_hash::FxHashSet<u32>,
-    /// Labels by entry point and name id (at `[entry][name_id]`, each row as long as the largest
-    /// id met): built once, not per event, and found without hashing.
-    labels: Vec<Vec<Option<Box<[u8]>>>>,
+    labels: Labels,
     /// Names already written in a backend_names record.
     names_written: usize,
     counters_written: Counters,
@@ -115,7 +124,7 @@ impl TraceWriter {
             tensor_names: config.tensor_names,
             buf: Vec::with_capacity(BUF_CAPACITY),
             capacity: BUF_CAPACITY,
-            labels: Vec::new(),
+            labels: Labels::default(),
             info_of_group: Vec::new(),
             live_buffers: Default::default(),
             op_names_written: Default::default(),
@@ -254,188 +263,206 @@ impl TraceWriter {
         Ok(())
     }
 
-    /// One event of the thread whose latest conversion is `floor`. Op events and worker
+    /// One event of the thread whose latest conversion is `floor`. Op shares and worker
     /// threads' barrier waits, most of a trace with op timing, take paths of their own, without
     /// the others' frame.
     #[inline(always)]
     fn encode(&mut self, e: &RawEvent, d: &Drain<'_>, floor: &mut u64) {
-        if e.entry == DEVICE_ENTRY {
-            self.encode_device(e, d)
-        } else if e.type_code == OP_BEGIN || e.type_code == OP_END {
-            self.encode_op(e, d, floor)
-        } else if e.type_code == BARRIER_WAIT && e.entry == 0 {
-            self.encode_worker_wait(e, floor)
-        } else {
-            self.encode_other(e, d, floor)
+        match Kind::of(e) {
+            Some(Kind::OpShare) => {
+                let share = OpShare::of(e);
+                let begun = e.ticks.wrapping_sub(u64::from(share.took));
+                let begin_ns = self.clock.convert_epoch_ns(begun, floor);
+                let end_ns = self.clock.convert_epoch_ns(e.ticks, floor);
+                self.encode_op(&share.op, e.thread_id, begin_ns, end_ns, d);
+            }
+            Some(Kind::WorkerWait) => self.encode_worker_wait(&WorkerWait::of(e), e, floor),
+            Some(Kind::OpBegin | Kind::OpEnd) => {
+                let edge = OpEdge::of(e);
+                let timestamp_ns = self.clock.convert_epoch_ns(e.ticks, floor);
+                if edge.begin {
+                    self.encode_op_begin(&edge.op, e.thread_id, timestamp_ns, d);
+                } else {
+                    self.encode_op_end(&edge.op, e.thread_id, timestamp_ns);
+                }
+            }
+            Some(kind) => self.encode_other(kind, e, d, floor),
+            None => {}
         }
     }
 
     /// A worker thread's wait at `ggml_barrier` (threads-mode op timing), which no entry point
     /// records: labelled for the function.
     #[inline(always)]
-    fn encode_worker_wait(&mut self, e: &RawEvent, floor: &mut u64) {
+    fn encode_worker_wait(&mut self, w: &WorkerWait, e: &RawEvent, floor: &mut u64) {
         let timestamp_ns = self.clock.convert_epoch_ns(e.ticks, floor);
-        let payload = self.thread_payload(e);
-        put_event(
+        let payload = Payload::Thread {
+            object_ptr: w.threadpool,
+            thread_index: w.ith,
+            n_threads: w.nth,
+            value: self.clock.to_ns(w.waited),
+        };
+        format::encode_record(
             &mut self.buf,
             self.layout,
-            e.type_code,
-            e,
+            BARRIER_WAIT,
             timestamp_ns,
+            e.thread_id,
             &payload,
             Some(b"ggml_barrier"),
         );
     }
 
-    /// The payload of a wait or thread event: its duration, in ticks, as nanoseconds.
-    fn thread_payload(&self, e: &RawEvent) -> Payload {
-        Payload::Thread {
-            object_ptr: e.a,
-            thread_index: e.b,
-            n_threads: e.c,
-            value: self.clock.to_ns(e.d),
-        }
-    }
-
     /// [`TraceWriter::encode`] of any event but an op event or a worker's wait.
     #[inline(never)]
-    fn encode_other(&mut self, e: &RawEvent, d: &Drain<'_>, floor: &mut u64) {
+    fn encode_other(&mut self, kind: Kind, e: &RawEvent, d: &Drain<'_>, floor: &mut u64) {
+        if kind == Kind::DeviceLane || kind == Kind::DeviceOp {
+            return self.encode_device(kind, e, d);
+        }
         let timestamp_ns = self.clock.convert_epoch_ns(e.ticks, floor);
-        let payload = match e.type_code {
-            GRAPH_BEGIN | GRAPH_END => Payload::Graph {
-                graph_ptr: e.a,
-                n_nodes: e.b,
-                n_threads: e.c,
-                backend_ptr: e.d,
-            },
-            TENSOR_ALLOC | TENSOR_FREE => return self.encode_buffer(e, timestamp_ns, d),
-            format::EXTENSION_TYPE_CODE => {
-                if let Some(part) = rpc_part(e.entry) {
-                    return self.encode_rpc(e, part, timestamp_ns, d.names);
-                }
-                if let Some(used) = packing::buffer_use(e) {
-                    return self.encode_buffer_use(e, timestamp_ns, &used);
-                }
-                return self.encode_span(e, timestamp_ns);
+        let (type_code, payload, entry, name_id) = match kind {
+            Kind::GraphBegin | Kind::GraphEnd => {
+                let g = GraphEdge::of(e);
+                let payload = Payload::Graph {
+                    graph_ptr: g.info.graph as u64,
+                    n_nodes: g.info.n_nodes,
+                    n_threads: g.info.n_threads,
+                    backend_ptr: g.info.backend as u64,
+                };
+                let ty = if g.begin { GRAPH_BEGIN } else { GRAPH_END };
+                (ty, payload, g.entry, g.info.name_id)
             }
-            _ => self.thread_payload(e),
+            Kind::Wait => {
+                let w = Wait::of(e);
+                let payload = Payload::Thread {
+                    object_ptr: w.object,
+                    thread_index: 0,
+                    n_threads: 0,
+                    value: self.clock.to_ns(w.waited),
+                };
+                (BARRIER_WAIT, payload, w.entry, w.name_id)
+            }
+            Kind::ThreadBegin | Kind::ThreadFree => {
+                let t = ThreadEdge::of(e);
+                let ty = if t.begin { THREAD_BEGIN } else { THREAD_FREE };
+                (ty, NO_THREAD_PAYLOAD, 0, t.name_id)
+            }
+            Kind::BufferAlloc | Kind::BufferFree => {
+                return self.encode_buffer(&BufferEdge::of(e), e.thread_id, timestamp_ns, d);
+            }
+            Kind::BufferUse => {
+                return self.encode_buffer_use(&BufferHeld::of(e), e.thread_id, timestamp_ns);
+            }
+            Kind::SpanBegin | Kind::SpanEnd => {
+                return self.encode_span(&SpanEdge::of(e), e.thread_id, timestamp_ns);
+            }
+            Kind::SeqRmBegin | Kind::SeqRmEnd => {
+                return self.encode_seq_removed(&SeqRemoved::of(e), e.thread_id, timestamp_ns);
+            }
+            Kind::RpcBegin | Kind::RpcEnd => {
+                return self.encode_rpc(&RpcEdge::of(e), e.thread_id, timestamp_ns, d.names);
+            }
+            // Taken by `encode` and above.
+            Kind::OpBegin
+            | Kind::OpEnd
+            | Kind::OpShare
+            | Kind::WorkerWait
+            | Kind::DeviceLane
+            | Kind::DeviceOp => return,
         };
-        let (entry, name_id) = (e.entry as usize, e.name_id as usize % NAME_IDS);
-        if self.labels.len() <= entry {
-            self.labels.resize(entry + 1, Vec::new());
-        }
-        let row = &mut self.labels[entry];
-        if row.len() <= name_id {
-            row.resize(name_id + 1, None);
-        }
-        let label: &[u8] =
-            row[name_id].get_or_insert_with(|| label_of(e.entry, e.name_id, d.names).into());
-        put_event(
+        let label = self.labels.get(entry, name_id, d.names);
+        format::encode_record(
             &mut self.buf,
             self.layout,
-            e.type_code,
-            e,
+            type_code,
             timestamp_ns,
+            e.thread_id,
             &payload,
             (!label.is_empty()).then_some(label),
         );
     }
 
-    /// An op event of the thread whose latest conversion is `floor`: a begin, preceded by the
-    /// tensor-info (and op-name) records it needs; an end (which carries no label: readers take
-    /// the node from its begin); or a whole share in one slot (an end whose `c` is 1 + the ticks
-    /// since its begin), both.
+    /// A node's op share, begun at `begin_ns` and ended at `end_ns` on thread `thread_id`: both
+    /// records.
     #[inline(always)]
-    fn encode_op(&mut self, e: &RawEvent, d: &Drain<'_>, floor: &mut u64) {
-        if e.type_code == OP_BEGIN {
-            return self.encode_op_begin(e, e.ticks, d, floor);
-        }
-        if e.c != 0 {
-            let begun = e.ticks.wrapping_sub(u64::from(e.c - 1));
-            self.encode_op_begin(e, begun, d, floor);
-        }
-        let timestamp_ns = self.clock.convert_epoch_ns(e.ticks, floor);
-        put_event(
+    fn encode_op(
+        &mut self,
+        op: &OpInfo,
+        thread_id: u32,
+        begin_ns: u64,
+        end_ns: u64,
+        d: &Drain<'_>,
+    ) {
+        self.encode_op_begin(op, thread_id, begin_ns, d);
+        self.encode_op_end(op, thread_id, end_ns);
+    }
+
+    /// An op's end record, which carries no label: readers take the node from its begin.
+    #[inline(always)]
+    fn encode_op_end(&mut self, op: &OpInfo, thread_id: u32, timestamp_ns: u64) {
+        format::encode_record(
             &mut self.buf,
             self.layout,
             OP_END,
-            e,
             timestamp_ns,
-            &op_payload(e),
+            thread_id,
+            &op_payload(op),
             None,
         );
-    }
-
-    /// The begin record of op event `e`, at `ticks`.
-    #[inline(always)]
-    fn encode_op_begin(&mut self, e: &RawEvent, ticks: u64, d: &Drain<'_>, floor: &mut u64) {
-        let timestamp_ns = self.clock.convert_epoch_ns(ticks, floor);
-        self.encode_op_begin_at(e, timestamp_ns, d);
     }
 
     /// A device's event (see `device`): on its queue's lane, its time monotonic nanoseconds; a
     /// node's one slot written as its begin and end records.
     #[inline(never)]
-    fn encode_device(&mut self, e: &RawEvent, d: &Drain<'_>) {
-        let e = RawEvent {
-            thread_id: e.size as u32,
-            size: 0,
-            ..*e
-        };
+    fn encode_device(&mut self, kind: Kind, e: &RawEvent, d: &Drain<'_>) {
         let timestamp_ns = clock::monotonic_epoch_ns(e.ticks);
-        if e.type_code == OP_END {
-            let begun = timestamp_ns.saturating_sub(u64::from(e.c.saturating_sub(1)));
-            self.encode_op_begin_at(&e, begun, d);
-            let payload = op_payload(&e);
-            put_event(
-                &mut self.buf,
-                self.layout,
-                OP_END,
-                &e,
-                timestamp_ns,
-                &payload,
-                None,
-            );
+        if kind == Kind::DeviceOp {
+            let node = DeviceOp::of(e);
+            let begin_ns = timestamp_ns.saturating_sub(u64::from(node.took));
+            self.encode_op(&node.op, node.lane, begin_ns, timestamp_ns, d);
         } else {
-            let label = d.names.get(e.name_id).map(|(_, _, name)| name.as_bytes());
-            let payload = self.thread_payload(&e);
-            put_event(
+            let lane = DeviceLaneNamed::of(e);
+            let label = d
+                .names
+                .get(lane.name_id)
+                .map(|(_, _, name)| name.as_bytes());
+            format::encode_record(
                 &mut self.buf,
                 self.layout,
-                e.type_code,
-                &e,
+                THREAD_BEGIN,
                 timestamp_ns,
-                &payload,
+                lane.lane,
+                &NO_THREAD_PAYLOAD,
                 label,
             );
         }
     }
 
-    /// The begin record of op event `e`, at `timestamp_ns`, after its tensor info where the
-    /// reader does not have it yet.
+    /// The begin record of `op` on thread `thread_id`, at `timestamp_ns`, after its tensor info
+    /// where the reader does not have it yet.
     #[inline(always)]
-    fn encode_op_begin_at(&mut self, e: &RawEvent, timestamp_ns: u64, d: &Drain<'_>) {
-        let info = d.tensors.get(e.name_id);
+    fn encode_op_begin(&mut self, op: &OpInfo, thread_id: u32, timestamp_ns: u64, d: &Drain<'_>) {
+        let info = d.tensors.get(op.tensor_id);
         if let Some(info) = info {
             let group = info.group as usize;
             if self.info_of_group.len() <= group {
                 self.info_of_group.resize(group + 1, 0);
             }
-            if self.info_of_group[group] != e.name_id {
-                self.info_of_group[group] = e.name_id;
-                self.encode_tensor_info(info, timestamp_ns, e.thread_id);
+            if self.info_of_group[group] != op.tensor_id {
+                self.info_of_group[group] = op.tensor_id;
+                self.encode_tensor_info(info, timestamp_ns, thread_id);
             }
         }
         let label = info
             .filter(|_| self.tensor_names)
             .map(|i| i.name.as_bytes());
-        put_event(
+        format::encode_record(
             &mut self.buf,
             self.layout,
             OP_BEGIN,
-            e,
             timestamp_ns,
-            &op_payload(e),
+            thread_id,
+            &op_payload(op),
             label,
         );
     }
@@ -471,36 +498,35 @@ impl TraceWriter {
     }
 }
 
-/// Appends a record of type `type_code` for event `e` (its thread), stamped `timestamp_ns`,
-/// with `payload` and `label`, onto `buf`.
+/// An op event's payload.
 #[inline(always)]
-fn put_event(
-    buf: &mut Vec<u8>,
-    layout: Layout,
-    type_code: u8,
-    e: &RawEvent,
-    timestamp_ns: u64,
-    payload: &Payload,
-    label: Option<&[u8]>,
-) {
-    format::encode_record(
-        buf,
-        layout,
-        type_code,
-        timestamp_ns,
-        e.thread_id,
-        payload,
-        label,
-    );
+fn op_payload(op: &OpInfo) -> Payload {
+    Payload::Op {
+        tensor_ptr: op.tensor as u64,
+        op_type: op.op_type,
+        op_size: op.op_size,
+        backend_ptr: op.backend as u64,
+    }
 }
 
-/// An op event's payload.
-fn op_payload(e: &RawEvent) -> Payload {
-    Payload::Op {
-        tensor_ptr: e.a,
-        op_type: e.b,
-        op_size: e.size,
-        backend_ptr: e.d,
+/// Labels by entry point and name id (at `[entry][name_id]`, each row as long as the largest id
+/// met): built once, not per event, and found without hashing.
+#[derive(Default)]
+struct Labels(Vec<Vec<Option<Box<[u8]>>>>);
+
+impl Labels {
+    /// The label of an event of the wrapper of `entry` for the object named `name_id` (see
+    /// [`label_of`]).
+    fn get(&mut self, entry: u8, name_id: u16, names: &Names) -> &[u8] {
+        let (row, column) = (entry as usize, name_id as usize % NAME_IDS);
+        if self.0.len() <= row {
+            self.0.resize(row + 1, Vec::new());
+        }
+        let labels = &mut self.0[row];
+        if labels.len() <= column {
+            labels.resize(column + 1, None);
+        }
+        labels[column].get_or_insert_with(|| label_of(entry, name_id, names).into())
     }
 }
 

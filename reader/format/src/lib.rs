@@ -4,7 +4,7 @@
 //! [`ext`], damage, layout detection. No reader and no model: the preloaded hook links this crate
 //! alone.
 //!
-//! `format/FORMAT.md` is the prose version of this crate; keep the two in step.
+//! `reader/format/FORMAT.md` is the prose version of this crate; keep the two in step.
 
 use std::borrow::Cow;
 use std::fmt;
