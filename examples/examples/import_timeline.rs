@@ -8,7 +8,8 @@
 
 use std::collections::HashMap;
 
-use ggml_viz_reader::telemetry::{Collected, Ids, import_path};
+use ggml_viz_reader::import_path;
+use ggml_viz_reader::telemetry::{Collected, Ids};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let path = std::env::args()

@@ -3,9 +3,8 @@
 #![no_main]
 
 use ggml_viz_reader::telemetry::Ids;
-use ggml_viz_reader::telemetry::ChromeJsonWriter;
-use ggml_viz_reader::telemetry::Summary;
-use ggml_viz_reader::telemetry::import::{comma, event_v2, ge_log};
+use ggml_viz_reader::import::{comma, event_v2, ge_log};
+use ggml_viz_reader::{ChromeJsonWriter, Summary};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

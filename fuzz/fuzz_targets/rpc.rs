@@ -5,9 +5,10 @@
 //! hold; what cannot be used is a warning.
 #![no_main]
 
-use ggml_viz_reader::telemetry::import::ggmlviz;
-use ggml_viz_reader::telemetry::rpc::{Aligned, RpcParts, analyse};
-use ggml_viz_reader::telemetry::{Ids, Summary};
+use ggml_viz_reader::Summary;
+use ggml_viz_reader::import::ggmlviz;
+use ggml_viz_reader::rpc_join::{Aligned, RpcParts, analyse};
+use ggml_viz_reader::telemetry::Ids;
 use ggml_viz_reader::{choose_layout, format::HEADER_LEN};
 use libfuzzer_sys::fuzz_target;
 

@@ -1,6 +1,6 @@
 //! The GGMLVIZ v1 trace format, its readers, and the telemetry model they feed.
 //!
-//! Four layers, each depending only on those before it:
+//! Six layers, each depending only on those before it:
 //! - [`format`](mod@format): the `ggml-viz-format` crate, re-exported: the one definition of the
 //!   on-disk format (event types, the packed and padded
 //!   layouts, encoding and decoding of records, extension payloads in [`format::ext`], damage,
@@ -9,12 +9,13 @@
 //!   without copying labels; [`StreamReader`], a trace from any `io::Read`; [`Follower`], a trace
 //!   another process is still writing, each poll returning only new records; [`Decoder`], the
 //!   push decoder the last two are built on.
-//! - [`telemetry`]: the common model every import lands in, its importers
-//!   ([`telemetry::import`]: GGMLVIZ, GE logs, TelemetryEvent v2, CoMMA) and exporters
-//!   ([`telemetry::export`]: Perfetto, summaries, TelemetryEvent v2). It knows nothing of who
-//!   produced the data.
+//! - [`telemetry`]: the common model every import lands in. It knows nothing of who produced the
+//!   data.
+//! - [`import`]: the importers into the model: GGMLVIZ, GE logs, TelemetryEvent v2, CoMMA.
 //! - analysis (private module `analysis`): [`TraceStats`], the counts of one pass over a trace;
-//!   [`OpAnalysis`], per-op timings grouped by op, tensor, backend or layer.
+//!   [`OpAnalysis`], per-op timings grouped by op, tensor, backend or layer; [`Summary`], spans
+//!   per name; [`rpc_join`], ggml-rpc clients and servers joined across traces.
+//! - [`export`]: sinks of the model: Perfetto, Chrome JSON, Parquet; TelemetryEvent v2.
 //!
 //! No input makes a reader panic: damage is returned as a [`Damage`] that names the byte
 //! offset, after every complete event before it.
@@ -38,7 +39,9 @@
 //! ```
 
 mod analysis;
+pub mod export;
 pub use ggml_viz_format as format;
+pub mod import;
 mod read;
 pub mod telemetry;
 
@@ -51,11 +54,18 @@ pub use analysis::op_change::{
 };
 pub use analysis::op_groups::{GroupBy, OpGroup, OpGroups, group_ops, imbalance, wait_share};
 pub use analysis::op_timings::OpCollector;
+pub use analysis::rpc_join;
 pub use analysis::stats::{DurationSummary, GraphStep, TraceStats, oversubscription_note};
+pub use analysis::summary::{NodeTimes, Row, Summary, csv_cell};
 pub use analysis::timing_mode::{leaves_graphs_untimed, op_timing_mode, op_timing_note};
+pub use export::chrome_json::ChromeJsonWriter;
+pub use export::perfetto::PerfettoWriter;
 pub use format::{
     Damage, DamageKind, Event, EventType, Layout, LayoutChoice, LayoutSource, Payload, RecordView,
     choose_layout,
+};
+pub use import::{
+    Format, ImportError, RecordTap, SEQUENCE_CATEGORY, detect, import_path, import_path_reporting,
 };
 pub use read::{
     Decoder, Events, Follower, Poll, StreamError, StreamReader, TraceFile, TypeCounts, count_types,

@@ -230,8 +230,8 @@ proptest! {
 fn hostile_sizes_and_times_saturate_instead_of_overflowing() {
     // Found by the decode fuzz target: two huge allocations overflowed the byte totals.
     use ggml_viz_reader::format::{Event, Payload};
+    use ggml_viz_reader::import::ggmlviz;
     use ggml_viz_reader::telemetry::Collected;
-    use ggml_viz_reader::telemetry::import::ggmlviz;
     let huge = |type_code, ptr, ts| Event {
         type_code,
         timestamp_ns: ts,

@@ -6,13 +6,14 @@ use crate::common;
 use std::collections::HashMap;
 use std::path::PathBuf;
 
+use ggml_viz_reader::ChromeJsonWriter;
+use ggml_viz_reader::Summary;
 use ggml_viz_reader::format::Layout;
-use ggml_viz_reader::telemetry::ChromeJsonWriter;
+use ggml_viz_reader::import::ge_log;
+use ggml_viz_reader::import::ggmlviz;
+use ggml_viz_reader::import_path;
 use ggml_viz_reader::telemetry::Ids;
-use ggml_viz_reader::telemetry::Summary;
-use ggml_viz_reader::telemetry::import::ge_log;
-use ggml_viz_reader::telemetry::import::ggmlviz;
-use ggml_viz_reader::telemetry::{Clock, Collected, import_path};
+use ggml_viz_reader::telemetry::{Clock, Collected};
 use serde_json::Value;
 
 fn sample(path: &str) -> PathBuf {
@@ -284,13 +285,8 @@ fn a_bad_comma_line_is_an_error_naming_it() {
     let mut c = Collected::default();
     let text =
         "{\"cat\":\"COLL\",\"ts\":1,\"dur\":2,\"name\":\"all_gather\",\"rank\":0}\n{\"cat\": \n";
-    let err = ggml_viz_reader::telemetry::import::comma::import(
-        text,
-        "x.jsonl",
-        &mut Ids::default(),
-        &mut c,
-    )
-    .unwrap_err();
+    let err = ggml_viz_reader::import::comma::import(text, "x.jsonl", &mut Ids::default(), &mut c)
+        .unwrap_err();
     assert!(err.contains("x.jsonl: line 2"), "{err}");
 }
 

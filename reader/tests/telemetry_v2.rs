@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 
-use ggml_viz_reader::telemetry::import::event_v2::{self, EventV2};
+use ggml_viz_reader::import::event_v2::{self, EventV2};
 use serde_json::{Value, json};
 
 fn sample(path: &str) -> String {

@@ -168,7 +168,7 @@ pub fn check_tensor_infos(events: &[Event<'_>]) {
 /// Everything the telemetry importer makes of `trace` (spans, lanes, processes, …).
 pub fn collected(trace: &Path) -> ggml_viz_reader::telemetry::Collected {
     let mut c = ggml_viz_reader::telemetry::Collected::default();
-    ggml_viz_reader::telemetry::import_path(
+    ggml_viz_reader::import_path(
         trace,
         None,
         None,

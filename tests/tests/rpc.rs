@@ -847,8 +847,8 @@ fn a_broken_connection_leaves_nothing_to_the_next() {
     hello(&mut connect());
     stop(server);
 
-    let mut parts = ggml_viz_reader::telemetry::rpc::RpcParts::default();
-    ggml_viz_reader::telemetry::import_path(
+    let mut parts = ggml_viz_reader::rpc_join::RpcParts::default();
+    ggml_viz_reader::import_path(
         &trace,
         None,
         None,
@@ -857,7 +857,7 @@ fn a_broken_connection_leaves_nothing_to_the_next() {
     )
     .unwrap();
     let serves: Vec<(u32, u32, &str)> = (parts.parts.iter())
-        .filter(|p| p.part == ggml_viz_reader::telemetry::rpc::Part::Serve)
+        .filter(|p| p.part == ggml_viz_reader::rpc_join::Part::Serve)
         .map(|p| (p.connection, p.index, parts.command_name(p.command)))
         .collect();
     // The good sessions: a DEVICE_COUNT at index 1 after a HELLO at 0 on the same connection.

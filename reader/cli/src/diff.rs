@@ -4,7 +4,8 @@ use std::io::{self, Write};
 use std::path::PathBuf;
 
 use clap::Args;
-use ggml_viz_reader::telemetry::{Format, Text};
+use ggml_viz_reader::Format;
+use ggml_viz_reader::telemetry::Text;
 use ggml_viz_reader::{MIN_GRAPHS, PhaseOps, compare_runs};
 
 use crate::Failure;

@@ -7,11 +7,11 @@ use std::path::{Path, PathBuf};
 
 use clap::{Args, ValueEnum};
 use ggml_viz_reader::TraceFile;
+use ggml_viz_reader::export::parquet::ParquetWriter;
+use ggml_viz_reader::export::telemetry_v2;
 use ggml_viz_reader::telemetry::Ids;
-use ggml_viz_reader::telemetry::export::parquet::ParquetWriter;
-use ggml_viz_reader::telemetry::export::telemetry_v2;
-use ggml_viz_reader::telemetry::{ChromeJsonWriter, PerfettoWriter};
-use ggml_viz_reader::telemetry::{Format, RecordSink};
+use ggml_viz_reader::telemetry::RecordSink;
+use ggml_viz_reader::{ChromeJsonWriter, Format, PerfettoWriter};
 
 use crate::Failure;
 use crate::reading::{InputOpts, Reading, import_all};

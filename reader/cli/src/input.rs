@@ -2,8 +2,8 @@
 
 use std::path::Path;
 
-use ggml_viz_reader::telemetry::{Format, detect};
 use ggml_viz_reader::{Damage, Event, Layout, LayoutChoice, StreamError, StreamReader, TraceFile};
+use ggml_viz_reader::{Format, detect};
 use indicatif::ProgressBar;
 
 /// One input: a mapped regular file, or a stream (standard input, a pipe, a device) read as it

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 
 use clap::{Args, ValueEnum};
 use ggml_viz_reader::Layout;
-use ggml_viz_reader::telemetry::export::summary::csv_cell;
+use ggml_viz_reader::csv_cell;
 use ggml_viz_reader::{
     GroupBy, OpAnalysis, OpCollector, OpGroups, OpSample, Phase, ThreadTotals,
     oversubscription_note,

@@ -8,12 +8,13 @@ use std::fs::File;
 use std::path::{Path, PathBuf};
 
 use clap::Args;
-use ggml_viz_reader::telemetry::export::summary::{NodeTimes, Summary};
-use ggml_viz_reader::telemetry::rpc::{Aligned, Alignment, ClockOffset, RpcParts, analyse};
-use ggml_viz_reader::telemetry::{
-    Format, Ids, ImportError, RecordSink, RecordTap, detect, import_path_reporting,
+use ggml_viz_reader::rpc_join::{Aligned, Alignment, ClockOffset, RpcParts, analyse};
+use ggml_viz_reader::telemetry::{Ids, RecordSink};
+use ggml_viz_reader::{
+    Damage, Format, ImportError, Layout, OpCollector, RecordTap, RecordView, detect,
+    import_path_reporting,
 };
-use ggml_viz_reader::{Damage, Layout, OpCollector, RecordView};
+use ggml_viz_reader::{NodeTimes, Summary};
 use indicatif::ProgressBar;
 
 use crate::Failure;

@@ -6,8 +6,9 @@ use std::io::{self, Write};
 use std::path::PathBuf;
 
 use clap::Args;
-use ggml_viz_reader::telemetry::rpc::{PartIndex, RpcAnalysis, RpcParts, TokenTime, analyse};
-use ggml_viz_reader::telemetry::{Format, Ids};
+use ggml_viz_reader::Format;
+use ggml_viz_reader::rpc_join::{PartIndex, RpcAnalysis, RpcParts, TokenTime, analyse};
+use ggml_viz_reader::telemetry::Ids;
 
 use crate::Failure;
 use crate::figures::fmt_ns;

@@ -4,7 +4,7 @@ use std::io::{self, Write};
 use std::path::PathBuf;
 
 use clap::Args;
-use ggml_viz_reader::telemetry::export::summary::{Row, Summary, csv_cell};
+use ggml_viz_reader::{Row, Summary, csv_cell};
 
 use crate::Failure;
 use crate::figures::fmt_ns;

@@ -1,26 +1,16 @@
-//! The common telemetry model every import lands in, and the exports that read it.
+//! The common telemetry model every import lands in. It knows no producer and no consumer.
 //!
-//! An importer turns its input into a stream handed to a [`RecordSink`]: spans lent as they close
-//! (with their parent, depth and self time already known), and [`Record`]s: processes and lanes
-//! (threads, devices, NCCL proxy lanes) as they are met, counter samples, instants and warnings.
-//! Exporters and summaries are sinks, so nothing needs the whole input in memory.
-//!
-//! - importers ([`import`]): GGMLVIZ, GE logs, TelemetryEvent v2, CoMMA NCCL;
-//! - [`rpc`]: ggml-rpc clients and servers joined across traces, with their clock offsets;
-//! - sinks ([`export`]): [`PerfettoWriter`], [`ChromeJsonWriter`], [`Summary`], and [`Collected`] (everything, for
-//!   tests and small inputs).
+//! An importer (`crate::import`) turns its input into a stream handed to a [`RecordSink`]: spans
+//! lent as they close (with their parent, depth and self time already known), and [`Record`]s:
+//! processes and lanes (threads, devices, NCCL proxy lanes) as they are met, counter samples,
+//! instants and warnings. Exporters (`crate::export`) and aggregations (`crate::Summary`, the
+//! RPC join) are sinks, so nothing needs the whole input in memory; [`Collected`] keeps
+//! everything, for tests and small inputs. [`rpc_spans`]: what the spans of ggml-rpc commands
+//! carry.
 
-pub mod export;
-pub mod import;
-pub mod rpc;
+pub mod rpc_spans;
 mod text;
 
-pub use export::chrome_json::ChromeJsonWriter;
-pub use export::perfetto::PerfettoWriter;
-pub use export::summary::Summary;
-pub use import::{
-    Format, ImportError, RecordTap, SEQUENCE_CATEGORY, detect, import_path, import_path_reporting,
-};
 pub use text::{ByAddress, Text, Texts};
 
 use std::fmt;
@@ -402,15 +392,18 @@ pub struct Ids {
 }
 
 impl Ids {
-    fn process(&mut self) -> u32 {
+    /// A new process's id.
+    pub fn process(&mut self) -> u32 {
         self.next_process += 1;
         self.next_process
     }
-    fn lane(&mut self) -> u32 {
+    /// A new lane's id.
+    pub fn lane(&mut self) -> u32 {
         self.next_lane += 1;
         self.next_lane
     }
-    fn span(&mut self) -> u64 {
+    /// A new span's id.
+    pub fn span(&mut self) -> u64 {
         self.next_span += 1;
         self.next_span
     }

@@ -14,9 +14,9 @@ use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 
 use clap::Args;
-use ggml_viz_reader::telemetry::{Format, detect};
-use ggml_viz_reader::telemetry::{Ids, RecordTap};
+use ggml_viz_reader::telemetry::Ids;
 use ggml_viz_reader::{Damage, OpCollector, RecordView, TraceStats, timing_cost};
+use ggml_viz_reader::{Format, RecordTap, detect};
 
 use crate::Failure;
 use crate::figures::timing_cost_sentence;

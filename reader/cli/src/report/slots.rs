@@ -6,7 +6,8 @@ use std::collections::HashMap;
 
 use serde::Serialize;
 
-use ggml_viz_reader::telemetry::{SEQUENCE_CATEGORY, Span};
+use ggml_viz_reader::SEQUENCE_CATEGORY;
+use ggml_viz_reader::telemetry::Span;
 
 use super::series::quantile;
 

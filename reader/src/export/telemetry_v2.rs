@@ -3,7 +3,7 @@
 
 use serde_json::Map;
 
-use crate::telemetry::import::event_v2::{EventV2, device_of};
+use crate::import::event_v2::{EventV2, device_of};
 
 /// The collector name our exports carry.
 pub const COLLECTOR: &str = "ggml_viz.hook";

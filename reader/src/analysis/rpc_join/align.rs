@@ -6,12 +6,9 @@ use std::collections::BTreeMap;
 use rustc_hash::FxHashMap as HashMap;
 
 use super::model::{ClockOffset, RpcAnalysis};
-use super::parts::{CATEGORY, CONNECTION, INDEX, PART, RpcParts};
+use super::parts::RpcParts;
+use crate::telemetry::rpc_spans::{CATEGORY, CONNECTION, FLOW, INDEX, PART};
 use crate::telemetry::{Arg, Record, RecordSink, Span};
-
-/// The argument that ties a client's request to the server's serving of it: the same number on
-/// both spans (exporters draw it as a flow).
-pub const FLOW: &str = "flow_id";
 
 /// What merging does to one input's records: its clock shift (a server's offset) and the flow
 /// ids of its joined RPC spans, by (connection, index, served).

@@ -17,7 +17,7 @@ mod sequences;
 /// The category of the spans on a sequence's lane (`request`, `prefill`, `generate`).
 pub use sequences::CATEGORY as SEQUENCE_CATEGORY;
 
-use super::{Ids, RecordSink};
+use crate::telemetry::{Ids, RecordSink};
 
 /// Input formats, recognised by content.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

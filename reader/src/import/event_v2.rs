@@ -1,6 +1,6 @@
 //! TelemetryEvent v2 (gpu-memory-profiler's memory records): strict validation, the permissive
 //! conversion of legacy records, and import into counters per device (the export is
-//! [`crate::telemetry::export::telemetry_v2`]).
+//! [`crate::export::telemetry_v2`]).
 //!
 //! The rules are those of the reference implementation (`gpumemprof.telemetry` 0.2.3.post1,
 //! summarised in `shared/notes/telemetry-v2-legacy.md`): integers must be JSON integers (not

@@ -2,7 +2,8 @@
 //! each server's clock offset from the client's estimated from the commands that were answered,
 //! and a table per command.
 //!
-//! The hook records each command's parts as spans of category [`CATEGORY`] named by the command
+//! The hook records each command's parts as spans of category
+//! [`CATEGORY`](crate::telemetry::rpc_spans::CATEGORY) named by the command
 //! (`GRAPH_COMPUTE`): on the client its request and its answer, on the server its serving of it
 //! and, inside, its answer. Both ends number a connection's commands from its HELLO, so a
 //! client's connection and a server's join when their commands agree one for one (command and
@@ -27,13 +28,10 @@ mod model;
 mod parts;
 mod tokens;
 
-pub use align::{Aligned, Alignment, FLOW};
+pub use align::{Aligned, Alignment};
 pub use join::analyse;
 pub use model::{ClockOffset, CommandRow, Drift, JoinedCommand, Link, RpcAnalysis, TokenTime};
-pub use parts::{
-    CATEGORY, CONNECTION, CommandId, CommandPart, ENDPOINT, INDEX, PART, Part, PartIndex, RECEIVED,
-    RpcParts, SENT,
-};
+pub use parts::{CommandId, CommandPart, Part, PartIndex, RpcParts};
 
 #[cfg(test)]
 mod tests;

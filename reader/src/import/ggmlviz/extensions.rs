@@ -3,7 +3,7 @@
 
 use crate::format::ext::{self, NamesChanged};
 use crate::format::{Event, ExtensionKind};
-use crate::telemetry::rpc;
+use crate::telemetry::rpc_spans as rpc;
 use crate::telemetry::{Arg, Process, Record, RecordSink};
 
 use super::{End, Importer, Kind, Named, Opened, unplaced};

@@ -14,7 +14,8 @@ use std::io::{self, Write};
 
 use serde_json::{Map, Value, json};
 
-use crate::telemetry::{Arg, Clock, Lane, Process, Record, RecordSink, Span, rpc};
+use crate::telemetry::rpc_spans as rpc;
+use crate::telemetry::{Arg, Clock, Lane, Process, Record, RecordSink, Span};
 
 pub struct ChromeJsonWriter<W: Write> {
     out: W,

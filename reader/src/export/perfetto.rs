@@ -38,7 +38,8 @@ use std::rc::Rc;
 use rustc_hash::FxHashMap;
 
 use super::protobuf::Message;
-use crate::telemetry::{Arg, Args, ByAddress, Lane, Process, Record, RecordSink, Span, Text, rpc};
+use crate::telemetry::rpc_spans as rpc;
+use crate::telemetry::{Arg, Args, ByAddress, Lane, Process, Record, RecordSink, Span, Text};
 
 /// The sequence of descriptions, counters and instants; lane `l`'s slices are sequence `l + 2`.
 const GLOBAL_SEQUENCE: u64 = 1;

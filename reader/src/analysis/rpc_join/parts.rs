@@ -3,17 +3,8 @@
 
 use rustc_hash::FxHashMap as HashMap;
 
+use crate::telemetry::rpc_spans::{CATEGORY, CONNECTION, ENDPOINT, INDEX, PART, RECEIVED, SENT};
 use crate::telemetry::{Arg, Process, Record, RecordSink, Span, Text};
-
-/// The category of the hook's RPC spans.
-pub const CATEGORY: &str = "rpc";
-/// Argument keys of an RPC span.
-pub const PART: &str = "rpc_part";
-pub const CONNECTION: &str = "connection";
-pub const INDEX: &str = "index";
-pub const ENDPOINT: &str = "endpoint";
-pub const SENT: &str = "sent";
-pub const RECEIVED: &str = "received";
 
 /// Which part of a command a span is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
