@@ -153,11 +153,11 @@ impl Mix {
     }
 }
 
-/// A node's tensor info: the record that says its name, op, type, shape and FLOP count (its
-/// JSON payload, written as it is), what the writer needs of it besides, and the group it
-/// belongs to.
+/// A node's tensor-info record, encoded (`ext::TensorInfo`'s JSON payload, written as it is:
+/// its name, op, type, shape and FLOP count), what the writer needs of it besides, and the group
+/// it belongs to.
 #[derive(Clone, Debug, PartialEq)]
-pub struct TensorInfo {
+pub struct TensorRecord {
     pub json: Vec<u8>,
     /// The node's name: its op events' label.
     pub name: Box<str>,
@@ -175,7 +175,7 @@ pub struct TensorInfo {
 ///
 /// # Safety
 /// `tensor` and `fused_first` are live tensors of the copy `h` belongs to.
-pub unsafe fn read_tensor(h: &Helpers, tensor: Ptr, fused_first: Option<Ptr>) -> TensorInfo {
+pub unsafe fn read_tensor(h: &Helpers, tensor: Ptr, fused_first: Option<Ptr>) -> TensorRecord {
     // SAFETY: per the contract; the name lives in the tensor, the description is static.
     let (name, desc) = unsafe {
         (
@@ -201,7 +201,7 @@ pub unsafe fn read_tensor(h: &Helpers, tensor: Ptr, fused_first: Option<Ptr>) ->
     };
     // SAFETY: `tensor` is a live tensor of the copy `h` belongs to (the contract).
     if !unsafe { layout_ok(h, tensor, &desc) } {
-        return TensorInfo {
+        return TensorRecord {
             json: info.to_json(),
             name: name.into(),
             op_type: None,
@@ -242,7 +242,7 @@ pub unsafe fn read_tensor(h: &Helpers, tensor: Ptr, fused_first: Option<Ptr>) ->
     if fused_first.is_none() {
         info.src_bytes = Some(unsafe { source_bytes(h, tensor) });
     }
-    TensorInfo {
+    TensorRecord {
         json: info.to_json(),
         name: name.into(),
         op_type: Some(op_type),

@@ -18,7 +18,7 @@ use super::raw::{DeviceLaneNamed, DeviceOp, OpInfo};
 use super::recorder::{OpMode, Recorder};
 use super::session::active;
 use crate::base::names::Owner;
-use crate::base::tensor::{TensorInfo, tensor_key};
+use crate::base::tensor::{TensorRecord, tensor_key};
 
 /// Device lanes' thread ids start here (above any Linux thread id, which stays below 2^22).
 const FIRST_LANE: u32 = 0xD000_0000;
@@ -129,7 +129,7 @@ fn tensor_of(r: &Recorder, node: &DeviceNode<'_>) -> u16 {
             src_bytes: None,
             kernels: (!node.kernels.is_empty()).then_some(node.kernels),
         };
-        TensorInfo {
+        TensorRecord {
             json: info.to_json(),
             name: node.name.into(),
             op_type: node.op_type,

@@ -11,7 +11,7 @@ use super::tensors::Tensors;
 use super::writer::{Drain, TraceWriter};
 use crate::base::names::Names;
 use crate::base::ring::Ring;
-use crate::base::tensor::TensorInfo;
+use crate::base::tensor::TensorRecord;
 
 /// Events of calls that arrived while the recorder was being started, in this process.
 static MISSED_WHILE_STARTING: AtomicU64 = AtomicU64::new(0);
@@ -183,7 +183,7 @@ impl Recorder {
 
     /// The id of a node's tensor info (`key` hashes what makes it distinct), read by `info` on
     /// first sight; 0 when the table is full.
-    pub fn tensor_id(&self, key: u64, info: impl FnOnce() -> TensorInfo) -> u16 {
+    pub fn tensor_id(&self, key: u64, info: impl FnOnce() -> TensorRecord) -> u16 {
         self.tensors.intern(key, info)
     }
 

@@ -7,7 +7,7 @@ use std::sync::{Mutex, PoisonError};
 use rustc_hash::FxHashMap;
 
 use crate::base::os::Zeroed;
-use crate::base::tensor::TensorInfo;
+use crate::base::tensor::TensorRecord;
 
 const TENSOR_SLOTS: usize = 1 << 14;
 /// Ids run from 1 to this; beyond, op events carry no tensor info.
@@ -24,7 +24,7 @@ pub struct Tensors {
     /// tables start as zeroed pages: a recorder that times no op never touches them.
     slots: Option<Zeroed<AtomicU64>>,
     /// By id - 1: each info, leaked from a `Box` when added, freed with the table.
-    infos: Option<Zeroed<AtomicPtr<TensorInfo>>>,
+    infos: Option<Zeroed<AtomicPtr<TensorRecord>>>,
     used: AtomicUsize,
     /// Lookups refused because the table was full (op events without tensor info).
     refused: AtomicU64,
@@ -58,7 +58,7 @@ impl Tensors {
         }
     }
 
-    pub fn get(&self, id: u16) -> Option<&TensorInfo> {
+    pub fn get(&self, id: u16) -> Option<&TensorRecord> {
         let info = self
             .infos
             .as_ref()?
@@ -91,7 +91,7 @@ impl Tensors {
     /// that threads meeting new tensors together (ggml's worker threads, each node of a graph's
     /// first timed compute) do not wait for each other's descriptions; two that describe the
     /// same tensor get one id, the first insert's (the other description is dropped).
-    pub fn intern(&self, key: u64, info: impl FnOnce() -> TensorInfo) -> u16 {
+    pub fn intern(&self, key: u64, info: impl FnOnce() -> TensorRecord) -> u16 {
         let (Some(slots), Some(infos)) = (&self.slots, &self.infos) else {
             self.refused.fetch_add(1, Ordering::Relaxed);
             return 0;
@@ -157,8 +157,8 @@ mod tests {
         ]
     }
 
-    fn info(name: &str) -> TensorInfo {
-        TensorInfo {
+    fn info(name: &str) -> TensorRecord {
+        TensorRecord {
             json: Vec::new(),
             name: name.into(),
             op_type: Some(1),

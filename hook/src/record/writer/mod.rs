@@ -27,7 +27,7 @@ use crate::base::clock::{self, TickConverter};
 use crate::base::entry::Entry;
 use crate::base::names::{self, Names};
 use crate::base::ring::{RawEvent, Ring};
-use crate::base::tensor::TensorInfo;
+use crate::base::tensor::TensorRecord;
 use crate::base::{os, say};
 
 const GRAPH_BEGIN: u8 = EventType::GraphComputeBegin.code();
@@ -470,7 +470,7 @@ impl TraceWriter {
     /// A tensor info (written again wherever another tensor of its name and op came between:
     /// the prompt's graph and a generation step's give a node other shapes), preceded by the
     /// name of its op type the first time.
-    fn encode_tensor_info(&mut self, info: &TensorInfo, timestamp_ns: u64, thread_id: u32) {
+    fn encode_tensor_info(&mut self, info: &TensorRecord, timestamp_ns: u64, thread_id: u32) {
         if let Some(op_type) = info.op_type
             && self.op_names_written.insert(op_type)
         {
