@@ -449,6 +449,63 @@ fn the_readers_and_the_hooks_layers_import_only_downwards() {
     }
 }
 
+/// The binary's commands, one module each (the subcommands `main.rs` dispatches to).
+const CLI_COMMANDS: &[&str] = &[
+    "diff", "dump", "export", "info", "live", "ops", "record", "report", "rpc", "summary",
+];
+
+/// The imports by which a module of one of `commands` (or below it) reaches another's:
+/// `(importer, imported)`.
+fn imports_between(commands: &[&str], files: &BTreeMap<Module, String>) -> Vec<(String, String)> {
+    let command_of = |m: &Module| {
+        m.first()
+            .filter(|top| commands.contains(&top.as_str()))
+            .cloned()
+    };
+    let mut found: Vec<_> = imports(files)
+        .into_iter()
+        .flat_map(|(module, targets)| targets.into_iter().map(move |t| (module.clone(), t)))
+        .filter(|(module, target)| {
+            matches!((command_of(module), command_of(target)), (Some(a), Some(b)) if a != b)
+        })
+        .map(|(module, target)| (module.join("/"), target.join("/")))
+        .collect();
+    found.sort();
+    found.dedup();
+    found
+}
+
+#[test]
+fn no_command_of_the_binary_imports_another() {
+    let root = workspace().join("reader/cli/src");
+    let (files, _) = crate_files(&root);
+    for command in CLI_COMMANDS {
+        assert!(
+            files.contains_key(&vec![command.to_string()]),
+            "no module for the command {command}"
+        );
+    }
+    assert_eq!(imports_between(CLI_COMMANDS, &files), []);
+    // Planted: a command's submodule importing another command through `crate::`, and one
+    // through `super::`; a shared module importing a command is not between commands.
+    let mut planted = files.clone();
+    let mut plant = |module: &str, code: &str| {
+        let key: Module = module.split('/').map(str::to_string).collect();
+        let old = planted[&key].clone();
+        planted.insert(key, format!("{old} {code}"));
+    };
+    plant("report/series", "use crate::ops::OpsArgs;");
+    plant("record", "fn f() { super::live::run; }");
+    plant("view", "use crate::live::LiveArgs;");
+    assert_eq!(
+        imports_between(CLI_COMMANDS, &planted),
+        [
+            ("record".to_string(), "live".to_string()),
+            ("report/series".to_string(), "ops".to_string()),
+        ]
+    );
+}
+
 /// Planted upward imports, each found, in the reader's tree and in a hook-like crate: inline
 /// paths, grouped uses (nested too), `super::` chains that climb out of a layer, names the
 /// crate root re-exports from an upper layer (renamed too); and what a lower layer may write.

@@ -137,7 +137,7 @@ fn diff_ops(args: &DiffArgs) -> Result<(), Failure> {
         let mut runs = Vec::new();
         for path in paths {
             let (groups, phases, analysis) =
-                crate::ops::op_totals(path, args.input.layout, args.input.quiet)?;
+                crate::reading::op_totals(path, args.input.layout, args.input.quiet)?;
             writeln!(
                 out,
                 "{label}: {}  ({} ops, {} in ops)",

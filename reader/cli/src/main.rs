@@ -16,6 +16,7 @@ mod record;
 mod report;
 mod rpc;
 mod summary;
+mod view;
 #[cfg(target_os = "linux")]
 mod vulkan_layer;
 

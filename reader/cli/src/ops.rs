@@ -1,22 +1,19 @@
 //! `ggml-viz ops`: where the time goes inside the graphs, op by op.
 
 use std::io::{self, Write};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use clap::{Args, ValueEnum};
 use ggml_viz_reader::Layout;
 use ggml_viz_reader::csv_cell;
+use ggml_viz_reader::timing_cost;
 use ggml_viz_reader::{
-    GroupBy, OpAnalysis, OpCollector, OpGroups, OpSample, Phase, ThreadTotals,
-    oversubscription_note,
+    GroupBy, OpAnalysis, OpGroups, OpSample, Phase, ThreadTotals, oversubscription_note,
 };
-use ggml_viz_reader::{PhaseOps, timing_cost};
 
 use crate::Failure;
 use crate::figures::{fmt_ns, timing_cost_sentence};
 use crate::input::parse_layout;
-use crate::input::{Input, ReadStop};
-use crate::progress::stream_bar;
 
 /// Per-op timings: where the time of the graph computes went, per op, name, backend or layer.
 ///
@@ -129,78 +126,6 @@ impl Tables {
     }
 }
 
-/// A trace read to its end (or to damage), its nodes handed out as they became known.
-struct NodesRead {
-    analysis: OpAnalysis,
-    name: String,
-    stop: Option<ReadStop>,
-}
-
-/// Reads the GGMLVIZ trace at `path` as a stream, each node handed to `each` once known: memory
-/// does not grow with the trace.
-fn read_nodes(
-    path: &Path,
-    layout: Option<Layout>,
-    quiet: bool,
-    mut each: impl FnMut(&OpSample),
-) -> Result<NodesRead, Failure> {
-    let input = Input::open_streamed(path).map_err(Failure::Data)?;
-    let mut collector = OpCollector::streaming();
-    let bar = stream_bar(path, quiet);
-    let (stop, _) = input.for_each_showing(layout, &bar, |e| {
-        collector.push(Ok(&e));
-        collector.take_ready().for_each(|o| each(&o));
-        Ok(())
-    })?;
-    Ok(NodesRead {
-        analysis: collector.finish_each(|_, o| each(&o)),
-        name: input.name(),
-        stop,
-    })
-}
-
-impl NodesRead {
-    /// After what was read is shown: warnings said (a truncated tail, late shares), damage an
-    /// error.
-    fn outcome(&self) -> Result<(), Failure> {
-        if self.analysis.late_shares > 0 {
-            eprintln!(
-                "ggml-viz: warning: {}: {} thread share(s) of nodes came in the trace long after \
-                 their graph compute ended (more than two ring drains); each is counted as a \
-                 node of its own",
-                self.name, self.analysis.late_shares
-            );
-        }
-        match &self.stop {
-            Some(stop) if stop.is_warning() => {
-                eprintln!("ggml-viz: warning: {}", stop.describe(&self.name));
-                Ok(())
-            }
-            Some(stop @ ReadStop::Damage(_)) | Some(stop @ ReadStop::Io(_)) => {
-                Err(Failure::Data(stop.describe(&self.name)))
-            }
-            _ => Ok(()),
-        }
-    }
-}
-
-/// The nodes of the trace at `path` grouped by op type as `ops` groups them, all phases
-/// together, and the analysis (for `diff --ops`); warnings said, damage an error.
-pub fn op_totals(
-    path: &Path,
-    layout: Option<Layout>,
-    quiet: bool,
-) -> Result<(OpGroups, PhaseOps, OpAnalysis), Failure> {
-    let mut groups = OpGroups::new(GroupBy::Op);
-    let mut phases = PhaseOps::default();
-    let read = read_nodes(path, layout, quiet, |o| {
-        groups.add(o);
-        phases.add(o);
-    })?;
-    read.outcome()?;
-    Ok((groups, phases, read.analysis))
-}
-
 pub fn run(args: OpsArgs) -> Result<(), Failure> {
     let by = match args.by {
         By::Op => GroupBy::Op,
@@ -211,7 +136,7 @@ pub fn run(args: OpsArgs) -> Result<(), Failure> {
         By::Thread => GroupBy::Op,
     };
     let mut tables = Tables::new(by);
-    let read = read_nodes(&args.file, args.layout, args.quiet, |o| tables.add(o))?;
+    let read = crate::reading::read_nodes(&args.file, args.layout, args.quiet, |o| tables.add(o))?;
     let analysis = &read.analysis;
     let mut out = io::stdout().lock();
     match (args.csv, args.by) {

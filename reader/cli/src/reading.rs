@@ -1,7 +1,8 @@
 //! Reading the inputs of the telemetry commands (`summary`, `diff`, `export`, `report`, `rpc`):
 //! the options they all take ([`InputOpts`]), and [`Reading`], which imports each input in turn,
 //! putting a ggml-rpc job's traces on its client's clock (a first pass over their commands), with
-//! the bytes read shown on a bar.
+//! the bytes read shown on a bar; and a trace's nodes read as a stream ([`read_nodes`]), for `ops`
+//! and `diff --ops`.
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -14,13 +15,13 @@ use ggml_viz_reader::{
     Damage, Format, ImportError, Layout, OpCollector, RecordTap, RecordView, detect,
     import_path_reporting,
 };
-use ggml_viz_reader::{NodeTimes, Summary};
+use ggml_viz_reader::{GroupBy, NodeTimes, OpAnalysis, OpGroups, OpSample, PhaseOps, Summary};
 use indicatif::ProgressBar;
 
 use crate::Failure;
 use crate::figures::fmt_ns;
-use crate::input::parse_layout;
-use crate::progress::{bar, file_name, len};
+use crate::input::{Input, ReadStop, parse_layout};
+use crate::progress::{bar, file_name, len, stream_bar};
 
 /// Options every telemetry command takes.
 #[derive(Args)]
@@ -335,4 +336,76 @@ pub fn say_warnings(warnings: &[String]) {
     for w in warnings {
         eprintln!("ggml-viz: warning: {w}");
     }
+}
+
+/// A trace read to its end (or to damage), its nodes handed out as they became known.
+pub struct NodesRead {
+    pub analysis: OpAnalysis,
+    name: String,
+    stop: Option<ReadStop>,
+}
+
+/// Reads the GGMLVIZ trace at `path` as a stream, each node handed to `each` once known: memory
+/// does not grow with the trace.
+pub fn read_nodes(
+    path: &Path,
+    layout: Option<Layout>,
+    quiet: bool,
+    mut each: impl FnMut(&OpSample),
+) -> Result<NodesRead, Failure> {
+    let input = Input::open_streamed(path).map_err(Failure::Data)?;
+    let mut collector = OpCollector::streaming();
+    let bar = stream_bar(path, quiet);
+    let (stop, _) = input.for_each_showing(layout, &bar, |e| {
+        collector.push(Ok(&e));
+        collector.take_ready().for_each(|o| each(&o));
+        Ok(())
+    })?;
+    Ok(NodesRead {
+        analysis: collector.finish_each(|_, o| each(&o)),
+        name: input.name(),
+        stop,
+    })
+}
+
+impl NodesRead {
+    /// After what was read is shown: warnings said (a truncated tail, late shares), damage an
+    /// error.
+    pub fn outcome(&self) -> Result<(), Failure> {
+        if self.analysis.late_shares > 0 {
+            eprintln!(
+                "ggml-viz: warning: {}: {} thread share(s) of nodes came in the trace long after \
+                 their graph compute ended (more than two ring drains); each is counted as a \
+                 node of its own",
+                self.name, self.analysis.late_shares
+            );
+        }
+        match &self.stop {
+            Some(stop) if stop.is_warning() => {
+                eprintln!("ggml-viz: warning: {}", stop.describe(&self.name));
+                Ok(())
+            }
+            Some(stop @ ReadStop::Damage(_)) | Some(stop @ ReadStop::Io(_)) => {
+                Err(Failure::Data(stop.describe(&self.name)))
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+/// The nodes of the trace at `path` grouped by op type as `ops` groups them, all phases
+/// together, and the analysis (for `diff --ops`); warnings said, damage an error.
+pub fn op_totals(
+    path: &Path,
+    layout: Option<Layout>,
+    quiet: bool,
+) -> Result<(OpGroups, PhaseOps, OpAnalysis), Failure> {
+    let mut groups = OpGroups::new(GroupBy::Op);
+    let mut phases = PhaseOps::default();
+    let read = read_nodes(path, layout, quiet, |o| {
+        groups.add(o);
+        phases.add(o);
+    })?;
+    read.outcome()?;
+    Ok((groups, phases, read.analysis))
 }

@@ -4,7 +4,7 @@ use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-use crate::live::{Stop, WriterGone};
+use crate::view::{Stop, WriterGone};
 
 use clap::Args;
 use ggml_viz_config::{CONFIG_FILE_ENV, Config, OVERRIDES_ENV, Sources};
@@ -86,7 +86,7 @@ pub struct RecordArgs {
     #[arg(long)]
     live: bool,
     #[command(flatten)]
-    view: crate::live::ViewOpts,
+    view: crate::view::ViewOpts,
     /// The command to run, after `--`.
     #[arg(required = true, last = true)]
     command: Vec<OsString>,
@@ -232,7 +232,7 @@ pub fn run(args: RecordArgs) -> Result<u8, Failure> {
                 .flatten()
                 .map(|s| format!("the program exited with status {}", exit_code(s)))
         };
-        let stop = crate::live::watch(
+        let stop = crate::view::watch(
             &path,
             &args.view,
             None,

@@ -1,11 +1,11 @@
-//! `live`, and `record --live`: follow a trace while it is written and refresh a view of it
-//! about once a second. Only new records are read on each poll (the `Follower`); the figures
-//! come from [`figures::LiveStats`].
+//! The live view, which the `live` command and `record --live` show: follow a trace while it is
+//! written and refresh a view of it about once a second. Only new records are read on each poll
+//! (the `Follower`); the figures come from [`figures::LiveStats`].
 
 mod figures;
 
 use std::io::{self, IsTerminal, Write};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
@@ -15,7 +15,6 @@ use ggml_viz_reader::{Follower, Layout};
 
 use crate::Failure;
 use crate::figures::fmt_ns;
-use crate::input::parse_layout;
 
 /// How often the file is polled for new records.
 const POLL: Duration = Duration::from_millis(100);
@@ -42,34 +41,6 @@ impl ViewOpts {
     pub fn interactive(&self) -> bool {
         !self.plain && io::stdout().is_terminal()
     }
-}
-
-/// Follow a trace while a program writes it, refreshed about once a second.
-///
-/// Graphs/s, the latest graph time and its rolling
-/// p50/p99, the top ops by time over the last seconds (their nodes' wall time, as `ggml-viz ops`
-/// has it), events and drops, refreshed about once a second.
-///
-/// Quits on `q` or Ctrl-C (Ctrl-C only on Windows), and by itself when the writer is done (the hook holds a lock on its
-/// trace while the program runs). On a terminal the screen is redrawn; otherwise (a pipe, a file,
-/// or --plain) one line is printed per refresh. Never reads a byte twice: it keeps up with a
-/// writer making millions of events a second.
-#[derive(Args)]
-#[command(
-    after_help = "Examples:\n  ggml-viz live trace.ggmlviz\n  ggml-viz live --window 30 --plain trace.ggmlviz >> progress.log\n  ggml-viz record --live -- llama-cli -m model.gguf -p \"Hello\" -n 256"
-)]
-pub struct LiveArgs {
-    /// The trace to follow (it may not exist yet).
-    file: PathBuf,
-    #[command(flatten)]
-    view: ViewOpts,
-    /// Event layout instead of detecting it.
-    #[arg(long, value_parser = parse_layout)]
-    layout: Option<Layout>,
-}
-
-pub fn run(args: LiveArgs) -> Result<(), Failure> {
-    watch(&args.file, &args.view, args.layout, WriterGone::Unlocked).map(|_| ())
 }
 
 /// How to know that no more records will come.
