@@ -6,12 +6,11 @@ use std::io::{self, BufWriter, IsTerminal, Write};
 use std::path::{Path, PathBuf};
 
 use clap::{Args, ValueEnum};
-use ggml_viz_reader::TraceFile;
 use ggml_viz_reader::export::parquet::ParquetWriter;
-use ggml_viz_reader::export::telemetry_v2;
+use ggml_viz_reader::export::telemetry_v2::TelemetryV2Records;
 use ggml_viz_reader::telemetry::Ids;
 use ggml_viz_reader::telemetry::RecordSink;
-use ggml_viz_reader::{ChromeJsonWriter, Format, PerfettoWriter};
+use ggml_viz_reader::{ChromeJsonWriter, Damage, Format, PerfettoWriter, RecordTap, RecordView};
 
 use crate::Failure;
 use crate::reading::{InputOpts, Reading, import_all};
@@ -157,34 +156,52 @@ fn parquet(args: &ExportArgs) -> Result<(), Failure> {
     Ok(())
 }
 
-/// Every input's buffer events as v2 records, in one JSON list.
+/// Every input's buffer events as v2 records, in one JSON list; each input on its own clock. A
+/// truncated input is warned about; another damaged one fails the command, after the records
+/// before its damage (and the other inputs') are written.
 fn telemetry_v2(
     args: &ExportArgs,
     mut out: impl Write,
 ) -> Result<(Result<(), Failure>, u64), Failure> {
-    let mut records = Vec::new();
+    let mut sink = TelemetryV2Records::default();
+    let mut ids = Ids::default();
+    let mut reading = Reading::unaligned(&args.files, &args.input);
     let mut result = Ok(());
     for path in &args.files {
-        let trace = TraceFile::open(path, args.input.layout)
-            .map_err(|e| Failure::Data(format!("cannot open {}: {e}", path.display())))?;
-        let (mut events, damage) = telemetry_v2::from_ggmlviz(trace.bytes(), trace.layout().layout);
-        if events.is_empty() {
+        let before = sink.records.len();
+        let mut damage = DamageTap(None);
+        let imported = reading.import_tapped(path, &args.input, &mut ids, &mut sink, &mut damage);
+        if sink.records.len() == before {
             eprintln!(
                 "ggml-viz: warning: {}: no buffer events (record with GGML_VIZ_MEMORY_TRACKING=1)",
                 path.display()
             );
         }
-        records.append(&mut events);
-        match damage {
-            Some(d) if d.is_truncation() => eprintln!("ggml-viz: warning: {}: {d}", path.display()),
-            Some(d) => result = Err(Failure::Data(format!("{}: {d}", path.display()))),
-            None => {}
+        match (damage.0, imported) {
+            (Some(d), _) if d.is_truncation() => {
+                eprintln!("ggml-viz: warning: {}: {d}", path.display())
+            }
+            (Some(d), _) => result = Err(Failure::Data(format!("{}: {d}", path.display()))),
+            (None, Err(e)) => result = Err(Failure::Data(e.0)),
+            (None, Ok(())) => {}
         }
     }
-    serde_json::to_writer_pretty(&mut out, &records).map_err(io::Error::from)?;
+    drop(reading);
+    serde_json::to_writer_pretty(&mut out, &sink.records).map_err(io::Error::from)?;
     writeln!(out)?;
     out.flush()?;
-    Ok((result, records.len() as u64))
+    Ok((result, sink.records.len() as u64))
+}
+
+/// The damage that ended a trace's read, if any.
+struct DamageTap(Option<Damage>);
+
+impl RecordTap for DamageTap {
+    fn record(&mut self, _: RecordView<'_>) {}
+
+    fn damage(&mut self, damage: &Damage) {
+        self.0 = Some(damage.clone());
+    }
 }
 
 fn display(p: &Path) -> String {

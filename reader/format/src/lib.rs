@@ -48,7 +48,13 @@ pub fn buffer_label(buffer_type: &str, base: u64) -> String {
 /// The buffer type a buffer event's label names (see [`buffer_label`]): all of it where it has
 /// no `@`.
 pub fn buffer_type_of(label: &str) -> &str {
-    label.split('@').next().unwrap_or_default()
+    buffer_parts(label).0
+}
+
+/// The buffer type and the base address a buffer event's label names (see [`buffer_label`]):
+/// all of it and nothing where it has no `@`.
+pub fn buffer_parts(label: &str) -> (&str, &str) {
+    label.split_once('@').unwrap_or((label, ""))
 }
 /// First four bytes of an extension record's union: tells our records from another writer's use
 /// of the same type code.

@@ -160,6 +160,8 @@ impl<W: Write> RecordSink for ChromeJsonWriter<W> {
             }
             Record::Warning(w) => self.warnings.push(w),
             Record::Clock(c) => self.clocks.push(c),
+            // Drawn as the live-bytes counters that come with them.
+            Record::Buffer(_) => {}
         }
     }
 }

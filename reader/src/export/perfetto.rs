@@ -575,7 +575,7 @@ impl<W: Write> RecordSink for PerfettoWriter<W> {
                     event.uint(10, name);
                 });
             }
-            Record::Warning(_) | Record::Clock(_) => {}
+            Record::Buffer(_) | Record::Warning(_) | Record::Clock(_) => {}
         }
     }
 }

@@ -3,7 +3,7 @@
 //! An importer (`crate::import`) turns its input into a stream handed to a [`RecordSink`]: spans
 //! lent as they close (with their parent, depth and self time already known), and [`Record`]s:
 //! processes and lanes (threads, devices, NCCL proxy lanes) as they are met, counter samples,
-//! instants and warnings. Exporters (`crate::export`) and aggregations (`crate::Summary`, the
+//! instants, backend buffers made and freed, and warnings. Exporters (`crate::export`) and aggregations (`crate::Summary`, the
 //! RPC join) are sinks, so nothing needs the whole input in memory; [`Collected`] keeps
 //! everything, for tests and small inputs. [`rpc_spans`]: what the spans of ggml-rpc commands
 //! carry.
@@ -138,6 +138,22 @@ pub struct Instant {
     pub time_ns: u64,
 }
 
+/// A backend buffer made or freed (a trace recorded with memory tracking).
+#[derive(Clone, Debug, PartialEq)]
+pub struct BufferEvent {
+    pub process: u32,
+    pub time_ns: u64,
+    /// Made (`true`) or freed.
+    pub made: bool,
+    /// The buffer's handle.
+    pub buffer: u64,
+    /// Its bytes (freed: as many as it was made with).
+    pub size: u64,
+    /// Its buffer type (`CPU`, `Vulkan0`) and base address, as the event said them.
+    pub buffer_type: String,
+    pub base: String,
+}
+
 /// What timestamps mean.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Clock {
@@ -154,6 +170,7 @@ pub enum Record {
     Lane(Lane),
     Counter(CounterSample),
     Instant(Instant),
+    Buffer(BufferEvent),
     /// Something the user should know: bad lines, unmatched or crossing pairs, clock problems.
     Warning(String),
     Clock(Clock),
@@ -176,6 +193,7 @@ pub struct Collected {
     pub spans: Vec<Span>,
     pub counters: Vec<CounterSample>,
     pub instants: Vec<Instant>,
+    pub buffers: Vec<BufferEvent>,
     pub warnings: Vec<String>,
     pub clock: Option<Clock>,
 }
@@ -191,6 +209,7 @@ impl RecordSink for Collected {
             Record::Lane(l) => self.lanes.push(l),
             Record::Counter(c) => self.counters.push(c),
             Record::Instant(i) => self.instants.push(i),
+            Record::Buffer(b) => self.buffers.push(b),
             Record::Warning(w) => self.warnings.push(w),
             Record::Clock(c) => self.clock = Some(c),
         }

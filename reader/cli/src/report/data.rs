@@ -578,6 +578,8 @@ impl RecordSink for ReportBuilder {
                     .push((c.time_ns, c.value));
             }
             Record::Instant(i) => self.earliest_ns = self.earliest_ns.min(i.time_ns),
+            // The memory table reads the trace's buffer events itself (analysis::memory).
+            Record::Buffer(_) => {}
             Record::Warning(w) => self.data.summary.warnings.push(w),
             Record::Clock(c) => {
                 self.data.summary.clock_relative |= c == ggml_viz_reader::telemetry::Clock::Relative

@@ -149,6 +149,10 @@ impl<S: RecordSink> RecordSink for Aligned<'_, S> {
                 i.time_ns = self.shift(i.time_ns);
                 Record::Instant(i)
             }
+            Record::Buffer(mut b) => {
+                b.time_ns = self.shift(b.time_ns);
+                Record::Buffer(b)
+            }
             Record::Process(mut p) => {
                 if let Some(role) = &self.alignment.role {
                     p.name = format!("{} ({role})", p.name);

@@ -223,7 +223,8 @@ impl ParquetWriter {
                 ];
                 self.instants.push(&row)?;
             }
-            Record::Warning(_) | Record::Clock(_) => {}
+            // Its bytes are in the live-bytes counters' rows.
+            Record::Buffer(_) | Record::Warning(_) | Record::Clock(_) => {}
         }
         Ok(())
     }

@@ -1,7 +1,7 @@
 //! Buffer events as a live-bytes counter per buffer type, thread events as named lanes.
 
 use crate::format::{Event, EventType, Payload};
-use crate::telemetry::{Lane, Record, RecordSink};
+use crate::telemetry::{BufferEvent, Lane, Record, RecordSink};
 
 use super::Importer;
 
@@ -19,12 +19,14 @@ impl<S: RecordSink> Importer<'_, S> {
                 *live = live.saturating_add(size.min(i64::MAX as u64) as i64);
                 self.buffers.insert(ptr, (buft.clone(), size));
                 self.counter(buft, ts);
+                self.buffer(true, ptr, size, &label, ts);
             }
             (Some(EventType::TensorFree), &Payload::Memory { ptr, .. }) => {
                 if let Some((buft, size)) = self.buffers.remove(&ptr) {
                     let live = self.live.entry(buft.clone()).or_default();
                     *live = live.saturating_sub(size.min(i64::MAX as u64) as i64);
                     self.counter(buft, ts);
+                    self.buffer(false, ptr, size, &String::from_utf8_lossy(label), ts);
                 }
             }
             (Some(ty @ (EventType::ThreadBegin | EventType::ThreadFree)), _) => {
@@ -52,6 +54,20 @@ impl<S: RecordSink> Importer<'_, S> {
             }
             _ => {}
         }
+    }
+
+    /// The buffer event itself: made or freed, its handle and bytes, and what its label says.
+    fn buffer(&mut self, made: bool, buffer: u64, size: u64, label: &str, time_ns: u64) {
+        let (buffer_type, base) = crate::format::buffer_parts(label);
+        self.sink.record(Record::Buffer(BufferEvent {
+            process: self.process,
+            time_ns,
+            made,
+            buffer,
+            size,
+            buffer_type: buffer_type.to_string(),
+            base: base.to_string(),
+        }));
     }
 
     pub(super) fn counter(&mut self, buft: String, ts: u64) {
