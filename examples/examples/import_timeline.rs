@@ -9,7 +9,7 @@
 use std::collections::HashMap;
 
 use ggml_viz_reader::import_path;
-use ggml_viz_reader::telemetry::{Collected, Ids};
+use ggml_viz_reader::telemetry::{Collected, Ids, LaneId, ProcessId};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let path = std::env::args()
@@ -22,7 +22,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     for warning in &model.warnings {
         eprintln!("warning: {warning}");
     }
-    let process_of_lane: HashMap<u32, u32> =
+    let process_of_lane: HashMap<LaneId, ProcessId> =
         model.lanes.iter().map(|l| (l.id, l.process)).collect();
     for process in &model.processes {
         let mut totals: HashMap<&str, (u64, u64)> = HashMap::new();

@@ -8,7 +8,7 @@
 use ggml_viz_reader::Summary;
 use ggml_viz_reader::import::ggmlviz;
 use ggml_viz_reader::rpc_join::{Aligned, RpcParts, analyse};
-use ggml_viz_reader::telemetry::Ids;
+use ggml_viz_reader::telemetry::{Ids, ProcessId};
 use ggml_viz_reader::{choose_layout, format::HEADER_LEN};
 use libfuzzer_sys::fuzz_target;
 
@@ -29,7 +29,7 @@ fuzz_target!(|data: &[u8]| {
     for o in &analysis.offsets {
         let _ = o.uncertainty_ns();
     }
-    let process_input = |process: u32| {
+    let process_input = |process: ProcessId| {
         (parts.processes.iter())
             .position(|p| p.id == process)
             .and_then(|n| input_of.get(n).copied())

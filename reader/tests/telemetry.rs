@@ -13,7 +13,7 @@ use ggml_viz_reader::import::ge_log;
 use ggml_viz_reader::import::ggmlviz;
 use ggml_viz_reader::import_path;
 use ggml_viz_reader::telemetry::Ids;
-use ggml_viz_reader::telemetry::{Clock, Collected};
+use ggml_viz_reader::telemetry::{Clock, Collected, LaneId};
 use serde_json::Value;
 
 fn sample(path: &str) -> PathBuf {
@@ -220,7 +220,7 @@ fn comma_records_become_enqueue_execution_and_proxy_lanes() {
     let mut c = Collected::default();
     import_path(&path, None, None, &mut Ids::default(), &mut c).unwrap();
     let us = 1000;
-    let lane = |id: u32| c.lanes.iter().find(|l| l.id == id).unwrap().name.clone();
+    let lane = |id: LaneId| c.lanes.iter().find(|l| l.id == id).unwrap().name.clone();
     let span = |name: &str| {
         c.spans
             .iter()

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 
 use clap::Args;
 use ggml_viz_reader::rpc_join::{Aligned, Alignment, ClockOffset, RpcParts, analyse};
-use ggml_viz_reader::telemetry::{Ids, RecordSink};
+use ggml_viz_reader::telemetry::{Ids, ProcessId, RecordSink};
 use ggml_viz_reader::{
     Damage, Format, ImportError, Layout, OpCollector, RecordTap, RecordView, detect,
     import_path_reporting,
@@ -126,7 +126,7 @@ impl Reading {
             return;
         }
         let analysis = analyse(&parts);
-        let process_input = |process: u32| {
+        let process_input = |process: ProcessId| {
             parts
                 .processes
                 .iter()

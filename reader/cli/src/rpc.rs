@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use clap::Args;
 use ggml_viz_reader::Format;
 use ggml_viz_reader::rpc_join::{PartIndex, RpcAnalysis, RpcParts, TokenTime, analyse};
-use ggml_viz_reader::telemetry::Ids;
+use ggml_viz_reader::telemetry::{Ids, ProcessId};
 
 use crate::Failure;
 use crate::figures::fmt_ns;
@@ -69,7 +69,7 @@ pub fn run(args: RpcArgs) -> Result<(), Failure> {
     result
 }
 
-fn process_name(parts: &RpcParts, id: u32) -> String {
+fn process_name(parts: &RpcParts, id: ProcessId) -> String {
     parts
         .processes
         .iter()
@@ -151,7 +151,7 @@ fn write_tables(
 
 /// Where the tokens' time went, summed over each client's decodes.
 fn write_tokens(out: &mut impl Write, parts: &RpcParts, all: &[TokenTime]) -> io::Result<()> {
-    let mut clients: Vec<u32> = all.iter().map(|t| t.client_process).collect();
+    let mut clients: Vec<ProcessId> = all.iter().map(|t| t.client_process).collect();
     clients.dedup();
     for client in clients {
         let tokens: Vec<_> = all.iter().filter(|t| t.client_process == client).collect();

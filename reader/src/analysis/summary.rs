@@ -204,7 +204,7 @@ impl Summary {
         self.first_ns = Some(self.first_ns.map_or(s.start_ns, |f| f.min(s.start_ns)));
         self.last_ns = self.last_ns.max(s.end_ns);
         let index = self.row_index(&s.name);
-        let (lane, depth) = (s.lane as usize, s.depth as usize);
+        let (lane, depth) = (s.lane.0 as usize, s.depth as usize);
         if lane >= self.lanes.len() || depth + 1 >= self.lanes[lane].by_depth.len() {
             self.make_room(lane, depth);
         }
@@ -239,7 +239,7 @@ impl Summary {
     /// its slot (or set aside), is handed on with its own.
     #[inline(never)]
     fn add_subtree(&mut self, s: &Span, index: RowIndex, dur: u64) {
-        let (lane, depth) = (s.lane as usize, s.depth as usize);
+        let (lane, depth) = (s.lane.0 as usize, s.depth as usize);
         let state = &mut self.lanes[lane];
         let own = state.by_depth[depth].0 == Some(s.id);
         let coverage = if own {
@@ -298,7 +298,7 @@ impl Summary {
     /// at the top.
     #[inline(always)]
     fn merge(&mut self, s: &Span, row: RowIndex, count: u64, covered: u64) {
-        let state = &mut self.lanes[s.lane as usize];
+        let state = &mut self.lanes[s.lane.0 as usize];
         if let Some(parent) = merge_warm(&mut self.rows, state, s, row, count, covered) {
             self.merge_cold(s, parent, row, count, covered)
         }
@@ -310,8 +310,8 @@ impl Summary {
     #[inline(never)]
     fn merge_cold(&mut self, s: &Span, parent: u64, row: RowIndex, count: u64, covered: u64) {
         let depth = (s.depth as usize).saturating_sub(1);
-        let found = self.pending_of(s.lane as usize, parent);
-        let state = &mut self.lanes[s.lane as usize];
+        let found = self.pending_of(s.lane.0 as usize, parent);
+        let state = &mut self.lanes[s.lane.0 as usize];
         let slot = &mut state.by_depth[depth];
         if let Some(other) = slot.0 {
             self.pending.insert(other, std::mem::take(&mut slot.1));
@@ -394,6 +394,7 @@ pub fn csv_cell(s: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::telemetry::LaneId;
     use crate::telemetry::SpanStack;
 
     /// The ada-pa document's case: a 20 µs tiling made of two 10 µs tilings.
@@ -404,10 +405,10 @@ mod tests {
         let us = 1000;
         stack.open(1, "Tiling".into(), "ge".into(), 0, Default::default());
         stack.open(2, "Tiling".into(), "ge".into(), 0, Default::default());
-        summary.span(&stack.close(0, 10 * us).unwrap());
+        summary.span(&stack.close(LaneId(0), 10 * us).unwrap());
         stack.open(3, "Tiling".into(), "ge".into(), 10 * us, Default::default());
-        summary.span(&stack.close(0, 20 * us).unwrap());
-        summary.span(&stack.close(0, 20 * us).unwrap());
+        summary.span(&stack.close(LaneId(0), 20 * us).unwrap());
+        summary.span(&stack.close(LaneId(0), 20 * us).unwrap());
         let row = summary.row("Tiling").unwrap();
         assert_eq!((row.count, row.total_ns), (2, 20 * us));
         assert_eq!(row.mean_ns(), 10_000.0);
@@ -424,10 +425,10 @@ mod tests {
         let us = 1000;
         stack.open(1, "Tiling".into(), "ge".into(), 0, Default::default());
         stack.open(2, "Tiling".into(), "ge".into(), 5 * us, Default::default());
-        summary.span(&stack.close(0, 15 * us).unwrap());
+        summary.span(&stack.close(LaneId(0), 15 * us).unwrap());
         stack.open(3, "Tiling".into(), "ge".into(), 16 * us, Default::default());
-        summary.span(&stack.close(0, 26 * us).unwrap());
-        summary.span(&stack.close(0, 30 * us).unwrap());
+        summary.span(&stack.close(LaneId(0), 26 * us).unwrap());
+        summary.span(&stack.close(LaneId(0), 30 * us).unwrap());
         let row = summary.row("Tiling").unwrap();
         assert_eq!((row.count, row.total_ns), (2, 30 * us));
         assert_eq!(row.mean_ns(), 10_000.0);
@@ -456,10 +457,10 @@ mod tests {
         for (graph, op, at) in [(2, 3, 0), (4, 5, 30)] {
             open(&mut stack, graph, "graph", at);
             open(&mut stack, op, "MUL_MAT", at);
-            summary.span(&stack.close(0, at + 10).unwrap());
-            summary.span(&stack.close(0, at + 20).unwrap());
+            summary.span(&stack.close(LaneId(0), at + 10).unwrap());
+            summary.span(&stack.close(LaneId(0), at + 20).unwrap());
         }
-        summary.span(&stack.close(0, 60).unwrap());
+        summary.span(&stack.close(LaneId(0), 60).unwrap());
         assert_eq!(counted(&summary, "MUL_MAT"), (2, 20));
         assert_eq!(counted(&summary, "graph"), (2, 40));
         assert_eq!(counted(&summary, "decode"), (1, 60));
@@ -507,7 +508,7 @@ mod tests {
                     id += 1;
                     stacks[lane].open(id, name.into(), "c".into(), at, Default::default());
                 } else {
-                    let span = stacks[lane].close(lane as u32 + 1, at).unwrap();
+                    let span = stacks[lane].close(LaneId(lane as u32 + 1), at).unwrap();
                     all.span(&span);
                     alone[lane].span(&span);
                 }
@@ -540,12 +541,12 @@ mod tests {
         let mut summary = Summary::default();
         open(&mut stack, 1, "A", 0);
         open(&mut stack, 2, "B", 10);
-        summary.span(&stack.close(1, 20).unwrap());
+        summary.span(&stack.close(LaneId(1), 20).unwrap());
         open(&mut stack, 3, "C", 30);
         open(&mut stack, 4, "D", 40);
-        summary.span(&stack.close(1, 50).unwrap());
-        summary.span(&stack.remove(0, 60).unwrap().into_span(1));
-        summary.span(&stack.close(1, 70).unwrap());
+        summary.span(&stack.close(LaneId(1), 50).unwrap());
+        summary.span(&stack.remove(0, 60).unwrap().into_span(LaneId(1)));
+        summary.span(&stack.close(LaneId(1), 70).unwrap());
         assert_eq!(
             ["A", "B", "C", "D"].map(|name| counted(&summary, name)),
             [(1, 60), (1, 10), (1, 40), (1, 10)]
@@ -565,9 +566,9 @@ mod tests {
                 i * 100,
                 Default::default(),
             );
-            summary.span(&stack.close(0, i * 100 + 50).unwrap());
+            summary.span(&stack.close(LaneId(0), i * 100 + 50).unwrap());
         }
-        summary.span(&stack.close(0, 400).unwrap());
+        summary.span(&stack.close(LaneId(0), 400).unwrap());
         assert_eq!(
             (
                 summary.row("MUL_MAT").unwrap().count,

@@ -16,13 +16,14 @@ use serde_json::{Map, Value, json};
 
 use crate::telemetry::rpc_spans as rpc;
 use crate::telemetry::{Arg, Clock, Lane, Process, Record, RecordSink, Span};
+use crate::telemetry::{LaneId, ProcessId};
 
 pub struct ChromeJsonWriter<W: Write> {
     out: W,
     origin_ns: Option<u64>,
     first: bool,
-    processes: BTreeMap<u32, Process>,
-    lanes: BTreeMap<u32, Lane>,
+    processes: BTreeMap<ProcessId, Process>,
+    lanes: BTreeMap<LaneId, Lane>,
     clocks: Vec<Clock>,
     warnings: Vec<String>,
     /// The first write error; later writes are skipped.
@@ -69,7 +70,7 @@ impl<W: Write> ChromeJsonWriter<W> {
     fn complete(&mut self, s: &Span) {
         let ts = self.us(s.start_ns);
         let dur = s.duration_ns() as f64 / 1000.0;
-        let pid = self.lanes.get(&s.lane).map_or(0, |l| l.process);
+        let pid = self.lanes.get(&s.lane).map_or(0, |l| l.process.0);
         let mut args = Map::new();
         for (k, v) in s.args.iter() {
             args.insert(k.to_string(), arg_json(v));
@@ -155,7 +156,7 @@ impl<W: Write> RecordSink for ChromeJsonWriter<W> {
             }
             Record::Instant(i) => {
                 let ts = self.us(i.time_ns);
-                let pid = self.lanes.get(&i.lane).map_or(0, |l| l.process);
+                let pid = self.lanes.get(&i.lane).map_or(0, |l| l.process.0);
                 self.emit(json!({"ph": "i", "s": "t", "name": i.name, "pid": pid, "tid": i.lane, "ts": ts}));
             }
             Record::Warning(w) => self.warnings.push(w),

@@ -40,6 +40,7 @@ use rustc_hash::FxHashMap;
 use super::protobuf::Message;
 use crate::telemetry::rpc_spans as rpc;
 use crate::telemetry::{Arg, Args, ByAddress, Lane, Process, Record, RecordSink, Span, Text};
+use crate::telemetry::{LaneId, ProcessId};
 
 /// The sequence of descriptions, counters and instants; lane `l`'s slices are sequence `l + 2`.
 const GLOBAL_SEQUENCE: u64 = 1;
@@ -56,11 +57,11 @@ const COUNTER: u64 = 4;
 const UNIT_SIZE_BYTES: u64 = 3;
 
 /// Track uuids: our id times 4 plus the kind, so that they stay small varints.
-fn process_track(process: u32) -> u64 {
-    u64::from(process) * 4 + 1
+fn process_track(process: ProcessId) -> u64 {
+    u64::from(process.0) * 4 + 1
 }
-fn lane_track(lane: u32) -> u64 {
-    u64::from(lane) * 4 + 2
+fn lane_track(lane: LaneId) -> u64 {
+    u64::from(lane.0) * 4 + 2
 }
 fn counter_track(n: u64) -> u64 {
     n * 4 + 3
@@ -288,13 +289,13 @@ fn join(args: &[(Text, Arg)]) -> Text {
 /// Lane `lane`'s sequence; begun, the first time, with its defaults (the lane's track, the
 /// incremental clock) and the clock's snapshot at `time_ns`.
 fn lane_sequence<'a, W: Write>(
-    lanes: &'a mut FxHashMap<u32, Sequence>,
+    lanes: &'a mut FxHashMap<LaneId, Sequence>,
     out: &mut Output<W>,
-    lane: u32,
+    lane: LaneId,
     time_ns: u64,
 ) -> &'a mut Sequence {
     lanes.entry(lane).or_insert_with(|| {
-        let mut seq = Sequence::new(u64::from(lane) + 2);
+        let mut seq = Sequence::new(u64::from(lane.0) + 2);
         seq.emit(out, |_, defaults| {
             defaults.nested(59, |d| {
                 d.uint(58, LANE_CLOCK).nested(11, |track_event| {
@@ -320,15 +321,15 @@ fn lane_sequence<'a, W: Write>(
 
 pub struct PerfettoWriter<W: Write> {
     out: Output<W>,
-    counters: HashMap<(u32, String), u64>,
+    counters: HashMap<(ProcessId, String), u64>,
     /// Per lane, the closed spans of its outermost open span (the list kept, emptied, for the
     /// lane's next tree).
-    pending: FxHashMap<u32, Vec<Span>>,
+    pending: FxHashMap<LaneId, Vec<Span>>,
     /// A tree's spans in the order their begins are written, and those open: kept between trees.
     order: Vec<(u64, u32, u32)>,
     open: Vec<u32>,
     global: Sequence,
-    lanes: FxHashMap<u32, Sequence>,
+    lanes: FxHashMap<LaneId, Sequence>,
     /// Each distinct argument list's `args` text, by the list's address (the importers share one
     /// list among the spans of a node; the list is kept, so the address is not reused).
     joined: FxHashMap<usize, (Args, Text)>,
@@ -369,7 +370,7 @@ impl<W: Write> PerfettoWriter<W> {
         let label = p.label();
         self.describe(|track| {
             track.uint(1, process_track(p.id)).nested(3, |process| {
-                process.int(1, i64::from(p.id)).string(6, &label);
+                process.int(1, i64::from(p.id.0)).string(6, &label);
                 if let Some(rank) = p.rank {
                     process.string(8, &format!("rank {rank}"));
                 }
@@ -387,8 +388,8 @@ impl<W: Write> PerfettoWriter<W> {
                 .uint(5, process_track(l.process))
                 .nested(4, |thread| {
                     thread
-                        .int(1, i64::from(l.process))
-                        .int(2, i64::from(l.id))
+                        .int(1, i64::from(l.process.0))
+                        .int(2, i64::from(l.id.0))
                         .string(5, &l.name);
                 });
         });
@@ -462,7 +463,7 @@ impl<W: Write> PerfettoWriter<W> {
         }
     }
 
-    fn counter_track(&mut self, process: u32, name: &str) -> u64 {
+    fn counter_track(&mut self, process: ProcessId, name: &str) -> u64 {
         if let Some(&uuid) = self.counters.get(&(process, name.to_string())) {
             return uuid;
         }
@@ -483,7 +484,7 @@ impl<W: Write> PerfettoWriter<W> {
     /// Writes the spans still held (of outermost spans never closed: a truncated input) and
     /// flushes the output; returns it and the packets written.
     pub fn finish(mut self) -> io::Result<(W, u64)> {
-        let mut lanes: Vec<u32> = self.pending.keys().copied().collect();
+        let mut lanes: Vec<LaneId> = self.pending.keys().copied().collect();
         lanes.sort_unstable();
         for lane in lanes {
             let tree = self.pending.remove(&lane).unwrap_or_default();
@@ -584,12 +585,13 @@ impl<W: Write> RecordSink for PerfettoWriter<W> {
 mod tests {
     use super::*;
     use crate::telemetry::SpanStack;
+    use crate::telemetry::{LaneId, ProcessId};
 
     /// The records of a lane with `n` nested graph/op pairs, written by `writer`.
     fn write<W: Write>(mut writer: PerfettoWriter<W>, n: u64) -> W {
         writer.record(Record::Lane(Lane {
-            id: 1,
-            process: 1,
+            id: LaneId(1),
+            process: ProcessId(1),
             tid: Some(7),
             name: "thread 7".into(),
         }));
@@ -610,8 +612,8 @@ mod tests {
                 t + 10,
                 Args::default(),
             );
-            writer.span(&stack.close(1, t + 500).unwrap());
-            writer.span(&stack.close(1, t + 900).unwrap());
+            writer.span(&stack.close(LaneId(1), t + 500).unwrap());
+            writer.span(&stack.close(LaneId(1), t + 900).unwrap());
         }
         writer.finish().unwrap().0
     }

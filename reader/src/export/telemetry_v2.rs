@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use serde_json::Map;
 
 use crate::import::event_v2::{EventV2, device_of};
-use crate::telemetry::{BufferEvent, Process, Record, RecordSink, Span};
+use crate::telemetry::{BufferEvent, Process, ProcessId, Record, RecordSink, Span};
 
 /// The collector name our exports carry.
 pub const COLLECTOR: &str = "ggml_viz.hook";
@@ -26,9 +26,9 @@ pub const COLLECTOR: &str = "ggml_viz.hook";
 pub struct TelemetryV2Records {
     /// The records, in the order of the buffer events.
     pub records: Vec<EventV2>,
-    processes: HashMap<u32, Process>,
+    processes: HashMap<ProcessId, Process>,
     /// Live bytes by process and device.
-    live: HashMap<(u32, i64), i64>,
+    live: HashMap<(ProcessId, i64), i64>,
 }
 
 impl RecordSink for TelemetryV2Records {

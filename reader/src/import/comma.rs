@@ -13,15 +13,16 @@ use std::collections::HashMap;
 use serde_json::{Map, Value};
 
 use crate::telemetry::{Arg, Clock, Ids, Lane, Process, Record, RecordSink, Span, Text};
+use crate::telemetry::{LaneId, ProcessId};
 
 struct Importer<'s, S: RecordSink> {
     sink: &'s mut S,
     ids: &'s mut Ids,
     /// By rank (or pid when there is no rank): our process id.
-    processes: HashMap<(bool, i64), u32>,
+    processes: HashMap<(bool, i64), ProcessId>,
     /// By process and lane name: lane id and, for step lanes, where each sub-lane is free again.
-    lanes: HashMap<(u32, String), u32>,
-    step_lanes: HashMap<(u32, String), Vec<u64>>,
+    lanes: HashMap<(ProcessId, String), LaneId>,
+    step_lanes: HashMap<(ProcessId, String), Vec<u64>>,
 }
 
 fn us(v: Option<&Value>) -> Option<u64> {
@@ -73,7 +74,7 @@ pub fn import<S: RecordSink>(
 }
 
 impl<S: RecordSink> Importer<'_, S> {
-    fn process(&mut self, r: &Map<String, Value>) -> u32 {
+    fn process(&mut self, r: &Map<String, Value>) -> ProcessId {
         let rank = r.get("rank").and_then(Value::as_i64);
         let key = match rank {
             Some(rank) => (true, rank),
@@ -82,8 +83,7 @@ impl<S: RecordSink> Importer<'_, S> {
         if let Some(&id) = self.processes.get(&key) {
             return id;
         }
-        self.ids.next_process += 1;
-        let id = self.ids.next_process;
+        let id = self.ids.process();
         let pid = r.get("pid").and_then(Value::as_u64).unwrap_or(0) as u32;
         let label = match rank {
             Some(rank) => format!("NCCL rank {rank}"),
@@ -100,12 +100,11 @@ impl<S: RecordSink> Importer<'_, S> {
         id
     }
 
-    fn lane(&mut self, process: u32, name: String) -> u32 {
+    fn lane(&mut self, process: ProcessId, name: String) -> LaneId {
         if let Some(&id) = self.lanes.get(&(process, name.clone())) {
             return id;
         }
-        self.ids.next_lane += 1;
-        let id = self.ids.next_lane;
+        let id = self.ids.lane();
         self.sink.record(Record::Lane(Lane {
             id,
             process,
@@ -118,7 +117,7 @@ impl<S: RecordSink> Importer<'_, S> {
 
     fn span(
         &mut self,
-        lane: u32,
+        lane: LaneId,
         name: &str,
         category: &str,
         start: u64,
@@ -210,7 +209,7 @@ impl<S: RecordSink> Importer<'_, S> {
         Ok(())
     }
 
-    fn proxy_op(&mut self, process: u32, p: &Map<String, Value>) -> Result<(), String> {
+    fn proxy_op(&mut self, process: ProcessId, p: &Map<String, Value>) -> Result<(), String> {
         let start = us(p.get("ts")).ok_or("proxy op without a valid `ts`")?;
         let end = start.saturating_add(us(p.get("dur")).unwrap_or(0));
         let peer = p.get("peer").and_then(Value::as_i64).unwrap_or(-1);

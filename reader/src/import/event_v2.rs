@@ -10,6 +10,7 @@
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
+use crate::telemetry::ProcessId;
 use crate::telemetry::{CounterSample, Ids, Process, Record, RecordSink};
 
 const REQUIRED: [&str; 18] = [
@@ -442,14 +443,13 @@ pub fn load(text: &str) -> R<Vec<EventV2>> {
 /// (host, pid, rank).
 pub fn import<S: RecordSink>(text: &str, name: &str, ids: &mut Ids, sink: &mut S) -> R<()> {
     let events = load(text).map_err(|e| format!("{name}: {e}"))?;
-    let mut processes: Vec<((String, i64, i64), u32)> = Vec::new();
+    let mut processes: Vec<((String, i64, i64), ProcessId)> = Vec::new();
     for e in events {
         let key = (e.host.clone(), e.pid, e.rank);
         let process = match processes.iter().find(|(k, _)| *k == key) {
             Some((_, id)) => *id,
             None => {
-                ids.next_process += 1;
-                let id = ids.next_process;
+                let id = ids.process();
                 sink.record(Record::Process(Process {
                     id,
                     pid: e.pid.max(0) as u32,

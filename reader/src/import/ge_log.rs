@@ -9,6 +9,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::io::BufRead;
 
 use crate::telemetry::{Arg, Clock, Ids, Lane, Process, Record, RecordSink, SpanStack, clock_of};
+use crate::telemetry::{LaneId, ProcessId};
 
 /// Whether `first_line` looks like a GE profiling log.
 pub fn looks_like(first_line: &str) -> bool {
@@ -67,14 +68,13 @@ pub fn import<S: RecordSink>(
     ids: &mut Ids,
     sink: &mut S,
 ) -> std::io::Result<()> {
-    let process = ids.next_process + 1;
-    ids.next_process = process;
+    let process = ids.process();
     sink.record(Record::Process(Process {
         id: process,
         name: name.into(),
         ..Process::default()
     }));
-    let mut lanes: HashMap<Option<u64>, u32> = HashMap::new();
+    let mut lanes: HashMap<Option<u64>, LaneId> = HashMap::new();
     let mut open: HashMap<(u64, String, String), Vec<u64>> = HashMap::new();
     let mut segment: Vec<Interval> = Vec::new();
     let mut bad: Vec<usize> = Vec::new();
@@ -141,8 +141,8 @@ pub fn import<S: RecordSink>(
 /// Nests one segment's intervals by time on each lane and hands them to the sink.
 fn flush<S: RecordSink>(
     segment: &mut Vec<Interval>,
-    lanes: &mut HashMap<Option<u64>, u32>,
-    process: u32,
+    lanes: &mut HashMap<Option<u64>, LaneId>,
+    process: ProcessId,
     ids: &mut Ids,
     sink: &mut S,
 ) {
@@ -152,15 +152,15 @@ fn flush<S: RecordSink>(
     }
     for (key, mut intervals) in by_lane {
         let lane = *lanes.entry(key).or_insert_with(|| {
-            ids.next_lane += 1;
+            let id = ids.lane();
             let name = key.map_or_else(|| "device".to_string(), |tid| format!("thread {tid}"));
             sink.record(Record::Lane(Lane {
-                id: ids.next_lane,
+                id,
                 process,
                 tid: key,
                 name,
             }));
-            ids.next_lane
+            id
         });
         intervals.sort_by(|a, b| a.start.cmp(&b.start).then(b.end.cmp(&a.end)));
         let mut stack = SpanStack::default();

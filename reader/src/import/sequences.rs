@@ -15,12 +15,13 @@
 use rustc_hash::FxHashMap;
 
 use crate::telemetry::{Arg, Args, Ids, Lane, Record, RecordSink, SpanStack, Text, Texts};
+use crate::telemetry::{LaneId, ProcessId};
 
 /// The span category of the lanes' spans.
 pub const CATEGORY: &str = "sequence";
 
 struct Sequence {
-    lane: u32,
+    lane: LaneId,
     /// The open request, if any (depth 0).
     stack: SpanStack,
     /// Whether the last step generated (one token).
@@ -77,7 +78,7 @@ impl Sequences {
         sink: &mut S,
         ids: &mut Ids,
         names: &SequenceNames,
-        process: u32,
+        process: ProcessId,
         seqs: &[(i32, u32)],
         start_ns: u64,
         end_ns: u64,
@@ -171,6 +172,7 @@ impl Sequence {
 mod tests {
     use super::*;
     use crate::telemetry::Collected;
+    use crate::telemetry::ProcessId;
 
     /// The names, an empty state, span ids and a sink for one test.
     fn fresh() -> (SequenceNames, Sequences, Ids, Collected) {
@@ -202,7 +204,7 @@ mod tests {
         ];
         for (i, batch) in batches.iter().enumerate() {
             let t = 100 * i as u64;
-            seqs.batch(&mut out, &mut ids, &names, 7, batch, t, t + 50);
+            seqs.batch(&mut out, &mut ids, &names, ProcessId(7), batch, t, t + 50);
         }
         seqs.finish(&mut out, &names);
 
@@ -251,10 +253,26 @@ mod tests {
     #[test]
     fn a_cleared_sequence_begins_a_new_request() {
         let (names, mut seqs, mut ids, mut out) = fresh();
-        seqs.batch(&mut out, &mut ids, &names, 7, &[(0, 2)], 0, 50);
+        seqs.batch(&mut out, &mut ids, &names, ProcessId(7), &[(0, 2)], 0, 50);
         seqs.cleared(0);
-        seqs.batch(&mut out, &mut ids, &names, 7, &[(0, 23)], 100, 150);
-        seqs.batch(&mut out, &mut ids, &names, 7, &[(0, 1)], 200, 250);
+        seqs.batch(
+            &mut out,
+            &mut ids,
+            &names,
+            ProcessId(7),
+            &[(0, 23)],
+            100,
+            150,
+        );
+        seqs.batch(
+            &mut out,
+            &mut ids,
+            &names,
+            ProcessId(7),
+            &[(0, 1)],
+            200,
+            250,
+        );
         seqs.finish(&mut out, &names);
         let requests: Vec<(u64, u64)> = (out.spans.iter())
             .filter(|s| s.name == "request")

@@ -39,11 +39,34 @@ impl fmt::Display for Arg {
     }
 }
 
+/// A process's id in the model: unique across the inputs of one run. Its number is what the
+/// exports write.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize)]
+#[serde(transparent)]
+pub struct ProcessId(pub u32);
+
+/// A lane's id in the model: unique across the inputs of one run. Its number is what the exports
+/// write.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize)]
+#[serde(transparent)]
+pub struct LaneId(pub u32);
+
+impl fmt::Display for ProcessId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl fmt::Display for LaneId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
 /// Who produced the data: one process of one job.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Process {
-    /// Our id for it, unique across all inputs of one run.
-    pub id: u32,
+    pub id: ProcessId,
     pub pid: u32,
     pub name: String,
     pub host: String,
@@ -77,9 +100,8 @@ impl Process {
 /// Where spans line up: a thread, a device queue, a proxy lane.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Lane {
-    /// Our id for it, unique across all inputs of one run.
-    pub id: u32,
-    pub process: u32,
+    pub id: LaneId,
+    pub process: ProcessId,
     /// The OS thread id where there is one.
     pub tid: Option<u64>,
     pub name: String,
@@ -92,7 +114,7 @@ pub struct Span {
     pub id: u64,
     pub parent: Option<u64>,
     pub depth: u32,
-    pub lane: u32,
+    pub lane: LaneId,
     pub name: Text,
     pub category: Text,
     pub start_ns: u64,
@@ -124,7 +146,7 @@ impl Span {
 /// One value of a counter (live bytes of a buffer type, memory of a device).
 #[derive(Clone, Debug, PartialEq)]
 pub struct CounterSample {
-    pub process: u32,
+    pub process: ProcessId,
     pub name: String,
     pub time_ns: u64,
     pub value: f64,
@@ -133,7 +155,7 @@ pub struct CounterSample {
 /// A moment on a lane (a thread starting or ending).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Instant {
-    pub lane: u32,
+    pub lane: LaneId,
     pub name: String,
     pub time_ns: u64,
 }
@@ -141,7 +163,7 @@ pub struct Instant {
 /// A backend buffer made or freed (a trace recorded with memory tracking).
 #[derive(Clone, Debug, PartialEq)]
 pub struct BufferEvent {
-    pub process: u32,
+    pub process: ProcessId,
     pub time_ns: u64,
     /// Made (`true`) or freed.
     pub made: bool,
@@ -267,7 +289,7 @@ pub struct SpanPlace {
 impl SpanPlace {
     /// Writes this place, on `lane`, into `span` (all but what it is called).
     #[inline]
-    pub fn write(&self, lane: u32, span: &mut Span) {
+    pub fn write(&self, lane: LaneId, span: &mut Span) {
         span.id = self.id;
         span.parent = self.parent;
         span.depth = self.depth;
@@ -280,7 +302,7 @@ impl SpanPlace {
 
 impl Closed<Naming> {
     /// The span, on `lane`.
-    pub fn into_span(self, lane: u32) -> Span {
+    pub fn into_span(self, lane: LaneId) -> Span {
         let (
             p,
             Naming {
@@ -387,7 +409,7 @@ impl SpanStack<Naming> {
 
     /// Closes the innermost open span at `end_ns`.
     #[inline]
-    pub fn close(&mut self, lane: u32, end_ns: u64) -> Option<Span> {
+    pub fn close(&mut self, lane: LaneId, end_ns: u64) -> Option<Span> {
         self.pop(end_ns).map(|c| c.into_span(lane))
     }
 }
@@ -412,14 +434,14 @@ pub struct Ids {
 
 impl Ids {
     /// A new process's id.
-    pub fn process(&mut self) -> u32 {
+    pub fn process(&mut self) -> ProcessId {
         self.next_process += 1;
-        self.next_process
+        ProcessId(self.next_process)
     }
     /// A new lane's id.
-    pub fn lane(&mut self) -> u32 {
+    pub fn lane(&mut self) -> LaneId {
         self.next_lane += 1;
-        self.next_lane
+        LaneId(self.next_lane)
     }
     /// A new span's id.
     pub fn span(&mut self) -> u64 {
@@ -431,15 +453,16 @@ impl Ids {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::telemetry::LaneId;
 
     #[test]
     fn self_time_is_duration_minus_children() {
         let mut stack = SpanStack::default();
         stack.open(1, "graph".into(), "graph".into(), 0, Args::default());
         stack.open(2, "op".into(), "op".into(), 10, Args::default());
-        let child = stack.close(0, 40).unwrap();
+        let child = stack.close(LaneId(0), 40).unwrap();
         assert_eq!((child.parent, child.depth, child.self_ns), (Some(1), 1, 30));
-        let parent = stack.close(0, 100).unwrap();
+        let parent = stack.close(LaneId(0), 100).unwrap();
         assert_eq!((parent.parent, parent.depth, parent.self_ns), (None, 0, 70));
     }
 }

@@ -11,7 +11,7 @@ use std::collections::HashMap;
 
 use serde::Serialize;
 
-use ggml_viz_reader::telemetry::{Record, RecordSink, Span};
+use ggml_viz_reader::telemetry::{LaneId, ProcessId, Record, RecordSink, Span};
 
 use super::sampling::TimelineSample;
 use super::series::{Latency, POINT_BUDGET, Series, TopKind, TopSpan, latency, memory};
@@ -154,9 +154,9 @@ pub struct ReportBuilder {
     /// The earliest time of anything: the origin of the page's times.
     earliest_ns: u64,
     string_ids: HashMap<String, u32>,
-    process_names: HashMap<u32, String>,
+    process_names: HashMap<ProcessId, String>,
     /// Our lane id -> (process, name, index in `data.lanes` once it has a span).
-    lanes: HashMap<u32, (u32, String, Option<u32>)>,
+    lanes: HashMap<LaneId, (ProcessId, String, Option<u32>)>,
     by_op: HashMap<String, Aggregate>,
     by_name: HashMap<String, Aggregate>,
     by_tensor: HashMap<String, Aggregate>,
@@ -167,7 +167,7 @@ pub struct ReportBuilder {
     op_timing: Vec<String>,
     /// Graph spans whose parent is still open, by parent id: outermost unless it is a graph.
     graphs_by_parent: HashMap<u64, Vec<(String, Aggregate)>>,
-    tops: HashMap<u32, Vec<TopSpan>>,
+    tops: HashMap<LaneId, Vec<TopSpan>>,
     sequences: SequenceTable,
     counters: HashMap<String, Vec<(u64, f64)>>,
     first_ns: u64,
@@ -218,11 +218,11 @@ impl ReportBuilder {
         id
     }
 
-    fn lane_index(&mut self, lane: u32) -> u32 {
+    fn lane_index(&mut self, lane: LaneId) -> u32 {
         let (process, name, index) = self
             .lanes
             .entry(lane)
-            .or_insert_with(|| (0, format!("lane {lane}"), None));
+            .or_insert_with(|| (ProcessId::default(), format!("lane {lane}"), None));
         if let Some(i) = index {
             return *i;
         }
@@ -461,7 +461,7 @@ impl ReportBuilder {
         let (lanes, out) = (&self.lanes, &self.data.lanes);
         let several_processes = out.iter().any(|l| l.process != out[0].process);
         // A lane's place in the timeline, once ordered (a sequence's lane has spans: it has one).
-        let place = |id: u32| Some(new_index[lanes.get(&id)?.2? as usize]);
+        let place = |id: LaneId| Some(new_index[lanes.get(&id)?.2? as usize]);
         self.data.sequences = std::mem::take(&mut self.sequences).finish(
             |id| place(id).unwrap_or(u32::MAX),
             |id| {
@@ -608,7 +608,7 @@ mod tests {
     fn latency_runs_to_the_end_of_the_waits_that_follow_a_call() {
         let mut tops = HashMap::new();
         tops.insert(
-            1,
+            LaneId(1),
             vec![
                 top(0, 10, TopKind::Decode, Some(8)),
                 top(12, 30, TopKind::Other, None), // synchronize after an async decode
@@ -638,7 +638,7 @@ mod tests {
             ..top(start, start + 10, TopKind::Decode, Some(n_tokens))
         };
         tops.insert(
-            1,
+            LaneId(1),
             vec![batch(0, 4, false), batch(20, 4, false), batch(40, 13, true)],
         );
         let l = latency(&mut tops, |ns| ns as f64);
@@ -652,7 +652,7 @@ mod tests {
     fn graphs_are_the_unit_without_decode_spans() {
         let mut tops = HashMap::new();
         tops.insert(
-            1,
+            LaneId(1),
             vec![
                 top(0, 10, TopKind::Graph, None),
                 top(10, 25, TopKind::Other, None),
@@ -734,7 +734,7 @@ mod tests {
                 for k in 0..per_window {
                     id += 1;
                     let mut share = span(id, None, 0, "op", w * window_ns + k * 100);
-                    share.lane = 2 + lane;
+                    share.lane = LaneId(2 + lane);
                     share.end_ns = share.start_ns + 50;
                     builder.span(&share);
                 }
@@ -809,13 +809,13 @@ mod tests {
         let mut builder = ReportBuilder::new("t".into(), vec![]);
         for (lane, name) in [(1, "sequence 10"), (2, "thread 5"), (3, "sequence 2")] {
             builder.record(Record::Lane(ggml_viz_reader::telemetry::Lane {
-                id: lane,
-                process: 1,
+                id: LaneId(lane),
+                process: ProcessId(1),
                 tid: None,
                 name: name.into(),
             }));
             let mut s = span(u64::from(lane), None, 0, name, u64::from(lane) * 10);
-            s.lane = lane;
+            s.lane = LaneId(lane);
             builder.span(&s);
         }
         let data = builder.finish();
@@ -895,7 +895,7 @@ mod tests {
             id,
             parent,
             depth,
-            lane: 1,
+            lane: LaneId(1),
             name: category.to_uppercase().as_str().into(),
             category: category.into(),
             start_ns,

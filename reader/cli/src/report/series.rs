@@ -3,6 +3,7 @@
 
 use std::collections::HashMap;
 
+use ggml_viz_reader::telemetry::LaneId;
 use serde::Serialize;
 
 /// Points per chart series at most.
@@ -69,7 +70,7 @@ pub(super) fn quantile(sorted: &[u64], q: f64) -> u64 {
 /// follow it on its thread (synchronize) end. So a call lasts until the latest end of the
 /// outermost spans of its thread that begin before the next call.
 pub(super) fn latency(
-    tops: &mut HashMap<u32, Vec<TopSpan>>,
+    tops: &mut HashMap<LaneId, Vec<TopSpan>>,
     seconds: impl Fn(u64) -> f64,
 ) -> Latency {
     let any_decode = tops.values().flatten().any(|t| t.kind == TopKind::Decode);

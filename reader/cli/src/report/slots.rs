@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use serde::Serialize;
 
 use ggml_viz_reader::SEQUENCE_CATEGORY;
-use ggml_viz_reader::telemetry::Span;
+use ggml_viz_reader::telemetry::{LaneId, Span};
 
 use super::series::quantile;
 
@@ -39,7 +39,7 @@ struct Lane {
 /// Collects the table from the spans as they come (a request closes after its steps).
 #[derive(Default)]
 pub(super) struct SequenceTable {
-    lanes: HashMap<u32, Lane>,
+    lanes: HashMap<LaneId, Lane>,
 }
 
 impl SequenceTable {
@@ -64,8 +64,8 @@ impl SequenceTable {
     /// The rows, in the order `position` gives each lane (the timeline's), named by `name`.
     pub(super) fn finish(
         self,
-        position: impl Fn(u32) -> u32,
-        name: impl Fn(u32) -> String,
+        position: impl Fn(LaneId) -> u32,
+        name: impl Fn(LaneId) -> String,
     ) -> Vec<SequenceRow> {
         let mut rows: Vec<(u32, SequenceRow)> = (self.lanes.into_iter())
             .filter(|(_, l)| !l.durations.is_empty())
@@ -106,7 +106,7 @@ mod tests {
             id: start,
             parent: None,
             depth: 0,
-            lane,
+            lane: LaneId(lane),
             name: texts.get(name),
             category: texts.get(SEQUENCE_CATEGORY),
             start_ns: start,
@@ -167,7 +167,7 @@ mod tests {
             ..span(&mut t, 9, "request", 0, 1, &[])
         };
         table.span(&other);
-        let rows = table.finish(|lane| lane, |lane| format!("lane {lane}"));
+        let rows = table.finish(|lane| lane.0, |lane| format!("lane {lane}"));
         assert_eq!(
             rows,
             [

@@ -1,6 +1,7 @@
 //! Merging a job's traces: each server's records moved onto its client's clock, and each joined
 //! command's two spans given one flow id.
 
+use crate::telemetry::ProcessId;
 use std::collections::BTreeMap;
 
 use rustc_hash::FxHashMap as HashMap;
@@ -30,7 +31,7 @@ impl RpcAnalysis {
         &self,
         parts: &RpcParts,
         inputs: usize,
-        input_of: impl Fn(u32) -> Option<usize>,
+        input_of: impl Fn(ProcessId) -> Option<usize>,
         clocks: bool,
     ) -> Vec<Alignment> {
         let mut out = vec![Alignment::default(); inputs];

@@ -1,6 +1,7 @@
 //! Each server's clock against its client's, from the bounds the joined commands put on it:
 //! one offset where they allow one, else a line (drift), else none.
 
+use crate::telemetry::ProcessId;
 use std::collections::BTreeMap;
 
 use super::model::{ClockOffset, Drift, JoinedCommand, RpcAnalysis};
@@ -28,7 +29,7 @@ pub(super) fn bound(parts: &RpcParts, j: &JoinedCommand) -> Bound {
 /// where the bounds allow one, else a line (drift), else none.
 pub(super) fn offsets(parts: &RpcParts, analysis: &RpcAnalysis) -> Vec<ClockOffset> {
     let server_of = |j: &JoinedCommand| analysis.links[j.link].server_process;
-    let mut bounds: BTreeMap<u32, (i64, Option<i64>, usize)> = BTreeMap::new();
+    let mut bounds: BTreeMap<ProcessId, (i64, Option<i64>, usize)> = BTreeMap::new();
     for j in &analysis.joined {
         let b = bounds.entry(server_of(j)).or_insert((i64::MIN, None, 0));
         let (_, lower, upper) = bound(parts, j);

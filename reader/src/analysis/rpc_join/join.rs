@@ -1,6 +1,7 @@
 //! Joining: each client connection to the server connection that saw the same commands, then
 //! the clocks and the graph computes' times from the joined commands.
 
+use crate::telemetry::ProcessId;
 use std::collections::BTreeMap;
 
 use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
@@ -18,7 +19,7 @@ type Signature = Vec<(u32, CommandId, u64)>;
 /// One connection as one end saw it.
 #[derive(Clone, Debug, Default)]
 struct Connection {
-    process: u32,
+    process: ProcessId,
     id: u32,
     /// By command index, ascending: (index, request or serve, answer), [`NONE`] where absent.
     commands: Vec<(u32, PartIndex, PartIndex)>,
@@ -91,12 +92,12 @@ impl Connection {
 /// Joins and measures what `parts` holds.
 pub fn analyse(parts: &RpcParts) -> RpcAnalysis {
     // An answer on a connection that was served is the server's.
-    let served: HashSet<(u32, u32)> = (parts.parts.iter())
+    let served: HashSet<(ProcessId, u32)> = (parts.parts.iter())
         .filter(|p| p.part == Part::Serve)
         .map(|p| (p.process, p.connection))
         .collect();
-    let mut clients: BTreeMap<(u32, u32), Connection> = BTreeMap::new();
-    let mut servers: BTreeMap<(u32, u32), Connection> = BTreeMap::new();
+    let mut clients: BTreeMap<(ProcessId, u32), Connection> = BTreeMap::new();
+    let mut servers: BTreeMap<(ProcessId, u32), Connection> = BTreeMap::new();
     let mut rows: BTreeMap<CommandId, CommandRow> = BTreeMap::new();
     for (n, p) in parts.parts.iter().enumerate() {
         let key = (p.process, p.connection);
@@ -143,11 +144,11 @@ pub fn analyse(parts: &RpcParts) -> RpcAnalysis {
 /// Joins each client connection to the server connection that saw the same commands.
 fn join(
     parts: &RpcParts,
-    clients: &BTreeMap<(u32, u32), Connection>,
-    servers: &BTreeMap<(u32, u32), Connection>,
+    clients: &BTreeMap<(ProcessId, u32), Connection>,
+    servers: &BTreeMap<(ProcessId, u32), Connection>,
     analysis: &mut RpcAnalysis,
 ) {
-    let mut by_signature: HashMap<Signature, Vec<(u32, u32)>> = HashMap::default();
+    let mut by_signature: HashMap<Signature, Vec<(ProcessId, u32)>> = HashMap::default();
     for (key, server) in servers {
         by_signature
             .entry(server.signature(parts, false))
@@ -158,7 +159,7 @@ fn join(
     fn port(endpoint: Option<&String>) -> Option<&str> {
         endpoint.and_then(|e| e.rsplit(':').next())
     }
-    let mut taken: HashSet<(u32, u32)> = HashSet::default();
+    let mut taken: HashSet<(ProcessId, u32)> = HashSet::default();
     for client in clients.values() {
         let signature = client.signature(parts, true);
         let client_endpoint = endpoint(client);

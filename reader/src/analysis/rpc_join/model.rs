@@ -1,6 +1,7 @@
 //! What the analysis finds: links between connections, joined commands, clock offsets, the
 //! commands' table, the per-token breakdown.
 
+use crate::telemetry::ProcessId;
 use std::collections::BTreeMap;
 
 use super::parts::PartIndex;
@@ -8,9 +9,9 @@ use super::parts::PartIndex;
 /// A client's connection joined to the server's.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Link {
-    pub client_process: u32,
+    pub client_process: ProcessId,
     pub client_connection: u32,
-    pub server_process: u32,
+    pub server_process: ProcessId,
     pub server_connection: u32,
     pub endpoint: Option<String>,
     /// Commands joined.
@@ -20,7 +21,7 @@ pub struct Link {
 /// A server's clock against the client's.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ClockOffset {
-    pub server_process: u32,
+    pub server_process: ProcessId,
     /// Add to the server's times to put them on the client's clock (with `drift`: at its
     /// reference time; 0 when `kept_own_clock`).
     pub offset_ns: i64,
@@ -122,11 +123,11 @@ impl CommandRow {
 /// building the next batch). The four add up to the token's duration.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct TokenTime {
-    pub client_process: u32,
+    pub client_process: ProcessId,
     pub start_ns: u64,
     pub end_ns: u64,
     /// (server process, ns).
-    pub servers: Vec<(u32, u64)>,
+    pub servers: Vec<(ProcessId, u64)>,
     pub client_compute_ns: u64,
     pub transfer_ns: u64,
     pub idle_ns: u64,
@@ -149,7 +150,7 @@ pub struct RpcAnalysis {
 }
 
 impl RpcAnalysis {
-    pub fn offset_of(&self, server_process: u32) -> Option<&ClockOffset> {
+    pub fn offset_of(&self, server_process: ProcessId) -> Option<&ClockOffset> {
         self.offsets
             .iter()
             .find(|o| o.server_process == server_process)

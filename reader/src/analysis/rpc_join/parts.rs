@@ -5,6 +5,7 @@ use rustc_hash::FxHashMap as HashMap;
 
 use crate::telemetry::rpc_spans::{CATEGORY, CONNECTION, ENDPOINT, INDEX, PART, RECEIVED, SENT};
 use crate::telemetry::{Arg, Process, Record, RecordSink, Span, Text};
+use crate::telemetry::{LaneId, ProcessId};
 
 /// Which part of a command a span is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -25,7 +26,7 @@ pub struct CommandId(u16);
 /// One part of one command.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct CommandPart {
-    pub process: u32,
+    pub process: ProcessId,
     pub connection: u32,
     pub index: u32,
     pub command: CommandId,
@@ -45,13 +46,13 @@ pub struct RpcParts {
     pub processes: Vec<Process>,
     pub parts: Vec<CommandPart>,
     /// Each connection's far end as first named: (process, connection) → `host:port`.
-    pub endpoints: HashMap<(u32, u32), String>,
+    pub endpoints: HashMap<(ProcessId, u32), String>,
     /// `llama_decode` spans (process, start, end): the tokens of the per-token breakdown.
-    pub decodes: Vec<(u32, u64, u64)>,
+    pub decodes: Vec<(ProcessId, u64, u64)>,
     /// Graph computes on backends other than ggml-rpc's (process, start, end): a process's
     /// own compute.
-    pub local_computes: Vec<(u32, u64, u64)>,
-    lanes: HashMap<u32, u32>,
+    pub local_computes: Vec<(ProcessId, u64, u64)>,
+    lanes: HashMap<LaneId, ProcessId>,
     command_names: Vec<Text>,
     command_ids: HashMap<Text, CommandId>,
     pub warnings: Vec<String>,
@@ -90,7 +91,7 @@ impl RpcParts {
 
 impl RecordSink for RpcParts {
     fn span(&mut self, span: &Span) {
-        let process = self.lanes.get(&span.lane).copied().unwrap_or(0);
+        let process = self.lanes.get(&span.lane).copied().unwrap_or_default();
         let interval = (process, span.start_ns, span.end_ns);
         if &*span.category == CATEGORY {
             self.command_part(process, span);
@@ -120,7 +121,7 @@ impl RecordSink for RpcParts {
 
 impl RpcParts {
     /// Keeps the command part an RPC span describes (a span without a known part is none).
-    fn command_part(&mut self, process: u32, span: &Span) {
+    fn command_part(&mut self, process: ProcessId, span: &Span) {
         let arg = |key: &str| span.arg(key);
         let uint = |key: &str| match arg(key) {
             Some(Arg::UInt(n)) => *n,

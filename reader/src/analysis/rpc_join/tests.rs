@@ -1,5 +1,6 @@
 use super::clocks::bound;
 use super::*;
+use crate::telemetry::ProcessId;
 
 const SHIFT: i64 = 5_000_000;
 
@@ -31,7 +32,7 @@ fn command(
     let command = parts.command_id(&name.into());
     let parts = &mut parts.parts;
     let part = |process, part, start_ns, end_ns, sent, received| CommandPart {
-        process,
+        process: ProcessId(process),
         part,
         command,
         connection: 1,
@@ -115,7 +116,7 @@ fn joins_by_commands_and_bounds_the_offset_from_both_sides() {
         10_000,
         None,
     );
-    for &part in other.parts.iter().filter(|c| c.process == 2) {
+    for &part in other.parts.iter().filter(|c| c.process == ProcessId(2)) {
         let command = parts.command_id(&other.command_name(part.command).into());
         parts.parts.push(CommandPart { command, ..part });
     }
@@ -124,19 +125,19 @@ fn joins_by_commands_and_bounds_the_offset_from_both_sides() {
     assert_eq!(a.links.len(), 1, "{:?}", a.links);
     assert_eq!(
         (a.links[0].client_process, a.links[0].server_process),
-        (0, 1)
+        (ProcessId(0), ProcessId(1))
     );
     assert_eq!(a.joined.len(), 3);
     assert_eq!(a.unjoined_client_connections, 0);
     // Lower bounds: −shift − each request's way out (the tightest: 4 µs); upper bounds:
     // −shift + each answer's way back (the tightest: 6 µs).
-    let o = a.offset_of(1).expect("an offset for server 1");
+    let o = a.offset_of(ProcessId(1)).expect("an offset for server 1");
     assert_eq!(o.lower_ns, -SHIFT - 4_000);
     assert_eq!(o.upper_ns, Some(-SHIFT + 6_000));
     assert_eq!(o.offset_ns, -SHIFT + 1_000);
     assert_eq!(o.uncertainty_ns(), Some(5_000));
     assert_eq!(o.commands, 3);
-    assert!(a.offset_of(2).is_none());
+    assert!(a.offset_of(ProcessId(2)).is_none());
 
     // The client's table: counts and bytes per command, times from its spans.
     let hello = &a.commands["HELLO"];
@@ -153,7 +154,7 @@ fn joins_by_commands_and_bounds_the_offset_from_both_sides() {
 fn a_client_connection_whose_server_was_not_traced_is_counted() {
     let mut parts = RpcParts::default();
     command(&mut parts, (0, 1), 0, 0, "HELLO", 33, 0, 10, Some(10));
-    parts.parts.retain(|c| c.process == 0);
+    parts.parts.retain(|c| c.process == ProcessId(0));
     let a = analyse(&parts);
     assert!(a.links.is_empty());
     assert_eq!(a.unjoined_client_connections, 1);
@@ -171,11 +172,15 @@ fn the_sweeps_give_what_plain_scans_give() {
     let mut t = 1_000_000;
     let mut index = 0;
     for _ in 0..400 {
-        parts.decodes.push((0, t, t + 5_000 + random(20_000)));
+        parts
+            .decodes
+            .push((ProcessId(0), t, t + 5_000 + random(20_000)));
         if random(4) == 0 {
-            parts
-                .local_computes
-                .push((0, t + random(3_000), t + 3_000 + random(60_000)));
+            parts.local_computes.push((
+                ProcessId(0),
+                t + random(3_000),
+                t + 3_000 + random(60_000),
+            ));
         }
         for _ in 0..1 + random(3) {
             let name = ["GRAPH_COMPUTE", "SET_TENSOR", "GET_TENSOR"][random(3) as usize];
@@ -217,7 +222,7 @@ fn the_sweeps_give_what_plain_scans_give() {
     assert_eq!(a.computes_answered, expected);
 
     // Tokens: every interval clipped to each window, in the order of precedence.
-    let offset = a.offset_of(1).unwrap().offset_ns;
+    let offset = a.offset_of(ProcessId(1)).unwrap().offset_ns;
     let mut decodes = parts.decodes.clone();
     decodes.sort_unstable();
     let mut expected = Vec::new();
@@ -225,7 +230,7 @@ fn the_sweeps_give_what_plain_scans_give() {
         let hi = match decodes.get(i + 1) {
             Some(next) => next.1,
             None => (parts.parts.iter())
-                .filter(|p| p.process == 0 && p.start_ns >= lo)
+                .filter(|p| p.process == ProcessId(0) && p.start_ns >= lo)
                 .map(|p| p.end_ns)
                 .max()
                 .unwrap_or(end)
@@ -257,15 +262,15 @@ fn the_sweeps_give_what_plain_scans_give() {
             .map(|&(_, a, b)| mark(a, b, 2))
             .sum();
         let moving = (parts.parts.iter())
-            .filter(|p| p.process == 0)
+            .filter(|p| p.process == ProcessId(0))
             .map(|p| mark(p.start_ns, p.end_ns, 3))
             .sum();
         let idle = busy.iter().filter(|&&b| b == 0).count() as u64;
         expected.push(TokenTime {
-            client_process: 0,
+            client_process: ProcessId(0),
             start_ns: lo,
             end_ns: hi,
-            servers: vec![(1, server_ns)],
+            servers: vec![(ProcessId(1), server_ns)],
             client_compute_ns: own,
             transfer_ns: moving,
             idle_ns: idle,
@@ -307,7 +312,7 @@ fn a_drifting_clock_gets_a_line() {
         );
     }
     let a = analyse(&parts);
-    let o = a.offset_of(1).unwrap();
+    let o = a.offset_of(ProcessId(1)).unwrap();
     let disagreement = o.disagreement_ns().expect("one constant offset cannot fit");
     assert!(disagreement > 10_000_000, "{disagreement}");
     assert!(!o.kept_own_clock);
@@ -355,13 +360,13 @@ fn bounds_no_line_fits_keep_the_servers_own_clock() {
         );
     }
     let a = analyse(&parts);
-    let o = a.offset_of(1).unwrap();
+    let o = a.offset_of(ProcessId(1)).unwrap();
     assert!(o.kept_own_clock);
     assert_eq!((o.offset_ns, o.drift, o.uncertainty_ns()), (0, None, None));
     // Lower bounds reach −SHIFT − 50 µs (the way out), upper ones come down to
     // −SHIFT − 40 ms + 50 µs (the way back).
     assert_eq!(o.disagreement_ns(), Some(40_000_000 - 100_000));
-    let alignments = a.alignments(&parts, 2, |p| Some(p as usize), true);
+    let alignments = a.alignments(&parts, 2, |p| Some(p.0 as usize), true);
     assert!(alignments[1].clock.is_none());
 }
 
@@ -378,11 +383,11 @@ fn extreme_times_saturate() {
         .unwrap();
     serve.start_ns = u64::MAX;
     let client_answer = (parts.parts.iter_mut())
-        .find(|p| p.part == Part::Answer && p.process == 0)
+        .find(|p| p.part == Part::Answer && p.process == ProcessId(0))
         .unwrap();
     client_answer.end_ns = u64::MAX;
     let a = analyse(&parts);
-    let o = a.offset_of(1).unwrap();
+    let o = a.offset_of(ProcessId(1)).unwrap();
     assert_eq!(o.lower_ns, -i64::MAX);
     assert_eq!(o.upper_ns, Some(i64::MAX - 2_010)); // less the server answer's start
     assert_eq!(o.uncertainty_ns(), Some(i64::MAX / 2));

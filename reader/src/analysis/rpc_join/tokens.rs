@@ -1,5 +1,6 @@
 //! Where each token's time went on the client's clock, in one sweep per client.
 
+use crate::telemetry::ProcessId;
 use rustc_hash::FxHashMap as HashMap;
 
 use super::model::{ClockOffset, RpcAnalysis, TokenTime};
@@ -69,19 +70,19 @@ impl Sweep {
 impl RpcAnalysis {
     /// The per-token breakdown of every client's decodes, in one sweep per client.
     pub fn tokens(&self, parts: &RpcParts) -> Vec<TokenTime> {
-        let offsets: HashMap<u32, &ClockOffset> = (self.offsets.iter())
+        let offsets: HashMap<ProcessId, &ClockOffset> = (self.offsets.iter())
             .map(|o| (o.server_process, o))
             .collect();
         let on_client_clock =
-            |server: u32, t: u64| offsets.get(&server).map_or(t, |o| o.on_client_clock(t));
-        let mut clients: Vec<u32> = self.links.iter().map(|l| l.client_process).collect();
+            |server: ProcessId, t: u64| offsets.get(&server).map_or(t, |o| o.on_client_clock(t));
+        let mut clients: Vec<ProcessId> = self.links.iter().map(|l| l.client_process).collect();
         clients.sort_unstable();
         clients.dedup();
-        let mut servers: Vec<u32> = self.links.iter().map(|l| l.server_process).collect();
+        let mut servers: Vec<ProcessId> = self.links.iter().map(|l| l.server_process).collect();
         servers.sort_unstable();
         servers.dedup();
         // Each server's graph computes on the client's clock.
-        let mut computes: HashMap<u32, Vec<(u64, u64)>> = HashMap::default();
+        let mut computes: HashMap<ProcessId, Vec<(u64, u64)>> = HashMap::default();
         for j in &self.joined {
             let serve = parts.part(j.serve);
             if parts.is_graph_compute(serve.command) {
@@ -92,7 +93,7 @@ impl RpcAnalysis {
                 ));
             }
         }
-        let mut decodes: Vec<(u32, u64, u64)> = (parts.decodes.iter().copied())
+        let mut decodes: Vec<(ProcessId, u64, u64)> = (parts.decodes.iter().copied())
             .filter(|(process, ..)| clients.binary_search(process).is_ok())
             .collect();
         decodes.sort_unstable();
@@ -113,7 +114,7 @@ impl RpcAnalysis {
                 .max()
                 .unwrap_or(final_end)
                 .max(final_end);
-            let mut server_sweeps: Vec<(u32, Sweep)> = (servers.iter())
+            let mut server_sweeps: Vec<(ProcessId, Sweep)> = (servers.iter())
                 .map(|&s| (s, Sweep::new(computes.get(&s).cloned().unwrap_or_default())))
                 .collect();
             let mut own_sweep = Sweep::new(

@@ -33,6 +33,7 @@ use std::path::Path;
 use rustc_hash::FxHashMap;
 
 use crate::telemetry::{Arg, Lane, Process, Record, RecordSink, Span, Text};
+use crate::telemetry::{LaneId, ProcessId};
 use column::{Cell, Column, wrong_type};
 use table::Table;
 
@@ -84,10 +85,10 @@ pub struct ParquetWriter {
     counters: Table,
     instants: Table,
     processes: Table,
-    process_of: FxHashMap<u32, Process>,
-    lanes: FxHashMap<u32, Lane>,
+    process_of: FxHashMap<ProcessId, Process>,
+    lanes: FxHashMap<LaneId, Lane>,
     /// The lane of the last span row, while its first [`LANE_COLUMNS`] cells still hold.
-    last_lane: Option<u32>,
+    last_lane: Option<LaneId>,
     error: Option<io::Error>,
 }
 
@@ -141,11 +142,11 @@ impl ParquetWriter {
         if !same {
             let lane_cells = [
                 Cell::Text(&self.input),
-                Cell::I32(process.map_or(0, |p| p.id as i32)),
+                Cell::I32(process.map_or(0, |p| p.id.0 as i32)),
                 Cell::I64(process.map_or(0, |p| i64::from(p.pid))),
                 Cell::Text(process.map_or("", |p| p.host.as_str())),
                 opt_i32(process.and_then(|p| p.rank)),
-                Cell::I32(s.lane as i32),
+                Cell::I32(s.lane.0 as i32),
                 lane.and_then(|l| l.tid).map_or(Cell::Null, ns),
                 Cell::Text(lane.map_or("", |l| l.name.as_str())),
             ];
@@ -183,7 +184,7 @@ impl ParquetWriter {
                 self.last_lane = None;
                 let row = [
                     Cell::Text(&self.input),
-                    Cell::I32(p.id as i32),
+                    Cell::I32(p.id.0 as i32),
                     Cell::I64(i64::from(p.pid)),
                     Cell::Text(&p.name),
                     Cell::Text(&p.host),
@@ -203,7 +204,7 @@ impl ParquetWriter {
                 let process = self.process_of.get(&c.process);
                 let row = [
                     Cell::Text(&self.input),
-                    Cell::I32(c.process as i32),
+                    Cell::I32(c.process.0 as i32),
                     Cell::I64(process.map_or(0, |p| i64::from(p.pid))),
                     Cell::Text(process.map_or("", |p| p.host.as_str())),
                     Cell::Text(&c.name),
@@ -213,11 +214,11 @@ impl ParquetWriter {
                 self.counters.push(&row)?;
             }
             Record::Instant(i) => {
-                let process = self.lanes.get(&i.lane).map_or(0, |l| l.process);
+                let process = self.lanes.get(&i.lane).map_or(0, |l| l.process.0);
                 let row = [
                     Cell::Text(&self.input),
                     Cell::I32(process as i32),
-                    Cell::I32(i.lane as i32),
+                    Cell::I32(i.lane.0 as i32),
                     Cell::Text(&i.name),
                     ns(i.time_ns),
                 ];
@@ -263,6 +264,7 @@ impl RecordSink for ParquetWriter {
 mod tests {
     use super::*;
     use crate::telemetry::{Arg, Args, Text};
+    use crate::telemetry::{LaneId, ProcessId};
     use parquet::file::reader::{FileReader, SerializedFileReader};
     use parquet::record::RowAccessor;
     use std::fs::File;
@@ -276,8 +278,8 @@ mod tests {
         let mut writer = ParquetWriter::create(&dir, "t").unwrap();
         let lane = |id: u32, name: &str| {
             Record::Lane(Lane {
-                id,
-                process: 0,
+                id: LaneId(id),
+                process: ProcessId(0),
                 tid: Some(u64::from(id) * 10),
                 name: name.into(),
             })
@@ -286,7 +288,7 @@ mod tests {
             id: i,
             parent: None,
             depth: 0,
-            lane,
+            lane: LaneId(lane),
             name: "op".into(),
             category: "op".into(),
             start_ns: i,
@@ -338,8 +340,8 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("ggml-viz-parquet-{}", std::process::id()));
         let mut writer = ParquetWriter::create(&dir, "t").unwrap();
         writer.record(Record::Lane(Lane {
-            id: 1,
-            process: 0,
+            id: LaneId(1),
+            process: ProcessId(0),
             tid: Some(7),
             name: "thread 7".into(),
         }));
@@ -351,7 +353,7 @@ mod tests {
                 id: i + 1,
                 parent: None,
                 depth: 0,
-                lane: 1,
+                lane: LaneId(1),
                 name: names[(i % 3) as usize].clone(),
                 category: "op".into(),
                 start_ns: 10 * i,

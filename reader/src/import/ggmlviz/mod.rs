@@ -23,6 +23,7 @@ use crate::telemetry::{
     Arg, Args, Clock, Closed, Ids, Lane, Process, Record, RecordSink, SpanStack, Text, Texts,
     clock_of,
 };
+use crate::telemetry::{LaneId, ProcessId};
 
 use super::sequences::{self, Sequences};
 use templates::{BeginKey, TemplateId, Templates, begin_key};
@@ -34,7 +35,7 @@ mod templates;
 
 #[derive(Default)]
 struct Thread {
-    lane: u32,
+    lane: LaneId,
     stack: SpanStack<Opened>,
     /// The template of this thread's last graph, op and barrier begin (by [`BeginKey`]'s kind):
     /// the begin after it is most likely the one that followed it before.
@@ -96,7 +97,7 @@ impl<'a> End<'a> {
 struct Importer<'s, S: RecordSink> {
     sink: &'s mut S,
     ids: &'s mut Ids,
-    process: u32,
+    process: ProcessId,
     /// Threads in the order first met; `thread_of` finds one by id, `last_thread` skips that
     /// lookup while events keep coming from one thread.
     threads: Vec<Thread>,
@@ -144,7 +145,7 @@ fn unplaced(name: Text, category: Text, args: Args) -> Span {
         id: 0,
         parent: None,
         depth: 0,
-        lane: 0,
+        lane: LaneId(0),
         name,
         category,
         start_ns: 0,
@@ -495,7 +496,7 @@ impl<S: RecordSink> Importer<'_, S> {
 
     /// Lends the sink the span `closed` on `lane`.
     #[inline]
-    fn deliver(&mut self, closed: Closed<Opened>, lane: u32) {
+    fn deliver(&mut self, closed: Closed<Opened>, lane: LaneId) {
         let mut own;
         let span = match closed.naming.named {
             Named::Template(t) => &mut self.templates.get_mut(t).span,
@@ -509,7 +510,7 @@ impl<S: RecordSink> Importer<'_, S> {
     }
 
     /// The span `closed` on `lane`, owned: for a span that gets more arguments.
-    fn owned(&self, closed: Closed<Opened>, lane: u32) -> Span {
+    fn owned(&self, closed: Closed<Opened>, lane: LaneId) -> Span {
         let mut span = match closed.naming.named {
             Named::Template(t) => self.templates.get(t).span.clone(),
             Named::Own(span) => *span,
@@ -521,7 +522,7 @@ impl<S: RecordSink> Importer<'_, S> {
     /// Closes the open span that `end` ends, and returns it with its lane; problems (no begin,
     /// crossing pairs) are warnings.
     #[inline(always)]
-    fn close_span(&mut self, end: End<'_>) -> Option<(Closed<Opened>, u32)> {
+    fn close_span(&mut self, end: End<'_>) -> Option<(Closed<Opened>, LaneId)> {
         let t = self.thread(end.tid);
         if t.stack.top().is_some_and(|o| end.ends(&o.naming)) {
             let lane = t.lane;
@@ -545,7 +546,7 @@ impl<S: RecordSink> Importer<'_, S> {
     /// [`Importer::close_span`] when the span it closes is not the innermost.
     #[cold]
     #[inline(never)]
-    fn close_below(&mut self, end: End<'_>) -> Option<(Closed<Opened>, u32)> {
+    fn close_below(&mut self, end: End<'_>) -> Option<(Closed<Opened>, LaneId)> {
         let End {
             tid,
             kind,
