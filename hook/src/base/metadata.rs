@@ -1,15 +1,12 @@
 //! Who wrote a trace: the payload of its first record.
 
 use ggml_viz_config::Config;
-use ggml_viz_format::ext::{Distributed, Metadata};
+use ggml_viz_format::ext::{Distributed, Metadata, Setting};
 
 /// The metadata of this process, with `ggml_version` from the ggml it loaded (if readable) and
 /// the op-timing mode that runs and why (`auto` decided), beside the settings.
 pub fn collect(config: &Config, ggml_version: Option<String>, op_mode: (&str, &str)) -> Metadata {
-    let mut settings = config.to_json();
-    settings.insert("op_timing_mode".into(), op_mode.0.into());
-    settings.insert("op_timing_why".into(), op_mode.1.into());
-    Metadata {
+    let mut metadata = Metadata {
         writer: concat!("ggml-viz-hook ", env!("CARGO_PKG_VERSION")).into(),
         pid: std::process::id(),
         host: host_name(),
@@ -17,9 +14,12 @@ pub fn collect(config: &Config, ggml_version: Option<String>, op_mode: (&str, &s
         ggml_version,
         n_cpus: std::thread::available_parallelism().map_or(0, |n| n.get() as u32),
         cpu_model: cpu_model(),
-        settings,
+        settings: config.to_json(),
         distributed: distributed(|name| std::env::var(name).ok()),
-    }
+    };
+    metadata.set(Setting::OpTimingMode, op_mode.0);
+    metadata.set(Setting::OpTimingWhy, op_mode.1);
+    metadata
 }
 
 use super::os::host_name;
@@ -105,6 +105,41 @@ mod tests {
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect();
         distributed(|name| map.get(name).cloned())
+    }
+
+    /// Every setting a reader acts on is in the metadata this writer makes, under the key the
+    /// format names, as its configuration has it (the GPU's way of timing comes only with a
+    /// GPU): the configuration's own names and the format's agree.
+    #[test]
+    fn the_metadata_carries_every_setting_readers_read() {
+        let config = Config {
+            op_sample: 3,
+            skip_graphs: 2,
+            max_graphs: 5,
+            buffer_size: 1024,
+            memory_bandwidth_mb_s: 7000,
+            ..Config::default()
+        };
+        let m = collect(&config, None, ("threads", "asked for"));
+        let missing: Vec<_> = (Setting::ALL.iter())
+            .filter(|&&s| s != Setting::GpuOpTiming && m.setting(s).is_none())
+            .collect();
+        assert!(missing.is_empty(), "not in the metadata: {missing:?}");
+        let numbers = [
+            Setting::OpSample,
+            Setting::SkipGraphs,
+            Setting::MaxGraphs,
+            Setting::BufferSize,
+            Setting::MemoryBandwidthMbS,
+        ]
+        .map(|s| m.setting_u64(s));
+        assert_eq!(numbers, [3, 2, 5, 1024, 7000].map(Some));
+        assert_eq!(
+            m.setting_str(Setting::OpTiming),
+            Some(config.op_timing.name())
+        );
+        assert_eq!(m.setting_str(Setting::OpTimingMode), Some("threads"));
+        assert_eq!(m.setting_str(Setting::OpTimingWhy), Some("asked for"));
     }
 
     #[test]

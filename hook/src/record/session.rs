@@ -16,6 +16,7 @@ use std::time::Duration;
 
 use ggml_viz_config::{Config, ConfigError, OpTiming};
 use ggml_viz_format::Layout;
+use ggml_viz_format::ext::Setting;
 
 use super::recorder::{self, OpMode, Recorder};
 use super::writer::TraceWriter;
@@ -183,11 +184,10 @@ fn start(setup: Setup) -> Option<Box<Recorder>> {
     // A GPU whose device the front end already times (it was created before the first graph
     // compute, as ggml's backends are): how its nodes are timed, beside the CPU's mode.
     if op_mode != OpMode::Off && config.op_timing != OpTiming::Sched && device_timing() {
-        metadata.settings.insert(
-            "gpu_op_timing".into(),
+        metadata.set(
+            Setting::GpuOpTiming,
             "each node's own timestamps on the device (a Vulkan layer at ggml-vulkan's node \
-             labels), on a lane per device queue; nothing of the run changed"
-                .into(),
+             labels), on a lane per device queue; nothing of the run changed",
         );
     }
     let writer = match TraceWriter::create(file, path, layout, &config, &metadata) {

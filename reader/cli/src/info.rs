@@ -42,7 +42,7 @@ pub fn run(args: InfoArgs) -> Result<(), Failure> {
         stats.add(&event);
         if !looked && let Some(m) = &stats.metadata {
             looked = true;
-            if ggml_viz_reader::leaves_graphs_untimed(&m.settings) {
+            if ggml_viz_reader::leaves_graphs_untimed(m) {
                 sampled = Some(OpCollector::streaming());
             }
         }
@@ -158,7 +158,7 @@ fn write_timing(out: &mut impl Write, stats: &TraceStats) -> io::Result<()> {
     let shares = stats
         .metadata
         .as_ref()
-        .is_some_and(|m| ggml_viz_reader::op_timing_mode(&m.settings) == Some("threads"));
+        .is_some_and(|m| ggml_viz_reader::op_timing_mode(m) == Some("threads"));
     let types = if shares && stats.nodes > 0 && stats.nodes < stats.ops {
         writeln!(
             out,
@@ -252,13 +252,11 @@ fn write_extensions(out: &mut impl Write, stats: &TraceStats) -> io::Result<()> 
             d.world_size,
             d.job_id.as_deref().unwrap_or("-")
         )?;
-        if let Some(note) = ggml_viz_reader::op_timing_note(&m.settings) {
+        if let Some(note) = ggml_viz_reader::op_timing_note(m) {
             writeln!(out, "op timing:       {note}")?;
             // `auto` times a graph with nodes on other backends than the CPU with the eval
             // callback: its op pairs name their backend, threads-mode ones do not.
-            if ggml_viz_reader::op_timing_mode(&m.settings) == Some("threads")
-                && stats.ops_with_backend > 0
-            {
+            if ggml_viz_reader::op_timing_mode(m) == Some("threads") && stats.ops_with_backend > 0 {
                 writeln!(
                     out,
                     "                 except {} ops of graphs with nodes on other backends than \

@@ -400,7 +400,7 @@ fn summarize(path: &Path, started: std::time::SystemTime) {
     if let Some(note) = stats
         .metadata
         .as_ref()
-        .and_then(|m| ggml_viz_reader::op_timing_note(&m.settings))
+        .and_then(ggml_viz_reader::op_timing_note)
     {
         eprintln!(
             "ggml-viz: op timing {note}; see `ggml-viz ops {}`",

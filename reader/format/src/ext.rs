@@ -31,6 +31,83 @@ pub struct Metadata {
     pub distributed: Distributed,
 }
 
+/// The settings of a metadata record that readers act on, each by the key it is stored under
+/// in [`Metadata::settings`]: the writer's configuration stores all of its own by name, and the
+/// hook adds the op-timing mode that ran, why, and how a GPU's nodes were timed. Writers set
+/// them and readers read them through [`Metadata::set`] and [`Metadata::setting`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Setting {
+    /// The op timing asked for (`auto`, `threads`, `sched`, `off`; a boolean from writers that
+    /// had no modes: on = the eval callback).
+    OpTiming,
+    /// The op timing mode that ran (`threads`, `sched`, `off`).
+    OpTimingMode,
+    /// Why that mode ran (what `auto` decided).
+    OpTimingWhy,
+    /// How a GPU's nodes were timed, where one was.
+    GpuOpTiming,
+    /// One graph compute in this many is op-timed.
+    OpSample,
+    /// The capture window: graph computes skipped first, then at most this many recorded.
+    SkipGraphs,
+    MaxGraphs,
+    /// Events a thread's ring holds.
+    BufferSize,
+    /// The host's memory bandwidth as measured before the run, in MB/s (0: not measured).
+    MemoryBandwidthMbS,
+}
+
+impl Setting {
+    pub const ALL: [Setting; 9] = [
+        Setting::OpTiming,
+        Setting::OpTimingMode,
+        Setting::OpTimingWhy,
+        Setting::GpuOpTiming,
+        Setting::OpSample,
+        Setting::SkipGraphs,
+        Setting::MaxGraphs,
+        Setting::BufferSize,
+        Setting::MemoryBandwidthMbS,
+    ];
+
+    /// The key it is stored under.
+    pub const fn key(self) -> &'static str {
+        match self {
+            Setting::OpTiming => "op_timing",
+            Setting::OpTimingMode => "op_timing_mode",
+            Setting::OpTimingWhy => "op_timing_why",
+            Setting::GpuOpTiming => "gpu_op_timing",
+            Setting::OpSample => "op_sample",
+            Setting::SkipGraphs => "skip_graphs",
+            Setting::MaxGraphs => "max_graphs",
+            Setting::BufferSize => "buffer_size",
+            Setting::MemoryBandwidthMbS => "memory_bandwidth_mb_s",
+        }
+    }
+}
+
+impl Metadata {
+    /// The value the record stores for `setting`, if any.
+    pub fn setting(&self, setting: Setting) -> Option<&serde_json::Value> {
+        self.settings.get(setting.key())
+    }
+
+    /// [`Metadata::setting`] where it is an unsigned number.
+    pub fn setting_u64(&self, setting: Setting) -> Option<u64> {
+        self.setting(setting)?.as_u64()
+    }
+
+    /// [`Metadata::setting`] where it is text.
+    pub fn setting_str(&self, setting: Setting) -> Option<&str> {
+        self.setting(setting)?.as_str()
+    }
+
+    /// Stores `value` for `setting` (a writer).
+    pub fn set(&mut self, setting: Setting, value: impl Into<serde_json::Value>) {
+        self.settings.insert(setting.key().into(), value.into());
+    }
+}
+
 /// Which process of a distributed job wrote the trace (the TelemetryEvent v2 identity).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default)]

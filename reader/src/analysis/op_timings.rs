@@ -17,7 +17,7 @@ use crate::analysis::device_use::DeviceUseCollector;
 use crate::analysis::stats::{GraphStep, OpenGraphs};
 use crate::analysis::timing_mode::{op_timing_mode, op_timing_note};
 use crate::format::Damage;
-use crate::format::ext::{self, NameTables, SpanBoundary};
+use crate::format::ext::{self, NameTables, Setting, SpanBoundary};
 use crate::format::{Event, EventType, ExtensionKind, Payload};
 use crate::telemetry::Text;
 
@@ -260,15 +260,14 @@ impl OpCollector {
         match kind {
             ExtensionKind::Metadata => {
                 if let Some(m) = ext::parse_payload::<ext::Metadata>(label) {
-                    self.a.timing_mode = op_timing_mode(&m.settings).map(String::from);
-                    self.a.timing_note = op_timing_note(&m.settings);
+                    self.a.timing_mode = op_timing_mode(&m).map(String::from);
+                    self.a.timing_note = op_timing_note(&m);
                     self.a.n_cpus = m.n_cpus;
-                    self.a.memory_bandwidth = (m.settings.get("memory_bandwidth_mb_s"))
-                        .and_then(|v| v.as_u64())
+                    self.a.memory_bandwidth = (m.setting_u64(Setting::MemoryBandwidthMbS))
                         .filter(|&mb| mb > 0)
                         .map(|mb| mb as f64 * 1e6);
                     if self.ring.is_some() {
-                        let size = m.settings.get("buffer_size").and_then(|v| v.as_u64());
+                        let size = m.setting_u64(Setting::BufferSize);
                         let size = size.unwrap_or(DEFAULT_RING).clamp(1, 1 << 32);
                         self.ring = Some(size.next_power_of_two());
                     }

@@ -1,13 +1,15 @@
 //! How a trace's nodes were timed, from its writer's settings (the metadata record): the mode
 //! that ran and what to tell a reader of it.
 
+use crate::format::ext::{Metadata, Setting};
+
 /// The op timing mode that ran (`threads`, `sched`, `off`), from the writer's settings:
 /// `op_timing_mode`, or, from a writer that had no modes, the boolean `op_timing` (on = the eval
 /// callback); `None` when the trace does not say.
-pub fn op_timing_mode(settings: &serde_json::Map<String, serde_json::Value>) -> Option<&str> {
-    match settings.get("op_timing_mode").and_then(|v| v.as_str()) {
+pub fn op_timing_mode(meta: &Metadata) -> Option<&str> {
+    match meta.setting_str(Setting::OpTimingMode) {
         Some(mode) => Some(mode),
-        None => match settings.get("op_timing")?.as_bool()? {
+        None => match meta.setting(Setting::OpTiming)?.as_bool()? {
             true => Some("sched"),
             false => Some("off"),
         },
@@ -16,26 +18,20 @@ pub fn op_timing_mode(settings: &serde_json::Map<String, serde_json::Value>) -> 
 
 /// Whether a trace's settings leave some graph computes without op timing: `op_sample` above 1,
 /// or a capture window (`skip_graphs`, `max_graphs`).
-pub fn leaves_graphs_untimed(settings: &serde_json::Map<String, serde_json::Value>) -> bool {
-    let number = |key: &str| {
-        settings
-            .get(key)
-            .and_then(serde_json::Value::as_u64)
-            .unwrap_or(0)
-    };
-    number("op_sample") > 1 || number("skip_graphs") > 0 || number("max_graphs") > 0
+pub fn leaves_graphs_untimed(meta: &Metadata) -> bool {
+    let number = |setting| meta.setting_u64(setting).unwrap_or(0);
+    number(Setting::OpSample) > 1
+        || number(Setting::SkipGraphs) > 0
+        || number(Setting::MaxGraphs) > 0
 }
 
 /// What a reader should be told about how op timings were taken, from the writer's settings
 /// (`op_timing`, `op_sample` of the metadata record); `None` when the trace does not say.
 /// The mode is [`op_timing_mode`]'s; `op_timing_why` says why it ran; `gpu_op_timing`, how a
 /// GPU's nodes were timed, where one was.
-pub fn op_timing_note(settings: &serde_json::Map<String, serde_json::Value>) -> Option<String> {
-    let mode = op_timing_mode(settings)?;
-    let sample = settings
-        .get("op_sample")
-        .and_then(|v| v.as_u64())
-        .unwrap_or(1);
+pub fn op_timing_note(meta: &Metadata) -> Option<String> {
+    let mode = op_timing_mode(meta)?;
+    let sample = meta.setting_u64(Setting::OpSample).unwrap_or(1);
     let what = match mode {
         "off" => return Some("off: graph times only".into()),
         "threads" => "threads: each worker thread's share of each node, as the run computed it \
@@ -50,10 +46,10 @@ pub fn op_timing_note(settings: &serde_json::Map<String, serde_json::Value>) -> 
         0 | 1 => what,
         n => format!("{what}; 1 graph compute in {n}"),
     };
-    if let Some(why) = settings.get("op_timing_why").and_then(|v| v.as_str()) {
+    if let Some(why) = meta.setting_str(Setting::OpTimingWhy) {
         note.push_str(&format!(" [{why}]"));
     }
-    if let Some(gpu) = settings.get("gpu_op_timing").and_then(|v| v.as_str()) {
+    if let Some(gpu) = meta.setting_str(Setting::GpuOpTiming) {
         note.push_str(&format!("; on the GPU, {gpu}"));
     }
     Some(note)

@@ -150,7 +150,7 @@ pub fn run(args: ReportArgs) -> Result<(), Failure> {
             if let Some(note) = stats
                 .metadata
                 .as_ref()
-                .and_then(|m| ggml_viz_reader::op_timing_note(&m.settings))
+                .and_then(ggml_viz_reader::op_timing_note)
             {
                 builder.add_op_timing(note);
             }
