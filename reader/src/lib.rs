@@ -68,5 +68,6 @@ pub use import::{
     Format, ImportError, RecordTap, SEQUENCE_CATEGORY, detect, import_path, import_path_reporting,
 };
 pub use read::{
-    Decoder, Events, Follower, Poll, StreamError, StreamReader, TraceFile, TypeCounts, count_types,
+    Decoder, Events, Follower, NameTables, NamesChanged, Poll, StreamError, StreamReader,
+    TraceFile, TypeCounts, count_types,
 };

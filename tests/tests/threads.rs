@@ -42,7 +42,7 @@ pub(crate) fn shares(events: &[Event<'_>]) -> Shares {
     // MUL_MAT's.
     let mut open: HashMap<u32, (u64, String, usize)> = HashMap::new();
     let mut after_mul_mat: HashSet<u32> = HashSet::new();
-    let mut names = ext::NameTables::default();
+    let mut names = ggml_viz_reader::NameTables::default();
     let mut s = Shares {
         spans: BTreeMap::new(),
         barriers: BTreeMap::new(),

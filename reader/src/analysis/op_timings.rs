@@ -17,8 +17,9 @@ use crate::analysis::device_use::DeviceUseCollector;
 use crate::analysis::stats::{GraphStep, OpenGraphs};
 use crate::analysis::timing_mode::{op_timing_mode, op_timing_note};
 use crate::format::Damage;
-use crate::format::ext::{self, NameTables, Setting, SpanBoundary};
+use crate::format::ext::{self, Setting, SpanBoundary};
 use crate::format::{Event, EventType, ExtensionKind, Payload};
+use crate::read::NameTables;
 use crate::telemetry::Text;
 
 use super::nodes::{OpAnalysis, OpSample, Phase, ThreadTotals};

@@ -1,8 +1,9 @@
 //! The writer's extension records: metadata, names, tensor infos, application spans, RPC
 //! parts, counters.
 
-use crate::format::ext::{self, NamesChanged};
+use crate::format::ext;
 use crate::format::{Event, ExtensionKind};
+use crate::read::NamesChanged;
 use crate::telemetry::rpc_spans as rpc;
 use crate::telemetry::{Arg, Process, Record, RecordSink};
 

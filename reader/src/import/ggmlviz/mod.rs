@@ -15,9 +15,9 @@
 use rustc_hash::FxHashMap as HashMap;
 
 use crate::format::Damage;
-use crate::format::ext::NameTables;
 use crate::format::{Event, EventType, ExtensionKind, Payload, RecordView};
 use crate::read::Events;
+use crate::read::NameTables;
 use crate::telemetry::Span;
 use crate::telemetry::{
     Arg, Args, Clock, Closed, Ids, Lane, Process, Record, RecordSink, SpanStack, Text, Texts,
