@@ -8,9 +8,9 @@ use ggml_viz_reader::Format;
 use ggml_viz_reader::telemetry::Text;
 use ggml_viz_reader::{MIN_GRAPHS, PhaseOps, compare_runs};
 
-use crate::Failure;
-use crate::figures::fmt_ns;
-use crate::reading::{InputOpts, say_warnings, summarize};
+use crate::input::reading::{InputOpts, say_warnings, summarize};
+use crate::say::Failure;
+use crate::say::fmt_ns;
 
 /// Two runs side by side: what changed, per event name or (with --ops) per op type.
 ///
@@ -137,7 +137,7 @@ fn diff_ops(args: &DiffArgs) -> Result<(), Failure> {
         let mut runs = Vec::new();
         for path in paths {
             let (groups, phases, analysis) =
-                crate::reading::op_totals(path, args.input.layout, args.input.quiet)?;
+                crate::input::reading::op_totals(path, args.input.layout, args.input.quiet)?;
             writeln!(
                 out,
                 "{label}: {}  ({} ops, {} in ops)",

@@ -8,8 +8,8 @@ use ggml_viz_reader::format::{EventType, Payload};
 use ggml_viz_reader::{Event, Layout};
 use serde_json::{Map, Value, json};
 
-use crate::Failure;
 use crate::input::{Input, parse_layout};
+use crate::say::Failure;
 
 /// Print every event of a trace, in file order.
 ///

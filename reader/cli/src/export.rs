@@ -12,8 +12,8 @@ use ggml_viz_reader::telemetry::Ids;
 use ggml_viz_reader::telemetry::RecordSink;
 use ggml_viz_reader::{ChromeJsonWriter, Damage, Format, PerfettoWriter, RecordTap, RecordView};
 
-use crate::Failure;
-use crate::reading::{InputOpts, Reading, import_all};
+use crate::input::reading::{InputOpts, Reading, import_all};
+use crate::say::Failure;
 
 #[derive(Clone, Copy, ValueEnum)]
 enum Target {

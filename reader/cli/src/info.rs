@@ -7,10 +7,10 @@ use clap::Args;
 use ggml_viz_reader::format::{EventType, ExtensionKind};
 use ggml_viz_reader::{BufferRole, DurationSummary, Layout, OpCollector, TraceStats, timing_cost};
 
-use crate::Failure;
-use crate::figures::{MIB, fmt_ns, timing_cost_sentence};
 use crate::input::Input;
 use crate::input::parse_layout;
+use crate::say::Failure;
+use crate::say::{MIB, fmt_ns, timing_cost_sentence};
 
 /// Summarize a trace: what it holds and who wrote it.
 ///

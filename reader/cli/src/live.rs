@@ -5,8 +5,8 @@ use std::path::PathBuf;
 use clap::Args;
 use ggml_viz_reader::Layout;
 
-use crate::Failure;
 use crate::input::parse_layout;
+use crate::say::Failure;
 use crate::view::{ViewOpts, WriterGone, watch};
 
 /// Follow a trace while a program writes it, refreshed about once a second.

@@ -3,18 +3,16 @@
 mod diff;
 mod dump;
 mod export;
-mod figures;
 mod info;
 #[cfg(windows)]
 mod inject;
 mod input;
 mod live;
 mod ops;
-mod progress;
-mod reading;
 mod record;
 mod report;
 mod rpc;
+mod say;
 mod summary;
 mod view;
 #[cfg(target_os = "linux")]
@@ -24,6 +22,8 @@ use std::io::{self, Write};
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+
+use say::Failure;
 
 /// Where your GGML inference time goes: read and summarize GGMLVIZ v1 traces.
 #[derive(Parser)]
@@ -49,24 +49,6 @@ enum Command {
     Report(report::ReportArgs),
     Rpc(rpc::RpcArgs),
     Dump(dump::DumpArgs),
-}
-
-/// Why a command failed; each maps to an exit status.
-#[derive(Debug)]
-pub enum Failure {
-    /// The file is corrupt or unreadable (exit 2). What could be read was already printed; an
-    /// input that is no trace at all fails the command before anything is printed or written.
-    Data(String),
-    /// Writing the output failed (exit 2); a closed pipe is not a failure.
-    Output(io::Error),
-    /// The request cannot be carried out as given (exit 1).
-    Usage(String),
-}
-
-impl From<io::Error> for Failure {
-    fn from(err: io::Error) -> Self {
-        Failure::Output(err)
-    }
 }
 
 fn main() -> ExitCode {

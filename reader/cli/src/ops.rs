@@ -11,9 +11,9 @@ use ggml_viz_reader::{
     GroupBy, OpAnalysis, OpGroups, OpSample, Phase, ThreadTotals, oversubscription_note,
 };
 
-use crate::Failure;
-use crate::figures::{fmt_ns, timing_cost_sentence};
 use crate::input::parse_layout;
+use crate::say::Failure;
+use crate::say::{fmt_ns, timing_cost_sentence};
 
 /// Per-op timings: where the time of the graph computes went, per op, name, backend or layer.
 ///
@@ -136,7 +136,8 @@ pub fn run(args: OpsArgs) -> Result<(), Failure> {
         By::Thread => GroupBy::Op,
     };
     let mut tables = Tables::new(by);
-    let read = crate::reading::read_nodes(&args.file, args.layout, args.quiet, |o| tables.add(o))?;
+    let read =
+        crate::input::reading::read_nodes(&args.file, args.layout, args.quiet, |o| tables.add(o))?;
     let analysis = &read.analysis;
     let mut out = io::stdout().lock();
     match (args.csv, args.by) {

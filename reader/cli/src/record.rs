@@ -11,8 +11,8 @@ use ggml_viz_config::{CONFIG_FILE_ENV, Config, OVERRIDES_ENV, Sources};
 use ggml_viz_reader::{DurationSummary, TraceFile, TraceStats};
 use serde_json::{Map, Value};
 
-use crate::Failure;
-use crate::figures::fmt_ns;
+use crate::say::Failure;
+use crate::say::fmt_ns;
 
 /// File name of the hook library, and the variable that makes the dynamic loader load it first.
 #[cfg(target_os = "macos")]

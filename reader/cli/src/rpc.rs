@@ -10,10 +10,10 @@ use ggml_viz_reader::Format;
 use ggml_viz_reader::rpc_join::{PartIndex, RpcAnalysis, RpcParts, TokenTime, analyse};
 use ggml_viz_reader::telemetry::{Ids, ProcessId};
 
-use crate::Failure;
-use crate::figures::fmt_ns;
-use crate::reading::say_warnings;
-use crate::reading::{InputOpts, Reading, clock_sentence};
+use crate::input::reading::say_warnings;
+use crate::input::reading::{InputOpts, Reading, clock_sentence};
+use crate::say::Failure;
+use crate::say::fmt_ns;
 
 /// Join the traces of a ggml-rpc client and its servers: connections, clocks, commands.
 ///

@@ -6,9 +6,9 @@ use std::path::PathBuf;
 use clap::Args;
 use ggml_viz_reader::{Row, Summary, csv_cell};
 
-use crate::Failure;
-use crate::figures::fmt_ns;
-use crate::reading::{InputOpts, say_warnings, summarize};
+use crate::input::reading::{InputOpts, say_warnings, summarize};
+use crate::say::Failure;
+use crate::say::fmt_ns;
 
 /// Time per event name over one or more inputs (GGMLVIZ traces, GE logs).
 ///

@@ -17,7 +17,7 @@ use super::sampling::TimelineSample;
 use super::series::{Latency, POINT_BUDGET, Series, TopKind, TopSpan, latency, memory};
 use super::slots::{SequenceRow, SequenceTable};
 use super::tables::{Aggregate, OpRows, add, layer_number, merge, sorted};
-use crate::figures::MIB;
+use crate::say::MIB;
 
 /// Rows of the per-tensor table.
 const TOP_TENSORS: usize = 40;

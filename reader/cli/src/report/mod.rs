@@ -18,9 +18,9 @@ use ggml_viz_reader::telemetry::Ids;
 use ggml_viz_reader::{Damage, OpCollector, RecordView, TraceStats, timing_cost};
 use ggml_viz_reader::{Format, RecordTap, detect};
 
-use crate::Failure;
-use crate::figures::timing_cost_sentence;
-use crate::reading::{InputOpts, Reading};
+use crate::input::reading::{InputOpts, Reading};
+use crate::say::Failure;
+use crate::say::timing_cost_sentence;
 use data::ReportBuilder;
 use page::write_html;
 use tables::OpRows;

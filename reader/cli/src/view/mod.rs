@@ -13,8 +13,8 @@ use clap::Args;
 use figures::{LiveStats, Snapshot};
 use ggml_viz_reader::{Follower, Layout};
 
-use crate::Failure;
-use crate::figures::fmt_ns;
+use crate::say::Failure;
+use crate::say::fmt_ns;
 
 /// How often the file is polled for new records.
 const POLL: Duration = Duration::from_millis(100);

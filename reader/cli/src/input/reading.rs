@@ -18,10 +18,10 @@ use ggml_viz_reader::{
 use ggml_viz_reader::{GroupBy, NodeTimes, OpAnalysis, OpGroups, OpSample, PhaseOps, Summary};
 use indicatif::ProgressBar;
 
-use crate::Failure;
-use crate::figures::fmt_ns;
+use crate::input::progress::{bar, file_name, len, stream_bar};
 use crate::input::{Input, ReadStop, parse_layout};
-use crate::progress::{bar, file_name, len, stream_bar};
+use crate::say::Failure;
+use crate::say::fmt_ns;
 
 /// Options every telemetry command takes.
 #[derive(Args)]

@@ -1,4 +1,9 @@
-//! Opening the FILE argument: a mapped file, or `-` for standard input.
+//! The commands' inputs: opening the FILE argument (a mapped file, or `-` for standard input),
+//! `--layout`'s parser; the options the telemetry commands share and reading several inputs
+//! ([`reading`]); progress bars of long reads ([`progress`]).
+
+pub mod progress;
+pub mod reading;
 
 use std::path::Path;
 

@@ -1,7 +1,28 @@
-//! How the commands write their figures: durations, MiB (as llama.cpp prints its buffers), and
-//! what op timing cost a run.
+//! What the commands say besides their tables: the failures they end with ([`Failure`]), and how
+//! they write their figures: durations, MiB (as llama.cpp prints its buffers), and what op timing
+//! cost a run.
+
+use std::io;
 
 use ggml_viz_reader::TimingCost;
+
+/// Why a command failed; each maps to an exit status.
+#[derive(Debug)]
+pub enum Failure {
+    /// The file is corrupt or unreadable (exit 2). What could be read was already printed; an
+    /// input that is no trace at all fails the command before anything is printed or written.
+    Data(String),
+    /// Writing the output failed (exit 2); a closed pipe is not a failure.
+    Output(io::Error),
+    /// The request cannot be carried out as given (exit 1).
+    Usage(String),
+}
+
+impl From<io::Error> for Failure {
+    fn from(err: io::Error) -> Self {
+        Failure::Output(err)
+    }
+}
 
 /// Bytes in a MiB, the unit llama.cpp prints its buffer sizes in.
 pub const MIB: f64 = 1024.0 * 1024.0;
