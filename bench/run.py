@@ -5,6 +5,7 @@ the alternatives, on this machine, in one go.
     python3 bench/run.py            # the full suite (~6 minutes on 2 cores once built)
     python3 bench/run.py --quick    # most metrics on less work, no callgrind (~4 minutes)
     python3 bench/run.py --only readers   # one section (figures go to bench/results-readers.json)
+    python3 bench/run.py --only instructions   # callgrind counts alone (~6 minutes)
 
 Prints one table and writes the same figures to bench/results.json: one object per metric with
 name, value, unit, the reference it is compared with, and the reference's value. Timings are noisy
@@ -178,13 +179,20 @@ def rpc(quick, tmp):
         os.remove(server)
 
 
-def llama(quick, tmp):
-    rounds = 3 if quick else 6
+def llama_setup(tmp):
+    """llama.cpp's build (cached), the hook, and the generated 512x8 model: what the llama.cpp
+    sections run."""
     build = run(["bash", "scripts/setup-llama.sh"]).stdout.strip().splitlines()[-1]
     run(["cargo", "build", "-q", "--release", "-p", "ggml-viz-hook"])
     model = os.path.join(tmp, "m512x8.gguf")
-    run([sys.executable, "tests/fixtures/make_tiny_llama.py", model, "--n-embd", "512", "--n-layer", "8"])
-    hook = os.path.join(ROOT, "target/release/libggml_viz_hook.so")
+    if not os.path.exists(model):
+        run([sys.executable, "tests/fixtures/make_tiny_llama.py", model, "--n-embd", "512", "--n-layer", "8"])
+    return build, os.path.join(ROOT, "target/release/libggml_viz_hook.so"), model
+
+
+def llama(quick, tmp):
+    rounds = 3 if quick else 6
+    build, hook, model = llama_setup(tmp)
     noop = os.path.join(tmp, "noop_eval_callback.so")
     run(["cc", "-O2", "-shared", "-fPIC", "-o", noop, "bench/noop_eval_callback.c", "-ldl"])
     modes = {
@@ -218,8 +226,7 @@ def llama(quick, tmp):
             ops = statistics.median(results["sched op timing"][kind])
             metric(f"llama -t {threads} {label}, sched op timing vs a no-op eval callback", ops / noop, "ratio", f"no-op callback, {noop:.1f} tok/s", 1.0)
     if not quick:
-        # Minutes under callgrind, and a build of test-backend-ops: the full suite only.
-        instructions(tmp, build, hook, model)
+        # A build of test-backend-ops: the full suite only.
         backend_ops(tmp, build, hook)
     fidelity(quick, tmp, build, hook, model)
     moe_coverage(tmp, build, hook)
@@ -320,11 +327,23 @@ def backend_ops(tmp, build, hook):
            f"rounds {ratios[0]:.3f}-{ratios[-1]:.3f}", 1.0)
 
 
+def instructions_section(quick, tmp):
+    """callgrind instruction counts (minutes under valgrind: full runs only)."""
+    if quick:
+        progress("callgrind instruction counts: full runs only (--only instructions)")
+        return
+    build, hook, model = llama_setup(tmp)
+    instructions(tmp, build, hook, model)
+
+
 def instructions(tmp, build, hook, big):
     """callgrind instruction counts, llama-bench -t 1 -p 0 -n 16, hooked / unhooked: repeatable
     where wall-clock time is not (at one thread: at two, spin waits depend on timing). Beside
     them, what preloading an empty library costs (the floor for any preloaded hook), and the
-    instructions threads op timing adds per node over op timing off."""
+    instructions threads op timing adds per node over op timing off. Then the same at -n 80: what
+    a token costs once every node has been seen (-n 80 minus -n 16), hooked / unhooked, and per
+    node share. llama-bench runs in the repository's root: ggml looks for its backends in the
+    working directory, and a crowded one (/tmp) would count its scan."""
     if shutil.which("valgrind") is None:
         progress("valgrind is missing: no instruction counts")
         return
@@ -336,24 +355,41 @@ def instructions(tmp, build, hook, big):
     run(["cc", "-O2", "-shared", "-fPIC", "-o", empty, empty_c])
     what = {"none": "no hook", "empty": "an empty library preloaded", "off": "op timing off",
             "threads": "op timing threads", "sched": "op timing sched"}
+    def count(model, mode, n_gen, trace):
+        env = ({} if mode == "none" else {"LD_PRELOAD": empty} if mode == "empty" else
+               {"LD_PRELOAD": hook, "GGML_VIZ_OP_TIMING": mode, "GGML_VIZ_OUTPUT": trace})
+        out = os.path.join(tmp, "callgrind.out")
+        run(["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", f"{build}/bin/llama-bench",
+             "-m", model, "-t", "1", "-p", "0", "-n", n_gen, "-r", "1"], env=env)
+        return int(re.search(r"^summary: (\d+)", open(out).read(), re.M).group(1))
+
+    def shares(trace):
+        info = run(["target/release/ggml-viz", "info", trace]).stdout
+        return int(re.search(r"^\s*op_compute_begin\s+(\d+)", info, re.M).group(1))
+
     for name, model in (("tiny", tiny), ("512x8", big)):
         counts = {}
         trace = os.path.join(tmp, f"cg-{name}-%s.ggmlviz")
         for mode in what:
             progress(f"callgrind: llama-bench -t 1 -p 0 -n 16, {name} model, {what[mode]}")
-            env = ({} if mode == "none" else {"LD_PRELOAD": empty} if mode == "empty" else
-                   {"LD_PRELOAD": hook, "GGML_VIZ_OP_TIMING": mode, "GGML_VIZ_OUTPUT": trace % mode})
-            out = os.path.join(tmp, "callgrind.out")
-            run(["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", f"{build}/bin/llama-bench",
-                 "-m", model, "-t", "1", "-p", "0", "-n", "16", "-r", "1"], env=env)
-            counts[mode] = int(re.search(r"^summary: (\d+)", open(out).read(), re.M).group(1))
+            counts[mode] = count(model, mode, "16", trace % mode)
         for mode in ("empty", "off", "threads", "sched"):
             metric(f"instructions, {name} model tg16 -t 1, {what[mode]}", counts[mode] / counts["none"],
                    "ratio", f"no hook: {counts['none'] / 1e6:.1f} M instructions", 1.0)
-        info = run(["target/release/ggml-viz", "info", trace % "threads"]).stdout
-        nodes = int(re.search(r"^\s*op_compute_begin\s+(\d+)", info, re.M).group(1))
+        nodes = shares(trace % "threads")
         metric(f"  threads over off, {name} model: instructions per node share", (counts["threads"] - counts["off"]) / nodes,
                "instructions", "node shares recorded", nodes, "shares")
+        longer, long_trace = {}, os.path.join(tmp, f"cg-{name}-80-%s.ggmlviz")
+        for mode in ("none", "off", "threads"):
+            progress(f"callgrind: llama-bench -t 1 -p 0 -n 80, {name} model, {what[mode]}")
+            longer[mode] = count(model, mode, "80", long_trace % mode)
+        per_token = {m: (longer[m] - counts[m]) / 64 for m in longer}
+        for mode in ("off", "threads"):
+            metric(f"instructions a token (tg80 - tg16), {name} model, {what[mode]}", per_token[mode] / per_token["none"],
+                   "ratio", f"no hook: {per_token['none'] / 1e3:.1f} k a token", 1.0)
+        more = shares(long_trace % "threads") - nodes
+        metric(f"  threads over off a token, {name} model: per node share", (per_token["threads"] - per_token["off"]) * 64 / more,
+               "instructions", "node shares the 64 tokens added", more, "shares")
 
 
 def graph_computes(trace):
@@ -610,7 +646,7 @@ def main():
 
 
 SECTIONS = {"producer": producer, "decode": decode, "readers": readers, "rpc": rpc, "live": live,
-            "inert": inert, "llama": llama, "vulkan": vulkan}
+            "inert": inert, "llama": llama, "instructions": instructions_section, "vulkan": vulkan}
 
 if __name__ == "__main__":
     main()
