@@ -14,19 +14,22 @@ impl<S: RecordSink> Importer<'_, S> {
         match (e.event_type(), &e.payload) {
             (Some(EventType::TensorAlloc), &Payload::Memory { ptr, size }) => {
                 let label = String::from_utf8_lossy(label);
-                let buft = crate::format::buffer_type_of(&label).to_string();
+                let (buft, base) = crate::format::buffer_parts(&label);
+                let buft = buft.to_string();
                 let live = self.live.entry(buft.clone()).or_default();
                 *live = live.saturating_add(size.min(i64::MAX as u64) as i64);
                 self.buffers.insert(ptr, (buft.clone(), size));
-                self.counter(buft, ts);
-                self.buffer(true, ptr, size, &label, ts);
+                self.counter(buft.clone(), ts);
+                self.buffer(true, ptr, size, (buft, base), ts);
             }
             (Some(EventType::TensorFree), &Payload::Memory { ptr, .. }) => {
                 if let Some((buft, size)) = self.buffers.remove(&ptr) {
                     let live = self.live.entry(buft.clone()).or_default();
                     *live = live.saturating_sub(size.min(i64::MAX as u64) as i64);
                     self.counter(buft, ts);
-                    self.buffer(false, ptr, size, &String::from_utf8_lossy(label), ts);
+                    let label = String::from_utf8_lossy(label);
+                    let (buft, base) = crate::format::buffer_parts(&label);
+                    self.buffer(false, ptr, size, (buft.to_string(), base), ts);
                 }
             }
             (Some(ty @ (EventType::ThreadBegin | EventType::ThreadFree)), _) => {
@@ -56,16 +59,23 @@ impl<S: RecordSink> Importer<'_, S> {
         }
     }
 
-    /// The buffer event itself: made or freed, its handle and bytes, and what its label says.
-    fn buffer(&mut self, made: bool, buffer: u64, size: u64, label: &str, time_ns: u64) {
-        let (buffer_type, base) = crate::format::buffer_parts(label);
+    /// The buffer event itself: made or freed, its handle and bytes, and the buffer type and
+    /// base address its label says.
+    fn buffer(
+        &mut self,
+        made: bool,
+        buffer: u64,
+        size: u64,
+        (buffer_type, base): (String, &str),
+        time_ns: u64,
+    ) {
         self.sink.record(Record::Buffer(BufferEvent {
             process: self.process,
             time_ns,
             made,
             buffer,
             size,
-            buffer_type: buffer_type.to_string(),
+            buffer_type,
             base: base.to_string(),
         }));
     }
