@@ -479,6 +479,17 @@ fn imports_between(commands: &[&str], files: &BTreeMap<Module, String>) -> Vec<(
 fn no_command_of_the_binary_imports_another() {
     let root = workspace().join("reader/cli/src");
     let (files, _) = crate_files(&root);
+    // The list is main.rs's: each `Command::X(args) => module::…` arm names a command's module.
+    let main = code_of(&std::fs::read_to_string(root.join("main.rs")).unwrap());
+    let mut dispatched: Vec<&str> = (main.split("Command::").skip(1))
+        .filter_map(|arm| arm.split_once("(args) => ")?.1.split_once("::"))
+        .map(|(module, _)| module)
+        .collect();
+    dispatched.sort_unstable();
+    assert_eq!(
+        dispatched, CLI_COMMANDS,
+        "the commands main.rs dispatches to"
+    );
     for command in CLI_COMMANDS {
         assert!(
             files.contains_key(&vec![command.to_string()]),
