@@ -340,7 +340,8 @@ def instructions(tmp, build, hook, big):
     """callgrind instruction counts, llama-bench -t 1 -p 0 -n 16, hooked / unhooked: repeatable
     where wall-clock time is not (at one thread: at two, spin waits depend on timing). Beside
     them, what preloading an empty library costs (the floor for any preloaded hook), and the
-    instructions threads op timing adds per node over op timing off. Then the same at -n 80: what
+    instructions threads op timing adds per node over op timing off, on the tiny model, the 512x8
+    one and a deep one (64x32: a graph of over 500 nodes, as a 32-layer model's). Then the same at -n 80: what
     a token costs once every node has been seen (-n 80 minus -n 16), hooked / unhooked, and per
     node share. llama-bench runs in the repository's root: ggml looks for its backends in the
     working directory, and a crowded one (/tmp) would count its scan."""
@@ -349,6 +350,9 @@ def instructions(tmp, build, hook, big):
         return
     tiny = os.path.join(tmp, "tiny.gguf")
     run([sys.executable, "tests/fixtures/make_tiny_llama.py", tiny])
+    # As many nodes a graph as a 32-layer model's (over 500), at the tiny model's width.
+    deep = os.path.join(tmp, "deep64x32.gguf")
+    run([sys.executable, "tests/fixtures/make_tiny_llama.py", deep, "--n-embd", "64", "--n-layer", "32"])
     empty_c, empty = os.path.join(tmp, "empty.c"), os.path.join(tmp, "libempty.so")
     with open(empty_c, "w") as f:
         f.write("int ggml_viz_bench_empty(void) { return 0; }\n")
@@ -367,7 +371,7 @@ def instructions(tmp, build, hook, big):
         info = run(["target/release/ggml-viz", "info", trace]).stdout
         return int(re.search(r"^\s*op_compute_begin\s+(\d+)", info, re.M).group(1))
 
-    for name, model in (("tiny", tiny), ("512x8", big)):
+    for name, model in (("tiny", tiny), ("512x8", big), ("64x32", deep)):
         counts = {}
         trace = os.path.join(tmp, f"cg-{name}-%s.ggmlviz")
         for mode in what:

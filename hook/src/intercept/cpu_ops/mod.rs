@@ -45,13 +45,15 @@
 //! for resolving it.
 
 //!
-//! In four files: [`table`] lists the wrapped functions; [`trampoline`] makes the exported
+//! In five files: [`table`] lists the wrapped functions; [`trampoline`] makes the exported
 //! wrappers from the list, the trampoline they jump to, and its slow path; [`worker`] holds each
-//! thread's state (its slot, its call-site and op-info caches); [`shares`] begins and ends the
+//! thread's state (its slot, its call-site and op-info caches); [`sequence`] is the op-info
+//! cache a graph computed again finds its nodes in, in order; [`shares`] begins and ends the
 //! threads' shares of nodes and their barrier waits.
 
 #[macro_use]
 mod table;
+mod sequence;
 mod shares;
 mod trampoline;
 mod worker;

@@ -63,7 +63,6 @@ pub(super) extern "C" fn begin_share(
     // long as the thread, and only this thread uses it; and a `Resolved` from its call-site
     // cache, leaked and never freed.
     let (w, resolved) = unsafe { (&*worker, &*resolved) };
-    w.prefetch_info(node);
     let (set, _) = w.site_set(row, site);
     w.marker_lines
         .set((set.as_ptr() as usize, resolved as *const Resolved as usize));

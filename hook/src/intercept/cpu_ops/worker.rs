@@ -1,11 +1,13 @@
 //! Each worker thread's state among the wrapped calls ([`Worker`], which `common` reaches
 //! through a slot of initial-exec TLS): its depth, its open share, its call-site cache and the op
-//! infos of the nodes it computed last.
+//! infos of the nodes it computed last (in the order it computed them, see [`sequence`](super::sequence),
+//! and by address).
 
 use std::cell::Cell;
 use std::ffi::{CStr, c_void};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+use super::sequence::Sequence;
 use crate::base::ggml::Helpers;
 use crate::base::tensor::{self, read_tensor};
 use crate::intercept::eval_callback::node_info;
@@ -96,15 +98,15 @@ pub(super) struct Worker {
     /// The call sites this thread resolved last, in sets by (row, site): each node makes three
     /// or more wrapped calls, so the shared cache's probing is paid once per site and thread.
     pub(super) sites: [[SiteSlot; SITE_WAYS]; SITE_SETS],
+    /// The op infos of the nodes this thread began shares of, in order: where a node's is found
+    /// first.
+    pub(super) sequence: Sequence,
     /// The op infos of the nodes this thread computed last, direct-mapped by tensor address,
     /// with the tensor's fingerprint (name, op, type, shape) when it was described and the
-    /// recorder whose tensor table the id is in (a child after `fork` has its own): a graph
-    /// computed again (every token) reuses them instead of describing each node again.
+    /// recorder whose tensor table the id is in (a child after `fork` has its own): where a
+    /// node the sequence does not have next is found (a graph other than the last, or nodes in
+    /// another order).
     infos: [Cell<CachedInfo>; INFOS],
-    /// The entry of the node this thread's last share was for.
-    last_info: Cell<*mut CachedInfo>,
-    /// The node that followed that node last time (0: not known).
-    next_tensor: Cell<usize>,
     /// The addresses of the dispatcher's marker's call-site entry and route (see
     /// [`Worker::prefetch_next`]).
     pub(super) marker_lines: Cell<(usize, usize)>,
@@ -121,19 +123,16 @@ pub(super) struct SiteEntry {
 
 pub(super) type SiteSlot = Cell<SiteEntry>;
 
-/// An entry of a thread's op-info cache: one cache line.
+/// An entry of a thread's op-info caches: one cache line.
 #[derive(Clone, Copy)]
 #[repr(C, align(64))]
-struct CachedInfo {
+pub(super) struct CachedInfo {
     /// The node's tensor (0: an empty entry).
-    tensor: usize,
+    pub(super) tensor: usize,
     /// Its fingerprint when it was described.
     print: u64,
     /// The recorder whose tensor table `tensor_id` is in.
     recorder: usize,
-    /// The node this thread's share after this node's was for, the last time (0: none yet):
-    /// what is asked for ahead when this node's share ends (see [`Worker::prefetch_next`]).
-    next: usize,
     op_size: u64,
     backend: usize,
     op_type: u32,
@@ -141,11 +140,10 @@ struct CachedInfo {
 }
 
 impl CachedInfo {
-    const EMPTY: CachedInfo = CachedInfo {
+    pub(super) const EMPTY: CachedInfo = CachedInfo {
         tensor: 0,
         print: 0,
         recorder: 0,
-        next: 0,
         op_size: 0,
         backend: 0,
         op_type: 0,
@@ -231,24 +229,16 @@ impl Worker {
         &self.infos[(tensor as usize >> 4).wrapping_mul(0x9E37_79B9) % INFOS]
     }
 
-    /// Asks the CPU for `tensor`'s op-info cache entry ahead of its use (a hint): the op computed
-    /// since the entry's last use has usually pushed it out of the caches, and its load was the
-    /// slowest step of a share (perf samples at `-t 2`).
-    #[inline]
-    pub(super) fn prefetch_info(&self, tensor: Ptr) {
-        prefetch(self.info_slot(tensor).as_ptr());
-    }
-
     /// When this thread's share of a node ends: asks for what the next share will read first,
-    /// while ggml's barrier runs (a wait, with several threads): the entry of the node that
-    /// followed last time and its tensor's name, and the dispatcher's marker's call-site entry
-    /// and route.
+    /// while ggml's barrier runs (a wait, with several threads): the next entry of the sequence
+    /// and its tensor's name, and the dispatcher's marker's call-site entry and route (the
+    /// op computed since their last use has usually pushed them out of the caches, and their
+    /// loads were the slowest steps of a share: perf samples at `-t 2`).
     #[inline]
     pub(super) fn prefetch_next(&self) {
-        let next = self.next_tensor.get();
-        if next != 0 {
-            self.prefetch_info(next as Ptr);
-            let name = (next as *const u8).wrapping_add(tensor::NAME_AT);
+        if let Some(entry) = self.sequence.next() {
+            prefetch(entry.as_ptr());
+            let name = (entry.get().tensor as *const u8).wrapping_add(tensor::NAME_AT);
             prefetch(name);
             prefetch(name.wrapping_add(tensor::NAME_FIELD - 1));
         }
@@ -258,8 +248,8 @@ impl Worker {
     }
 
     /// The cached op info of `tensor` while its fingerprint is `print`, else `describe`d (and
-    /// cached when there is a fingerprint). The entry learns that this node followed the one
-    /// before, and tells which one followed this node last time.
+    /// cached when there is a fingerprint): looked for next in the sequence, then by address;
+    /// the sequence learns it either way.
     fn cached(
         &self,
         r: &Recorder,
@@ -270,32 +260,30 @@ impl Worker {
         let Some(print) = print else {
             return describe();
         };
+        let key = (tensor as usize, print, r as *const Recorder as usize);
+        let up_to_date = |e: &CachedInfo| (e.tensor, e.print, e.recorder) == key;
+        if let Some(entry) = self.sequence.find(key.0).filter(|e| up_to_date(e)) {
+            let op = entry.op();
+            self.sequence.advance();
+            return op;
+        }
         let slot = self.info_slot(tensor);
-        let before = self.last_info.replace(slot.as_ptr());
-        if !before.is_null() {
-            // SAFETY: an entry of this thread's own cache (`last_info` holds nothing else); a
-            // store to one field, so that the entry's line is not waited for.
-            unsafe { (*before).next = tensor as usize };
+        let mut entry = slot.get();
+        if !up_to_date(&entry) {
+            let op = describe();
+            entry = CachedInfo {
+                tensor: key.0,
+                print,
+                recorder: key.2,
+                op_size: op.op_size,
+                backend: op.backend as usize,
+                op_type: op.op_type,
+                tensor_id: op.tensor_id,
+            };
+            slot.set(entry);
         }
-        let recorder = r as *const Recorder as usize;
-        let entry = slot.get();
-        if (entry.tensor, entry.print, entry.recorder) == (tensor as usize, print, recorder) {
-            self.next_tensor.set(entry.next);
-            return entry.op();
-        }
-        self.next_tensor.set(0);
-        let op = describe();
-        slot.set(CachedInfo {
-            tensor: tensor as usize,
-            print,
-            recorder,
-            next: 0,
-            op_size: op.op_size,
-            backend: op.backend as usize,
-            op_type: op.op_type,
-            tensor_id: op.tensor_id,
-        });
-        op
+        self.sequence.learn(entry);
+        entry.op()
     }
 }
 
@@ -444,9 +432,8 @@ thread_local! {
                     })
                 }; SITE_WAYS]
             }; SITE_SETS],
+            sequence: Sequence::new(),
             infos: [const { Cell::new(CachedInfo::EMPTY) }; INFOS],
-            last_info: Cell::new(std::ptr::null_mut()),
-            next_tensor: Cell::new(0),
             marker_lines: Cell::new((0, 0)),
         }
     };
