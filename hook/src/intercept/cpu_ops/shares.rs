@@ -9,32 +9,34 @@ use super::worker::{Kind, WORKER, Worker, node_tensor, set_worker_slot};
 use crate::base::ggml::Helpers;
 use crate::base::{clock, contained, say_once};
 use crate::intercept::route::Resolved;
-use crate::record;
+use crate::record::{self, Recorder};
 
 type Ptr = *mut c_void;
 
-/// Whether calls are timed per thread now. When not (op timing off or by the eval callback, or
-/// not tracing), there is nothing to keep, but a share left open when that began is ended; and
-/// where nothing will be timed for the rest of the process, the thread's calls go straight to
-/// ggml from now on.
-pub(super) fn threads_timed(w: &Worker) -> bool {
-    if record::thread_ops().is_some() {
-        return true;
+/// The recorder calls are timed per thread in now, if they are. When not (op timing off or by
+/// the eval callback, or not tracing), there is nothing to keep, but a share left open when that
+/// began is ended; and where nothing will be timed for the rest of the process, the thread's
+/// calls go straight to ggml from now on.
+pub(super) fn threads_timed(w: &Worker) -> Option<&'static Recorder> {
+    let r = record::thread_ops();
+    if r.is_some() {
+        return r;
     }
-    if w.depth.get() == 0 && w.node.get().is_some() {
+    if w.depth.get() == 0 && w.open_tensor.get() != 0 {
         contained(|| end_node(w));
     } else if w.depth.get() == 0 && record::thread_ops_never() {
         w.passthrough.set(true);
         set_worker_slot(w);
     }
-    false
+    None
 }
 
-/// A timed call at depth 0 (the depth already counts it): its site stands in for tail calls
-/// from inside it, and unless it continues the node this thread's share is open for, a share
-/// begins.
+/// A call at depth 0 (the depth already counts it) timed in recorder `r`: its site stands in
+/// for tail calls from inside it, and unless it continues the node this thread's share is open
+/// for, a share begins.
 pub(super) fn outermost_call(
     w: &Worker,
+    r: &'static Recorder,
     kind: Kind,
     resolved: &Resolved,
     site: usize,
@@ -42,7 +44,7 @@ pub(super) fn outermost_call(
 ) {
     w.outer_site.set(site);
     if !w.continues_node(kind, args[1], args[2]) {
-        contained(|| node_begins(w, kind, resolved.helpers, args[0], args[1], args[2]));
+        contained(|| node_begins(w, r, kind, resolved.helpers, args[0], args[1], args[2]));
     } else if kind != Kind::Marker {
         w.node_computed.set(true);
     }
@@ -66,11 +68,12 @@ pub(super) extern "C" fn begin_share(
     let (set, _) = w.site_set(row, site);
     w.marker_lines
         .set((set.as_ptr() as usize, resolved as *const Resolved as usize));
-    if !threads_timed(w) {
+    let Some(r) = threads_timed(w) else {
         return false;
-    }
+    };
     outermost_call(
         w,
+        r,
         Kind::Marker,
         resolved,
         site,
@@ -98,7 +101,7 @@ pub(super) extern "C" fn wait_begins(worker: *const Worker, site: usize) -> bool
     // SAFETY: `common` passes this thread's own `WORKER` (from its TLS slot), which lives as
     // long as the thread, and only this thread uses it.
     let w = unsafe { &*worker };
-    threads_timed(w) && timed_wait(w, site)
+    threads_timed(w).is_some() && timed_wait(w, site)
 }
 
 /// A barrier call from `site` while threads are timed: whether its wait is recorded.
@@ -115,14 +118,19 @@ pub(super) extern "C" fn exit(worker: *const Worker) {
     contained(|| barrier_ends(w));
 }
 
-/// An outermost per-op call (or the dispatcher's marker) on this thread for another node than
-/// the one its share is open for.
-fn node_begins(w: &Worker, kind: Kind, h: &'static Helpers, params: Ptr, arg1: Ptr, arg2: Ptr) {
+/// An outermost per-op call (or the dispatcher's marker) on this thread, timed in recorder `r`,
+/// for another node than the one its share is open for.
+fn node_begins(
+    w: &Worker,
+    r: &'static Recorder,
+    kind: Kind,
+    h: &'static Helpers,
+    params: Ptr,
+    arg1: Ptr,
+    arg2: Ptr,
+) {
     let tensor = node_tensor(kind, arg1, arg2);
     end_node(w);
-    let Some(r) = record::thread_ops() else {
-        return;
-    };
     if tensor.is_null() || params.is_null() {
         return;
     }

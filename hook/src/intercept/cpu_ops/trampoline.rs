@@ -449,9 +449,9 @@ extern "C" fn enter(row: usize, arg0: Ptr, arg1: Ptr, arg2: Ptr, site: usize) ->
     if resolved.untraced {
         return Next::untraced(resolved.real);
     }
-    if !threads_timed(w) {
+    let Some(r) = threads_timed(w) else {
         return Next::untraced(resolved.real);
-    }
+    };
     // From now on `common` may take its fast path on this thread (op timing off leaves the
     // slot empty, and every call the slow path after three instructions).
     set_worker_slot(w);
@@ -472,7 +472,7 @@ extern "C" fn enter(row: usize, arg0: Ptr, arg1: Ptr, arg2: Ptr, site: usize) ->
     let depth = w.depth.get();
     w.depth.set(depth + 1);
     if depth == 0 {
-        outermost_call(w, f.kind, resolved, site, [arg0, arg1, arg2]);
+        outermost_call(w, r, f.kind, resolved, site, [arg0, arg1, arg2]);
     }
     worker
 }

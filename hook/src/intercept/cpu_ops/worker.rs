@@ -366,9 +366,12 @@ impl Worker {
         self.node.set(Some((op, r)));
     }
 
+    /// This thread's open share, which ends (none where `open_tensor` says none is open).
     #[inline]
     pub(super) fn take_node(&self) -> Option<(OpInfo, &'static Recorder)> {
-        self.open_tensor.set(0);
+        if self.open_tensor.replace(0) == 0 {
+            return None;
+        }
         self.node.take()
     }
 
@@ -405,9 +408,8 @@ impl Worker {
     /// for: the dispatcher's per-op call for the node its marker began.
     #[inline]
     pub(super) fn continues_node(&self, kind: Kind, arg1: Ptr, arg2: Ptr) -> bool {
-        self.node
-            .get()
-            .is_some_and(|(open, _)| open.tensor == node_tensor(kind, arg1, arg2))
+        let tensor = node_tensor(kind, arg1, arg2) as usize;
+        tensor != 0 && self.open_tensor.get() == tensor
     }
 }
 
