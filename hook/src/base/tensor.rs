@@ -115,6 +115,108 @@ pub unsafe fn fingerprint(h: &Helpers, tensor: Ptr) -> Option<u64> {
     Some(h.0 | 1)
 }
 
+/// The bytes a node's description is made from, copied: its whole name field, its op with the
+/// first op parameter (which selects a `UNARY` or `GLU` node's function), its type and shape. A
+/// node found again is compared with its snapshot byte for byte (a few 16-byte compares, no
+/// hashing, no call into ggml): what [`fingerprint`] hashes, and more.
+#[cfg(all(target_os = "linux", target_arch = "x86_64"))]
+#[derive(Clone, Copy)]
+#[repr(C, align(16))]
+pub struct Snapshot {
+    name: [u8; NAME_FIELD],
+    ne: [u8; 32],
+    op: u64,
+    ty: u32,
+    /// Where the name field lies in the tensor (what `ggml_get_name` said when it was taken).
+    name_at: u32,
+}
+
+#[cfg(all(target_os = "linux", target_arch = "x86_64"))]
+impl Snapshot {
+    /// A snapshot of no tensor: what tests of a cache's positions put in its entries.
+    #[cfg(test)]
+    pub const EMPTY: Snapshot = Snapshot {
+        name: [0; NAME_FIELD],
+        ne: [0; 32],
+        op: 0,
+        ty: 0,
+        name_at: 0,
+    };
+
+    /// The snapshot of `tensor`; `None` until the struct layout has been confirmed on the first
+    /// nodes, or where ggml cannot say where the name lies.
+    ///
+    /// # Safety
+    /// `tensor` is a live tensor of the copy `h` belongs to.
+    pub unsafe fn take(h: &Helpers, tensor: Ptr) -> Option<Snapshot> {
+        if LAYOUT.load(Ordering::Relaxed) != LAYOUT_OK {
+            return None;
+        }
+        // SAFETY: per the contract.
+        let name = unsafe { h.tensor_name_ptr(tensor) }?;
+        // Past `op` and its first parameter, within a struct of a few hundred bytes (336 in
+        // the ggml of 2024 on): else the name is not in the tensor where this reads.
+        let name_at = (name as usize).wrapping_sub(tensor as usize);
+        if !(OP_AT + 8..=1024).contains(&name_at) {
+            return None;
+        }
+        // SAFETY: the layout was checked, so these fields lie inside the tensor; the name field
+        // is ggml's (`NAME_FIELD` bytes at what ggml_get_name returned).
+        Some(unsafe { Snapshot::read(tensor, name_at) })
+    }
+
+    /// The snapshot of the tensor at `tensor`, whose name field lies at `name_at`.
+    ///
+    /// # Safety
+    /// `tensor` points to a live `struct ggml_tensor` with its fields at the offsets above.
+    unsafe fn read(tensor: Ptr, name_at: usize) -> Snapshot {
+        // SAFETY: per the contract.
+        unsafe {
+            Snapshot {
+                name: field(tensor, name_at),
+                ne: field(tensor, NE_AT),
+                op: field(tensor, OP_AT),
+                ty: field(tensor, TYPE_AT),
+                name_at: name_at as u32,
+            }
+        }
+    }
+
+    /// Whether `tensor` still has the bytes this snapshot of it took.
+    ///
+    /// # Safety
+    /// `tensor` is a live tensor of the copy of ggml the snapshot was taken with (which has its
+    /// name field where the snapshot says).
+    #[inline]
+    pub unsafe fn matches(&self, tensor: Ptr) -> bool {
+        use core::arch::x86_64::{
+            __m128i, _mm_cmpeq_epi8, _mm_loadu_si128, _mm_movemask_epi8, _mm_or_si128,
+            _mm_setzero_si128, _mm_xor_si128,
+        };
+        let t = tensor as *const u8;
+        // SAFETY: SSE2 is in every x86-64; the loads read the tensor's fields (inside it, per the
+        // contract and the snapshot's offsets) and this snapshot's own bytes, unaligned.
+        unsafe {
+            let differ = |a: *const u8, b: *const u8| {
+                _mm_xor_si128(
+                    _mm_loadu_si128(a as *const __m128i),
+                    _mm_loadu_si128(b as *const __m128i),
+                )
+            };
+            let name = t.add(self.name_at as usize);
+            let mine = self.name.as_ptr();
+            let mut acc = _mm_or_si128(differ(name, mine), differ(name.add(16), mine.add(16)));
+            acc = _mm_or_si128(acc, differ(name.add(32), mine.add(32)));
+            acc = _mm_or_si128(acc, differ(name.add(48), mine.add(48)));
+            acc = _mm_or_si128(acc, differ(t.add(NE_AT), self.ne.as_ptr()));
+            acc = _mm_or_si128(acc, differ(t.add(NE_AT + 16), self.ne.as_ptr().add(16)));
+            let rest = (field::<u64>(tensor, OP_AT) ^ self.op)
+                | u64::from(field::<u32>(tensor, TYPE_AT) ^ self.ty);
+            _mm_movemask_epi8(_mm_cmpeq_epi8(acc, _mm_setzero_si128())) == 0xFFFF && rest == 0
+        }
+    }
+}
+
 /// Bytes of ggml's tensor names: `char name[GGML_MAX_NAME]`, 64 in every ggml, NUL-terminated.
 #[cfg(all(target_os = "linux", target_arch = "x86_64"))]
 pub const NAME_FIELD: usize = 64;
@@ -424,6 +526,45 @@ mod tests {
             tensor_key(&[b"a_long_tensor_name_of_24", b"MUL"], 7, 0, [64, 1, 1, 1]),
         ] {
             assert_ne!(base, other);
+        }
+    }
+
+    /// A tensor's bytes as ggml lays them out, with a name; `matches` answers for each field a
+    /// description is made of, and for nothing else.
+    #[test]
+    #[cfg(all(target_os = "linux", target_arch = "x86_64"))]
+    fn a_snapshot_matches_until_a_field_of_the_description_changes() {
+        use super::{NE_AT, OP_AT, Ptr, SRC_AT, Snapshot, TYPE_AT};
+        #[repr(C, align(16))]
+        struct Bytes([u8; 336]);
+        let mut t = Bytes([0xA5; 336]);
+        t.0[super::NAME_AT..super::NAME_AT + 8].copy_from_slice(b"Qcur-12\0");
+        let tensor = t.0.as_mut_ptr() as Ptr;
+        // SAFETY: 336 bytes, the struct's size in the ggml of 2024 on; the name at NAME_AT.
+        let snapshot = unsafe { Snapshot::read(tensor, super::NAME_AT) };
+        // SAFETY: as above.
+        let matches = |t: &mut Bytes| unsafe { snapshot.matches(t.0.as_mut_ptr() as Ptr) };
+        assert!(matches(&mut t));
+        // A byte of each field the description is made of: type, ne[0], ne[3], op, its first
+        // parameter, the name, the name field past its NUL.
+        for at in [
+            TYPE_AT,
+            NE_AT,
+            NE_AT + 31,
+            OP_AT,
+            OP_AT + 4,
+            super::NAME_AT + 3,
+            super::NAME_AT + 63,
+        ] {
+            let was = t.0[at];
+            t.0[at] ^= 0x10;
+            assert!(!matches(&mut t), "a change at {at} is not seen");
+            t.0[at] = was;
+        }
+        // Fields it is not made of: nb, the second op parameter, src, data.
+        for at in [48, OP_AT + 8, SRC_AT, 248] {
+            t.0[at] ^= 0x10;
+            assert!(matches(&mut t), "a change at {at} is seen");
         }
     }
 }

@@ -2,26 +2,84 @@
 //! a graph computed again (every token) begins its nodes' shares in the same order, so each
 //! node's info is found at the position after the last one's, with one comparison, however many
 //! nodes the graph has (the direct-mapped cache it falls back on holds 256, and a 32-layer
-//! model's graph has over 500: most of its nodes missed there and were described again).
+//! model's graph has over 500: most of its nodes missed there and were described again). Where
+//! the next node is not there (another graph, computed in turn with this one), the position the
+//! direct-mapped cache kept for it is tried, then the first.
 //!
 //! The entries live on the heap (their number is the graph's), and are freed when the thread
-//! exits; after that the sequence stays empty and every lookup falls back.
+//! exits (the worker's thread-local sees to it); after that the sequence stays empty and every
+//! lookup falls back.
 
 use std::cell::Cell;
 
-use super::worker::{CachedInfo, WORKER};
+use std::ffi::c_void;
+
+use crate::base::tensor::Snapshot;
+use crate::record::OpInfo;
+
+type Ptr = *mut c_void;
 
 /// Entries a sequence grows to at most (a position past the last goes back to the first): the
-/// nodes of several large graphs computed in turn.
-const MOST: u32 = 1 << 14;
+/// nodes of several large graphs computed in turn (192 bytes each: 1.5 MiB).
+const MOST: u32 = 1 << 13;
+
+/// An entry: a node's op info, and the snapshot of its tensor taken when it was described, which
+/// tells whether the info is still the node's.
+#[derive(Clone, Copy)]
+pub(super) struct Known {
+    pub(super) info: CachedInfo,
+    pub(super) snapshot: Snapshot,
+}
 
 /// Entries a sequence starts with.
 const FIRST: u32 = 256;
 
-/// The sequence; no destructor of its own (see [`Worker`](super::worker::Worker)): a
-/// thread-local of its own frees the entries when the thread exits ([`Free`]).
+/// An entry of a thread's op-info caches: one cache line.
+#[derive(Clone, Copy)]
+#[repr(C, align(64))]
+pub(super) struct CachedInfo {
+    /// The node's tensor (0: an empty entry).
+    pub(super) tensor: usize,
+    /// Its fingerprint when it was described.
+    pub(super) print: u64,
+    /// The recorder whose tensor table `tensor_id` is in.
+    pub(super) recorder: usize,
+    pub(super) op_size: u64,
+    pub(super) backend: usize,
+    pub(super) op_type: u32,
+    pub(super) tensor_id: u16,
+    /// In the direct-mapped cache: where the sequence learned the node last (`u32::MAX`: not
+    /// known).
+    pub(super) position: u32,
+}
+
+impl CachedInfo {
+    pub(super) const EMPTY: CachedInfo = CachedInfo {
+        tensor: 0,
+        print: 0,
+        recorder: 0,
+        op_size: 0,
+        backend: 0,
+        op_type: 0,
+        tensor_id: 0,
+        position: u32::MAX,
+    };
+
+    pub(super) fn op(&self) -> OpInfo {
+        OpInfo {
+            tensor: self.tensor as Ptr,
+            op_type: self.op_type,
+            op_size: self.op_size,
+            backend: self.backend as Ptr,
+            tensor_id: self.tensor_id,
+        }
+    }
+}
+
+/// The sequence; no destructor of its own (see [`Worker`](super::worker::Worker)): its owner
+/// frees the entries when the thread exits ([`Sequence::close`]).
 pub(super) struct Sequence {
-    entries: Cell<*mut CachedInfo>,
+    entries: Cell<*mut Known>,
     len: Cell<u32>,
     capacity: Cell<u32>,
     /// The position the next share's node is looked for at (and learned at, if not there).
@@ -42,11 +100,11 @@ impl Sequence {
     }
 
     /// The entry at position `i` (below `len`).
-    fn entry(&self, i: u32) -> &Cell<CachedInfo> {
+    fn entry(&self, i: u32) -> &Cell<Known> {
         debug_assert!(i < self.len.get());
         // SAFETY: `entries` holds `len` initialised entries (see `learn`), owned by this thread's
         // sequence until `close`, which sets `len` to 0; `Cell<T>` has `T`'s layout.
-        unsafe { &*(self.entries.get().add(i as usize) as *const Cell<CachedInfo>) }
+        unsafe { &*(self.entries.get().add(i as usize) as *const Cell<Known>) }
     }
 
     /// The entry for `tensor` where this thread's sequence has it next: at the current position,
@@ -54,28 +112,44 @@ impl Sequence {
     /// found; the entry may be out of date (the caller compares its fingerprint). The entry is
     /// read in place until the sequence learns again.
     #[inline]
-    pub(super) fn find(&self, tensor: usize) -> Option<&CachedInfo> {
+    pub(super) fn find(&self, tensor: usize) -> Option<&Known> {
         let at = self.at.get();
         if at < self.len.get() {
             // SAFETY: an entry of this thread's sequence (below `len`), which only `learn`
             // and `close` change, neither while the caller reads it.
             let entry = unsafe { &*self.entry(at).as_ptr() };
-            if entry.tensor == tensor {
+            if entry.info.tensor == tensor {
                 return Some(entry);
             }
         }
         self.find_first(tensor)
     }
 
+    /// The entry at `position` if it is `tensor`'s (the position a node was learned at, kept by
+    /// the direct-mapped cache): the position moves there. What finds a graph computed again
+    /// that is not the sequence's first (a decoder's graph after an encoder's).
+    #[inline]
+    pub(super) fn find_at(&self, position: u32, tensor: usize) -> Option<&Known> {
+        if position >= self.len.get() {
+            return None;
+        }
+        // SAFETY: as in `find`.
+        let entry = unsafe { &*self.entry(position).as_ptr() };
+        (entry.info.tensor == tensor).then(|| {
+            self.at.set(position);
+            entry
+        })
+    }
+
     /// [`Sequence::find`] at the first position.
     #[cold]
-    fn find_first(&self, tensor: usize) -> Option<&CachedInfo> {
+    fn find_first(&self, tensor: usize) -> Option<&Known> {
         if self.len.get() == 0 || self.at.get() == 0 {
             return None;
         }
         // SAFETY: as in `find`.
         let first = unsafe { &*self.entry(0).as_ptr() };
-        (first.tensor == tensor).then(|| {
+        (first.info.tensor == tensor).then(|| {
             self.at.set(0);
             first
         })
@@ -89,19 +163,20 @@ impl Sequence {
     }
 
     /// Puts `info` at the current position (the sequence grows by one where that is its end)
-    /// and moves on.
-    pub(super) fn learn(&self, info: CachedInfo) {
+    /// and moves on: the position it was put at (`None` once the sequence is closed).
+    pub(super) fn learn(&self, info: Known) -> Option<u32> {
         let (at, len) = (self.at.get(), self.len.get());
         if at < len {
             self.entry(at).set(info);
         } else if !self.make_room() {
-            return;
+            return None;
         } else {
             // SAFETY: `make_room` left room for one more after the `len` initialised entries.
             unsafe { self.entries.get().add(len as usize).write(info) };
             self.len.set(len + 1);
         }
         self.at.set(if at + 1 >= MOST { 0 } else { at + 1 });
+        Some(at)
     }
 
     /// Room for one more entry (the first allocation, or twice the room): false where the
@@ -115,7 +190,7 @@ impl Sequence {
             return false;
         }
         let grown = if capacity == 0 { FIRST } else { capacity * 2 };
-        let mut entries = Vec::<CachedInfo>::with_capacity(grown as usize);
+        let mut entries = Vec::<Known>::with_capacity(grown as usize);
         if len > 0 {
             // SAFETY: the old allocation holds `len` initialised entries, the new one has room
             // for more; they do not overlap.
@@ -127,9 +202,6 @@ impl Sequence {
                 );
                 free(self.entries.get(), capacity);
             }
-        } else {
-            // The first allocation: the thread's exit frees it.
-            FREE.with(|_| {});
         }
         let mut entries = std::mem::ManuallyDrop::new(entries);
         self.entries.set(entries.as_mut_ptr());
@@ -138,7 +210,7 @@ impl Sequence {
     }
 
     /// The thread is exiting: the entries are freed, the sequence stays empty.
-    fn close(&self) {
+    pub(super) fn close(&self) {
         let (entries, capacity) = (
             self.entries.replace(std::ptr::null_mut()),
             self.capacity.get(),
@@ -156,7 +228,7 @@ impl Sequence {
     /// The entry after the current position's, if the sequence has one: what the next share
     /// will read first.
     #[inline]
-    pub(super) fn next(&self) -> Option<&Cell<CachedInfo>> {
+    pub(super) fn next(&self) -> Option<&Cell<Known>> {
         let at = self.at.get();
         (at < self.len.get()).then(|| self.entry(at))
     }
@@ -165,33 +237,23 @@ impl Sequence {
 /// Frees an allocation of `capacity` entries that `make_room` made.
 ///
 /// # Safety
-/// `entries` came from a `Vec<CachedInfo>` of that capacity and is not used again.
-unsafe fn free(entries: *mut CachedInfo, capacity: u32) {
+/// `entries` came from a `Vec<Known>` of that capacity and is not used again.
+unsafe fn free(entries: *mut Known, capacity: u32) {
     // SAFETY: per the contract; a length of 0 drops no element (they are `Copy`).
     drop(unsafe { Vec::from_raw_parts(entries, 0, capacity as usize) });
-}
-
-/// Its destructor frees this thread's sequence when the thread exits.
-struct Free;
-
-impl Drop for Free {
-    fn drop(&mut self) {
-        WORKER.with(|w| w.sequence.close());
-    }
-}
-
-thread_local! {
-    static FREE: Free = const { Free };
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn node(tensor: usize) -> CachedInfo {
-        let mut entry = CachedInfo::EMPTY;
-        entry.tensor = tensor;
-        entry
+    fn node(tensor: usize) -> Known {
+        let mut info = CachedInfo::EMPTY;
+        info.tensor = tensor;
+        Known {
+            info,
+            snapshot: Snapshot::EMPTY,
+        }
     }
 
     /// Looks `tensor` up as a share would: found next (and moved past), or learned in place.
@@ -242,6 +304,32 @@ mod tests {
         let found_a = a.iter().filter(|&&t| share(&s, t)).count();
         assert_eq!(found_a, 1 + (a.len() - b.len()));
         assert!(a.iter().all(|&t| share(&s, t)), "a again");
+        s.close();
+    }
+
+    #[test]
+    fn a_graph_computed_again_after_another_is_found_at_the_position_it_was_learned_at() {
+        let s = Sequence::new();
+        let encoder: Vec<usize> = (1..=50).map(|i| 0x10_0000 + 0x170 * i).collect();
+        let decoder: Vec<usize> = (1..=30).map(|i| 0x20_0000 + 0x170 * i).collect();
+        let learned: Vec<Option<u32>> = encoder
+            .iter()
+            .chain(&decoder)
+            .map(|&t| {
+                assert!(s.find(t).is_none());
+                s.learn(node(t))
+            })
+            .collect();
+        assert_eq!(learned[50], Some(50), "the decoder's first node's position");
+        for round in 0..3 {
+            // The decoder again: not next (the sequence's end), not first (the encoder's).
+            assert!(s.find(decoder[0]).is_none(), "round {round}");
+            assert!(s.find_at(50, decoder[0]).is_some());
+            s.advance();
+            assert!(decoder[1..].iter().all(|&t| share(&s, t)), "round {round}");
+        }
+        assert!(s.find_at(50, encoder[0]).is_none() && s.find_at(80, decoder[0]).is_none());
+        assert_eq!(s.len.get(), 80, "nothing learned twice");
         s.close();
     }
 

@@ -7,9 +7,9 @@ use std::cell::Cell;
 use std::ffi::{CStr, c_void};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use super::sequence::Sequence;
+use super::sequence::{CachedInfo, Known, Sequence};
 use crate::base::ggml::Helpers;
-use crate::base::tensor::{self, read_tensor};
+use crate::base::tensor::{self, Snapshot, read_tensor};
 use crate::intercept::eval_callback::node_info;
 use crate::intercept::route::{Callee, Resolved, resolve_callee};
 use crate::record::{OpInfo, Recorder, ThisThread};
@@ -101,6 +101,8 @@ pub(super) struct Worker {
     /// The op infos of the nodes this thread began shares of, in order: where a node's is found
     /// first.
     pub(super) sequence: Sequence,
+    /// [`FREE_SEQUENCE`] is registered on this thread: its exit frees the sequence.
+    sequence_freed_at_exit: Cell<bool>,
     /// The op infos of the nodes this thread computed last, direct-mapped by tensor address,
     /// with the tensor's fingerprint (name, op, type, shape) when it was described and the
     /// recorder whose tensor table the id is in (a child after `fork` has its own): where a
@@ -122,44 +124,6 @@ pub(super) struct SiteEntry {
 }
 
 pub(super) type SiteSlot = Cell<SiteEntry>;
-
-/// An entry of a thread's op-info caches: one cache line.
-#[derive(Clone, Copy)]
-#[repr(C, align(64))]
-pub(super) struct CachedInfo {
-    /// The node's tensor (0: an empty entry).
-    pub(super) tensor: usize,
-    /// Its fingerprint when it was described.
-    print: u64,
-    /// The recorder whose tensor table `tensor_id` is in.
-    recorder: usize,
-    op_size: u64,
-    backend: usize,
-    op_type: u32,
-    tensor_id: u16,
-}
-
-impl CachedInfo {
-    pub(super) const EMPTY: CachedInfo = CachedInfo {
-        tensor: 0,
-        print: 0,
-        recorder: 0,
-        op_size: 0,
-        backend: 0,
-        op_type: 0,
-        tensor_id: 0,
-    };
-
-    fn op(&self) -> OpInfo {
-        OpInfo {
-            tensor: self.tensor as Ptr,
-            op_type: self.op_type,
-            op_size: self.op_size,
-            backend: self.backend as Ptr,
-            tensor_id: self.tensor_id,
-        }
-    }
-}
 
 /// The return addresses of the `ggml_barrier` calls that follow nodes in ggml's graph loops,
 /// learned (see [`Worker::barrier_follows_node`]): two per ggml copy, 0 where none yet. With
@@ -191,17 +155,55 @@ const INFOS: usize = 256;
 const FUSED: u64 = 0x5EED_F05E_D000_0001;
 
 impl Worker {
-    /// The op info of `tensor`, from this thread's cache while its fingerprint is unchanged.
+    /// The op info of `tensor`: from this thread's sequence while its tensor matches its
+    /// snapshot, else from the direct-mapped cache while its fingerprint is unchanged, else
+    /// described; the sequence learns it in the last two cases.
     ///
     /// # Safety
     /// `tensor` is a live node of the copy `h` belongs to.
     #[inline]
     pub(super) unsafe fn node_info(&self, h: &Helpers, r: &Recorder, tensor: Ptr) -> OpInfo {
+        let slot = self.info_slot(tensor);
+        let recorder = r as *const Recorder as usize;
+        // SAFETY: per the contract.
+        if let Some(known) = self.known_next(tensor as usize, slot)
+            && known.info.recorder == recorder
+            && unsafe { known.snapshot.matches(tensor) }
+        {
+            let op = known.info.op();
+            self.sequence.advance();
+            return op;
+        }
         // SAFETY: per the contract.
         let print = unsafe { tensor::fingerprint(h, tensor) };
         // SAFETY: per the contract.
-        self.cached(r, tensor, print, || unsafe {
+        let info = self.cached(r, tensor, print, || unsafe {
             node_info(h, r, tensor, std::ptr::null_mut())
+        });
+        // SAFETY: per the contract.
+        if print.is_some()
+            && let Some(snapshot) = unsafe { Snapshot::take(h, tensor) }
+        {
+            if !self.sequence_freed_at_exit.replace(true) {
+                FREE_SEQUENCE.with(|_| {});
+            }
+            let position = self.sequence.learn(Known { info, snapshot });
+            // SAFETY: an entry of this thread's own cache; one field is set.
+            unsafe { (*slot.as_ptr()).position = position.unwrap_or(u32::MAX) };
+        }
+        info.op()
+    }
+
+    /// The sequence's entry for `tensor`: next, or at the position the direct-mapped cache's
+    /// entry `slot` says it was learned at (another graph computed again), or first.
+    #[inline]
+    fn known_next(&self, tensor: usize, slot: &Cell<CachedInfo>) -> Option<&Known> {
+        self.sequence.find(tensor).or_else(|| {
+            // SAFETY: an entry of this thread's own cache, read in place.
+            let known = unsafe { &*slot.as_ptr() };
+            (known.tensor == tensor)
+                .then(|| self.sequence.find_at(known.position, tensor))
+                .flatten()
         })
     }
 
@@ -222,6 +224,7 @@ impl Worker {
             .map(|(last, first)| last ^ first.rotate_left(17) ^ FUSED);
         // SAFETY: per the contract.
         self.cached(r, last, print, || unsafe { fused_info(h, r, first, last) })
+            .op()
     }
 
     /// The op-info cache entry of `tensor`.
@@ -237,8 +240,15 @@ impl Worker {
     #[inline]
     pub(super) fn prefetch_next(&self) {
         if let Some(entry) = self.sequence.next() {
-            prefetch(entry.as_ptr());
-            let name = (entry.get().tensor as *const u8).wrapping_add(tensor::NAME_AT);
+            let entry = entry.as_ptr();
+            prefetch(entry);
+            prefetch((entry as *const u8).wrapping_add(64));
+            prefetch((entry as *const u8).wrapping_add(128));
+            // SAFETY: an entry of this thread's own sequence, one field read in place.
+            let tensor = unsafe { (*entry).info.tensor } as *const u8;
+            prefetch(tensor);
+            prefetch(tensor.wrapping_add(64));
+            let name = tensor.wrapping_add(tensor::NAME_AT);
             prefetch(name);
             prefetch(name.wrapping_add(tensor::NAME_FIELD - 1));
         }
@@ -247,43 +257,40 @@ impl Worker {
         prefetch(resolved as *const u8);
     }
 
-    /// The cached op info of `tensor` while its fingerprint is `print`, else `describe`d (and
-    /// cached when there is a fingerprint): looked for next in the sequence, then by address;
-    /// the sequence learns it either way.
+    /// The direct-mapped cache's entry for `tensor` while its fingerprint is `print`, else one
+    /// of what `describe` says (cached when there is a fingerprint).
     fn cached(
         &self,
         r: &Recorder,
         tensor: Ptr,
         print: Option<u64>,
         describe: impl FnOnce() -> OpInfo,
-    ) -> OpInfo {
-        let Some(print) = print else {
-            return describe();
-        };
-        let key = (tensor as usize, print, r as *const Recorder as usize);
-        let up_to_date = |e: &CachedInfo| (e.tensor, e.print, e.recorder) == key;
-        if let Some(entry) = self.sequence.find(key.0).filter(|e| up_to_date(e)) {
-            let op = entry.op();
-            self.sequence.advance();
-            return op;
-        }
+    ) -> CachedInfo {
+        let key = (
+            tensor as usize,
+            print.unwrap_or(0),
+            r as *const Recorder as usize,
+        );
         let slot = self.info_slot(tensor);
-        let mut entry = slot.get();
-        if !up_to_date(&entry) {
-            let op = describe();
-            entry = CachedInfo {
-                tensor: key.0,
-                print,
-                recorder: key.2,
-                op_size: op.op_size,
-                backend: op.backend as usize,
-                op_type: op.op_type,
-                tensor_id: op.tensor_id,
-            };
+        let entry = slot.get();
+        if print.is_some() && (entry.tensor, entry.print, entry.recorder) == key {
+            return entry;
+        }
+        let op = describe();
+        let entry = CachedInfo {
+            tensor: key.0,
+            print: key.1,
+            recorder: key.2,
+            op_size: op.op_size,
+            backend: op.backend as usize,
+            op_type: op.op_type,
+            tensor_id: op.tensor_id,
+            position: u32::MAX,
+        };
+        if print.is_some() {
             slot.set(entry);
         }
-        self.sequence.learn(entry);
-        entry.op()
+        entry
     }
 }
 
@@ -435,10 +442,24 @@ thread_local! {
                 }; SITE_WAYS]
             }; SITE_SETS],
             sequence: Sequence::new(),
+            sequence_freed_at_exit: Cell::new(false),
             infos: [const { Cell::new(CachedInfo::EMPTY) }; INFOS],
             marker_lines: Cell::new((0, 0)),
         }
     };
+}
+
+/// Its destructor frees this thread's sequence when the thread exits.
+struct FreeSequence;
+
+impl Drop for FreeSequence {
+    fn drop(&mut self) {
+        WORKER.with(|w| w.sequence.close());
+    }
+}
+
+thread_local! {
+    static FREE_SEQUENCE: FreeSequence = const { FreeSequence };
 }
 
 /// The node a call of a function of `kind` computes (its last, for a fused call).
