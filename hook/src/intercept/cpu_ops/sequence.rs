@@ -29,6 +29,12 @@ const MOST: u32 = 1 << 13;
 pub(super) struct Known {
     pub(super) info: CachedInfo,
     pub(super) snapshot: Snapshot,
+    /// For a fused call's node, the fingerprint of the node the call computed first (0: a node
+    /// of its own).
+    pub(super) first: u64,
+    /// The tensor of the entry after this one (0: none yet), read with this entry, so that what
+    /// the next share will read can be asked for without waiting for a load (see `ahead`).
+    pub(super) next: usize,
 }
 
 /// Entries a sequence starts with.
@@ -86,6 +92,9 @@ pub(super) struct Sequence {
     at: Cell<u32>,
     /// The entries were freed (the thread is exiting): nothing more is learned.
     closed: Cell<bool>,
+    /// The tensor of the entry at the current position, as the entry before it said (0: not
+    /// known): the node the next share is likely for.
+    ahead: Cell<usize>,
 }
 
 impl Sequence {
@@ -96,6 +105,7 @@ impl Sequence {
             capacity: Cell::new(0),
             at: Cell::new(0),
             closed: Cell::new(false),
+            ahead: Cell::new(0),
         }
     }
 
@@ -159,13 +169,28 @@ impl Sequence {
     /// after it.
     #[inline]
     pub(super) fn advance(&self) {
-        self.at.set(self.at.get() + 1);
+        let at = self.at.get();
+        // SAFETY: the entry just found at `at` (below `len`); one field read in place.
+        self.ahead.set(unsafe { (*self.entry(at).as_ptr()).next });
+        self.at.set(at + 1);
     }
 
     /// Puts `info` at the current position (the sequence grows by one where that is its end)
     /// and moves on: the position it was put at (`None` once the sequence is closed).
     pub(super) fn learn(&self, info: Known) -> Option<u32> {
         let (at, len) = (self.at.get(), self.len.get());
+        if at > 0 && at <= len {
+            // SAFETY: the entry before `at` (below `len`); one field written in place.
+            unsafe { (*self.entry(at - 1).as_ptr()).next = info.info.tensor };
+        }
+        let next = if at < len {
+            // SAFETY: the entry at `at`, below `len`; one field read in place.
+            unsafe { (*self.entry(at).as_ptr()).next }
+        } else {
+            0
+        };
+        self.ahead.set(next);
+        let info = Known { next, ..info };
         if at < len {
             self.entry(at).set(info);
         } else if !self.make_room() {
@@ -225,12 +250,17 @@ impl Sequence {
         }
     }
 
-    /// The entry after the current position's, if the sequence has one: what the next share
-    /// will read first.
+    /// The entry at the current position (what the next share will read first) and the tensor
+    /// it is likely for, without a load from the sequence: for prefetching.
     #[inline]
-    pub(super) fn next(&self) -> Option<&Cell<Known>> {
+    pub(super) fn ahead(&self) -> Option<(*const Known, usize)> {
         let at = self.at.get();
-        (at < self.len.get()).then(|| self.entry(at))
+        (at < self.len.get()).then(|| {
+            (
+                self.entries.get().wrapping_add(at as usize) as *const Known,
+                self.ahead.get(),
+            )
+        })
     }
 }
 
@@ -253,6 +283,8 @@ mod tests {
         Known {
             info,
             snapshot: Snapshot::EMPTY,
+            first: 0,
+            next: 0,
         }
     }
 

@@ -103,6 +103,7 @@ pub(super) struct Worker {
     pub(super) sequence: Sequence,
     /// [`FREE_SEQUENCE`] is registered on this thread: its exit frees the sequence.
     sequence_freed_at_exit: Cell<bool>,
+
     /// The op infos of the nodes this thread computed last, direct-mapped by tensor address,
     /// with the tensor's fingerprint (name, op, type, shape) when it was described and the
     /// recorder whose tensor table the id is in (a child after `fork` has its own): where a
@@ -155,39 +156,105 @@ const INFOS: usize = 256;
 const FUSED: u64 = 0x5EED_F05E_D000_0001;
 
 impl Worker {
-    /// The op info of `tensor`: from this thread's sequence while its tensor matches its
-    /// snapshot, else from the direct-mapped cache while its fingerprint is unchanged, else
-    /// described; the sequence learns it in the last two cases.
+    /// The op info of `tensor`, a live node of the copy `h` belongs to.
     ///
     /// # Safety
     /// `tensor` is a live node of the copy `h` belongs to.
     #[inline]
     pub(super) unsafe fn node_info(&self, h: &Helpers, r: &Recorder, tensor: Ptr) -> OpInfo {
+        // SAFETY: per the contract.
+        unsafe { self.info_of(h, r, None, tensor) }
+    }
+
+    /// The op info of a fused call that computed `first` and then `last`.
+    ///
+    /// # Safety
+    /// Both are live nodes of the copy `h` belongs to.
+    #[inline]
+    pub(super) unsafe fn fused_node_info(
+        &self,
+        h: &Helpers,
+        r: &Recorder,
+        first: Ptr,
+        last: Ptr,
+    ) -> OpInfo {
+        // SAFETY: per the contract.
+        unsafe { self.info_of(h, r, Some(first), last) }
+    }
+
+    /// The op info of the node `tensor` (computed after `first` by one fused call, if given):
+    /// from this thread's sequence while its tensor matches its snapshot (and `first` its
+    /// fingerprint: the dispatcher calls a fused function without a share of `first` before),
+    /// else from the direct-mapped cache while their fingerprints are unchanged, else
+    /// described; the sequence learns it in the last two cases.
+    ///
+    /// # Safety
+    /// `tensor` and `first` are live nodes of the copy `h` belongs to.
+    #[inline(always)]
+    unsafe fn info_of(&self, h: &Helpers, r: &Recorder, first: Option<Ptr>, tensor: Ptr) -> OpInfo {
         let slot = self.info_slot(tensor);
         let recorder = r as *const Recorder as usize;
         // SAFETY: per the contract.
         if let Some(known) = self.known_next(tensor as usize, slot)
             && known.info.recorder == recorder
             && unsafe { known.snapshot.matches(tensor) }
+            && Some(known.first) == first.map_or(Some(0), |f| unsafe { tensor::fingerprint(h, f) })
         {
             let op = known.info.op();
             self.sequence.advance();
             return op;
         }
         // SAFETY: per the contract.
-        let print = unsafe { tensor::fingerprint(h, tensor) };
+        unsafe { self.learn(h, r, first, tensor, slot) }
+    }
+
+    /// [`Worker::info_of`] where the sequence does not have the node up to date (out of line:
+    /// the first sight of a node, another graph, a shape changed).
+    ///
+    /// # Safety
+    /// `tensor` and `first` are live nodes of the copy `h` belongs to.
+    #[inline(never)]
+    unsafe fn learn(
+        &self,
+        h: &Helpers,
+        r: &Recorder,
+        first: Option<Ptr>,
+        tensor: Ptr,
+        slot: &Cell<CachedInfo>,
+    ) -> OpInfo {
         // SAFETY: per the contract.
-        let info = self.cached(r, tensor, print, || unsafe {
-            node_info(h, r, tensor, std::ptr::null_mut())
+        let print = unsafe { tensor::fingerprint(h, tensor) };
+        // The fused call's first node by its fingerprint; 0 for a node of its own (a
+        // fingerprint is never 0).
+        // SAFETY: per the contract.
+        let first_print = first.map_or(Some(0), |f| unsafe { tensor::fingerprint(h, f) });
+        let key = match first {
+            None => print,
+            Some(_) => print
+                .zip(first_print)
+                .map(|(last, first)| last ^ first.rotate_left(17) ^ FUSED),
+        };
+        // SAFETY: per the contract.
+        let info = self.cached(r, tensor, key, || unsafe {
+            match first {
+                None => node_info(h, r, tensor, std::ptr::null_mut()),
+                Some(first) => fused_info(h, r, first, tensor),
+            }
         });
         // SAFETY: per the contract.
-        if print.is_some()
+        if key.is_some()
+            && let Some(first) = first_print
             && let Some(snapshot) = unsafe { Snapshot::take(h, tensor) }
         {
             if !self.sequence_freed_at_exit.replace(true) {
                 FREE_SEQUENCE.with(|_| {});
             }
-            let position = self.sequence.learn(Known { info, snapshot });
+            let position = self.sequence.learn(Known {
+                info,
+                snapshot,
+                first,
+                next: 0,
+            });
             // SAFETY: an entry of this thread's own cache; one field is set.
             unsafe { (*slot.as_ptr()).position = position.unwrap_or(u32::MAX) };
         }
@@ -207,26 +274,6 @@ impl Worker {
         })
     }
 
-    /// [`Worker::node_info`] of a fused call that computed `first` and then `last`.
-    ///
-    /// # Safety
-    /// Both are live nodes of the copy `h` belongs to.
-    #[inline]
-    pub(super) unsafe fn fused_node_info(
-        &self,
-        h: &Helpers,
-        r: &Recorder,
-        first: Ptr,
-        last: Ptr,
-    ) -> OpInfo {
-        // SAFETY: per the contract.
-        let print = unsafe { tensor::fingerprint(h, last).zip(tensor::fingerprint(h, first)) }
-            .map(|(last, first)| last ^ first.rotate_left(17) ^ FUSED);
-        // SAFETY: per the contract.
-        self.cached(r, last, print, || unsafe { fused_info(h, r, first, last) })
-            .op()
-    }
-
     /// The op-info cache entry of `tensor`.
     fn info_slot(&self, tensor: Ptr) -> &Cell<CachedInfo> {
         &self.infos[(tensor as usize >> 4).wrapping_mul(0x9E37_79B9) % INFOS]
@@ -239,18 +286,18 @@ impl Worker {
     /// loads were the slowest steps of a share: perf samples at `-t 2`).
     #[inline]
     pub(super) fn prefetch_next(&self) {
-        if let Some(entry) = self.sequence.next() {
-            let entry = entry.as_ptr();
+        if let Some((entry, tensor)) = self.sequence.ahead() {
             prefetch(entry);
             prefetch((entry as *const u8).wrapping_add(64));
             prefetch((entry as *const u8).wrapping_add(128));
-            // SAFETY: an entry of this thread's own sequence, one field read in place.
-            let tensor = unsafe { (*entry).info.tensor } as *const u8;
-            prefetch(tensor);
-            prefetch(tensor.wrapping_add(64));
-            let name = tensor.wrapping_add(tensor::NAME_AT);
-            prefetch(name);
-            prefetch(name.wrapping_add(tensor::NAME_FIELD - 1));
+            if tensor != 0 {
+                let tensor = tensor as *const u8;
+                prefetch(tensor);
+                prefetch(tensor.wrapping_add(64));
+                let name = tensor.wrapping_add(tensor::NAME_AT);
+                prefetch(name);
+                prefetch(name.wrapping_add(tensor::NAME_FIELD - 1));
+            }
         }
         let (set, resolved) = self.marker_lines.get();
         prefetch(set as *const u8);
@@ -443,6 +490,7 @@ thread_local! {
             }; SITE_SETS],
             sequence: Sequence::new(),
             sequence_freed_at_exit: Cell::new(false),
+
             infos: [const { Cell::new(CachedInfo::EMPTY) }; INFOS],
             marker_lines: Cell::new((0, 0)),
         }
