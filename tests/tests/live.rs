@@ -208,7 +208,15 @@ fn record_live_follows_llama_and_ends_with_the_program() {
         stderr.contains("live view ended: the program exited with status 0"),
         "{stderr}"
     );
-    assert!(stderr.contains("top ops MUL_MAT"), "{stderr}");
+    // MUL_MAT is more than half of this program's node time (55-59 %, idle machine); among
+    // the three named, not necessarily first: a share that a loaded machine preempts for tens
+    // of milliseconds can put another op ahead (seen once in a full run on the 2 cores).
+    let top_ops = stderr
+        .split("top ops ")
+        .nth(1)
+        .and_then(|rest| rest.split(';').next())
+        .unwrap_or_default();
+    assert!(top_ops.contains("MUL_MAT"), "{stderr}");
     let (_, damage, stats) = read_trace(&trace);
     assert_eq!(damage, None);
     assert_eq!(
