@@ -11,7 +11,6 @@
 //! lookup falls back.
 
 use std::cell::Cell;
-
 use std::ffi::c_void;
 
 use crate::base::tensor::Snapshot;
@@ -22,6 +21,9 @@ type Ptr = *mut c_void;
 /// Entries a sequence grows to at most (a position past the last goes back to the first): the
 /// nodes of several large graphs computed in turn (192 bytes each: 1.5 MiB).
 const MOST: u32 = 1 << 13;
+
+/// Entries a sequence starts with.
+const FIRST: u32 = 256;
 
 /// An entry: a node's op info, and the snapshot of its tensor taken when it was described, which
 /// tells whether the info is still the node's.
@@ -37,8 +39,8 @@ pub(super) struct Known {
     pub(super) next: usize,
 }
 
-/// Entries a sequence starts with.
-const FIRST: u32 = 256;
+// Three cache lines: the op info's, and the snapshot's with the two words after it.
+const _: () = assert!(std::mem::size_of::<Known>() == 192);
 
 /// An entry of a thread's op-info caches: one cache line.
 #[derive(Clone, Copy)]
@@ -119,7 +121,7 @@ impl Sequence {
 
     /// The entry for `tensor` where this thread's sequence has it next: at the current position,
     /// or at the first (a graph begins again). The position moves there when the tensor is
-    /// found; the entry may be out of date (the caller compares its fingerprint). The entry is
+    /// found; the entry may be out of date (the caller compares its snapshot). The entry is
     /// read in place until the sequence learns again.
     #[inline]
     pub(super) fn find(&self, tensor: usize) -> Option<&Known> {
