@@ -1,7 +1,7 @@
 //! Each worker thread's state among the wrapped calls ([`Worker`], which `common` reaches
 //! through a slot of initial-exec TLS): its depth, its open share, its call-site cache and the op
-//! infos of the nodes it computed last (in the order it computed them, see [`sequence`](super::sequence),
-//! and by address).
+//! infos of the nodes it computed last (in the order it computed them, see
+//! [`sequence`](super::sequence), and by address).
 
 use std::cell::Cell;
 use std::ffi::{CStr, c_void};
@@ -103,7 +103,6 @@ pub(super) struct Worker {
     pub(super) sequence: Sequence,
     /// [`FREE_SEQUENCE`] is registered on this thread: its exit frees the sequence.
     sequence_freed_at_exit: Cell<bool>,
-
     /// The op infos of the nodes this thread computed last, direct-mapped by tensor address,
     /// with the tensor's fingerprint (name, op, type, shape) when it was described and the
     /// recorder whose tensor table the id is in (a child after `fork` has its own): where a
