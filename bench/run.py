@@ -359,13 +359,32 @@ def instructions(tmp, build, hook, big):
     run(["cc", "-O2", "-shared", "-fPIC", "-o", empty, empty_c])
     what = {"none": "no hook", "empty": "an empty library preloaded", "off": "op timing off",
             "threads": "op timing threads", "sched": "op timing sched"}
+    own = {}
+
     def count(model, mode, n_gen, trace):
+        """The run's instructions; with the hook, those of its own functions in `own[mode]`."""
         env = ({} if mode == "none" else {"LD_PRELOAD": empty} if mode == "empty" else
                {"LD_PRELOAD": hook, "GGML_VIZ_OP_TIMING": mode, "GGML_VIZ_OUTPUT": trace})
         out = os.path.join(tmp, "callgrind.out")
         run(["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", f"{build}/bin/llama-bench",
              "-m", model, "-t", "1", "-p", "0", "-n", n_gen, "-r", "1"], env=env)
+        if mode in ("off", "threads"):
+            own[mode] = hook_own(out)
         return int(re.search(r"^summary: (\d+)", open(out).read(), re.M).group(1))
+
+    def hook_own(out):
+        """The instructions of the hook's own functions in a callgrind profile: steadier than the
+        run's total, since the host's code does not run alike from run to run (a threads run and
+        an off run differ by some 25,000 instructions of llama-bench's own string handling). Our
+        exported wrappers' names are left out: callgrind gives them the real ggml functions'
+        instructions in some runs (the trampolines jump there)."""
+        text = run(["callgrind_annotate", "--threshold=100", out]).stdout
+        total = 0
+        for line in text.splitlines():
+            m = re.match(r"\s*([\d,]+) \([\s\d.]+%\)\s+(.*)", line)
+            if m and os.path.basename(hook) in m.group(2) and not re.search(r":ggml_(compute_forward|cpu_extra|barrier)", m.group(2)):
+                total += int(m.group(1).replace(",", ""))
+        return total
 
     def shares(trace):
         info = run(["target/release/ggml-viz", "info", trace]).stdout
@@ -383,6 +402,8 @@ def instructions(tmp, build, hook, big):
         nodes = shares(trace % "threads")
         metric(f"  threads over off, {name} model: instructions per node share", (counts["threads"] - counts["off"]) / nodes,
                "instructions", "node shares recorded", nodes, "shares")
+        metric(f"  of which the hook's own functions, {name} model: per node share", (own["threads"] - own["off"]) / nodes,
+               "instructions", "the host's code differs between runs by ±40 a share")
         longer, long_trace = {}, os.path.join(tmp, f"cg-{name}-80-%s.ggmlviz")
         for mode in ("none", "off", "threads"):
             progress(f"callgrind: llama-bench -t 1 -p 0 -n 80, {name} model, {what[mode]}")
