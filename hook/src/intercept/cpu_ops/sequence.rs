@@ -181,8 +181,9 @@ impl Sequence {
     /// and moves on: the position it was put at (`None` once the sequence is closed).
     pub(super) fn learn(&self, info: Known) -> Option<u32> {
         let (at, len) = (self.at.get(), self.len.get());
-        if at > 0 && at <= len {
-            // SAFETY: the entry before `at` (below `len`); one field written in place.
+        if at > 0 {
+            // SAFETY: the entry before `at` (the position is never past `len`); one field
+            // written in place.
             unsafe { (*self.entry(at - 1).as_ptr()).next = info.info.tensor };
         }
         let next = if at < len {
@@ -216,23 +217,17 @@ impl Sequence {
         if self.closed.get() || capacity >= MOST {
             return false;
         }
-        let grown = if capacity == 0 { FIRST } else { capacity * 2 };
-        let mut entries = Vec::<Known>::with_capacity(grown as usize);
-        if len > 0 {
-            // SAFETY: the old allocation holds `len` initialised entries, the new one has room
-            // for more; they do not overlap.
-            unsafe {
-                std::ptr::copy_nonoverlapping(
-                    self.entries.get(),
-                    entries.as_mut_ptr(),
-                    len as usize,
-                );
-                free(self.entries.get(), capacity);
-            }
-        }
+        let mut entries = if capacity == 0 {
+            Vec::new()
+        } else {
+            // SAFETY: the sequence's allocation, made below as a `Vec<Known>` of this capacity,
+            // with its `len` initialised entries; the sequence lets go of it here.
+            unsafe { Vec::from_raw_parts(self.entries.get(), len as usize, capacity as usize) }
+        };
+        entries.reserve_exact(capacity.max(FIRST) as usize);
         let mut entries = std::mem::ManuallyDrop::new(entries);
         self.entries.set(entries.as_mut_ptr());
-        self.capacity.set(grown);
+        self.capacity.set(entries.capacity() as u32);
         true
     }
 
