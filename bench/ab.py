@@ -7,7 +7,7 @@ reversed every other round), so that the VM's drift over minutes falls on all of
 
     python3 bench/ab.py OLD.so NEW.so                 # llama-bench -t 2 -n 32, 512x8 model, 40 rounds
     python3 bench/ab.py --threads 1 --rounds 60 A.so B.so
-    python3 bench/ab.py --model deep A.so B.so         # 64 wide x 32 layers: 560 nodes a graph
+    python3 bench/ab.py --model 64x32 A.so B.so        # 64 wide x 32 layers: 560 nodes a graph
 
 Each build's line: the median ratio with its bootstrap 95 % interval, over 30 pairs a run.
 Build an older hook with `git worktree add /tmp/old REV && cd /tmp/old &&
@@ -23,22 +23,18 @@ import tempfile
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import run as bench  # noqa: E402
 
-MODELS = {"512x8": ["--n-embd", "512", "--n-layer", "8"], "deep": ["--n-embd", "64", "--n-layer", "32"],
-          "tiny": []}
-
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("hooks", nargs="+", help="libggml_viz_hook.so of each build")
     p.add_argument("--threads", default="2")
     p.add_argument("--rounds", type=int, default=40)
-    p.add_argument("--model", choices=MODELS, default="512x8")
+    p.add_argument("--model", choices=bench.MODELS, default="512x8")
     args = p.parse_args()
     os.chdir(bench.ROOT)
     build = bench.run(["bash", "scripts/setup-llama.sh"]).stdout.strip().splitlines()[-1]
     with tempfile.TemporaryDirectory() as tmp:
-        model = os.path.join(tmp, f"{args.model}.gguf")
-        bench.run([sys.executable, "tests/fixtures/make_tiny_llama.py", model, *MODELS[args.model]])
+        model = bench.model_file(tmp, args.model)
         trace = os.path.join(tmp, "ab.ggmlviz")
         within = {h: [] for h in args.hooks}
         for r in range(args.rounds):

@@ -179,15 +179,29 @@ def rpc(quick, tmp):
         os.remove(server)
 
 
+# The generated models the llama.cpp sections run, by name: make_tiny_llama.py's options.
+MODELS = {
+    "tiny": [],
+    "512x8": ["--n-embd", "512", "--n-layer", "8"],
+    # As many nodes a graph as a 32-layer model's (560), at the tiny model's width.
+    "64x32": ["--n-embd", "64", "--n-layer", "32"],
+}
+
+
+def model_file(tmp, name):
+    """The generated model `name` (of MODELS) in `tmp`, made once."""
+    model = os.path.join(tmp, f"{name}.gguf")
+    if not os.path.exists(model):
+        run([sys.executable, "tests/fixtures/make_tiny_llama.py", model, *MODELS[name]])
+    return model
+
+
 def llama_setup(tmp):
     """llama.cpp's build (cached), the hook, and the generated 512x8 model: what the llama.cpp
     sections run."""
     build = run(["bash", "scripts/setup-llama.sh"]).stdout.strip().splitlines()[-1]
     run(["cargo", "build", "-q", "--release", "-p", "ggml-viz-hook"])
-    model = os.path.join(tmp, "m512x8.gguf")
-    if not os.path.exists(model):
-        run([sys.executable, "tests/fixtures/make_tiny_llama.py", model, "--n-embd", "512", "--n-layer", "8"])
-    return build, os.path.join(ROOT, "target/release/libggml_viz_hook.so"), model
+    return build, os.path.join(ROOT, "target/release/libggml_viz_hook.so"), model_file(tmp, "512x8")
 
 
 def llama(quick, tmp):
@@ -348,29 +362,22 @@ def instructions(tmp, build, hook, big):
     if shutil.which("valgrind") is None:
         progress("valgrind is missing: no instruction counts")
         return
-    tiny = os.path.join(tmp, "tiny.gguf")
-    run([sys.executable, "tests/fixtures/make_tiny_llama.py", tiny])
-    # As many nodes a graph as a 32-layer model's (over 500), at the tiny model's width.
-    deep = os.path.join(tmp, "deep64x32.gguf")
-    run([sys.executable, "tests/fixtures/make_tiny_llama.py", deep, "--n-embd", "64", "--n-layer", "32"])
+    tiny, deep = model_file(tmp, "tiny"), model_file(tmp, "64x32")
     empty_c, empty = os.path.join(tmp, "empty.c"), os.path.join(tmp, "libempty.so")
     with open(empty_c, "w") as f:
         f.write("int ggml_viz_bench_empty(void) { return 0; }\n")
     run(["cc", "-O2", "-shared", "-fPIC", "-o", empty, empty_c])
     what = {"none": "no hook", "empty": "an empty library preloaded", "off": "op timing off",
             "threads": "op timing threads", "sched": "op timing sched"}
-    own = {}
-
-    def count(model, mode, n_gen, trace):
-        """The run's instructions; with the hook, those of its own functions in `own[mode]`."""
+    def count(model, mode, n_gen, trace, own=False):
+        """The run's instructions, and (`own`) those of the hook's own functions."""
         env = ({} if mode == "none" else {"LD_PRELOAD": empty} if mode == "empty" else
                {"LD_PRELOAD": hook, "GGML_VIZ_OP_TIMING": mode, "GGML_VIZ_OUTPUT": trace})
         out = os.path.join(tmp, "callgrind.out")
         run(["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", f"{build}/bin/llama-bench",
              "-m", model, "-t", "1", "-p", "0", "-n", n_gen, "-r", "1"], env=env)
-        if mode in ("off", "threads"):
-            own[mode] = hook_own(out)
-        return int(re.search(r"^summary: (\d+)", open(out).read(), re.M).group(1))
+        total = int(re.search(r"^summary: (\d+)", open(out).read(), re.M).group(1))
+        return total, hook_own(out) if own else None
 
     def hook_own(out):
         """The instructions of the hook's own functions in a callgrind profile: steadier than the
@@ -391,11 +398,11 @@ def instructions(tmp, build, hook, big):
         return int(re.search(r"^\s*op_compute_begin\s+(\d+)", info, re.M).group(1))
 
     for name, model in (("tiny", tiny), ("512x8", big), ("64x32", deep)):
-        counts = {}
+        counts, own = {}, {}
         trace = os.path.join(tmp, f"cg-{name}-%s.ggmlviz")
         for mode in what:
             progress(f"callgrind: llama-bench -t 1 -p 0 -n 16, {name} model, {what[mode]}")
-            counts[mode] = count(model, mode, "16", trace % mode)
+            counts[mode], own[mode] = count(model, mode, "16", trace % mode, own=mode in ("off", "threads"))
         for mode in ("empty", "off", "threads", "sched"):
             metric(f"instructions, {name} model tg16 -t 1, {what[mode]}", counts[mode] / counts["none"],
                    "ratio", f"no hook: {counts['none'] / 1e6:.1f} M instructions", 1.0)
@@ -407,7 +414,7 @@ def instructions(tmp, build, hook, big):
         longer, long_trace = {}, os.path.join(tmp, f"cg-{name}-80-%s.ggmlviz")
         for mode in ("none", "off", "threads"):
             progress(f"callgrind: llama-bench -t 1 -p 0 -n 80, {name} model, {what[mode]}")
-            longer[mode] = count(model, mode, "80", long_trace % mode)
+            longer[mode], _ = count(model, mode, "80", long_trace % mode)
         per_token = {m: (longer[m] - counts[m]) / 64 for m in longer}
         for mode in ("off", "threads"):
             metric(f"instructions a token (tg80 - tg16), {name} model, {what[mode]}", per_token[mode] / per_token["none"],
@@ -549,12 +556,8 @@ def vulkan(quick, tmp):
     the plain run, with a bootstrap 95 % interval."""
     build = run(["bash", "scripts/setup-llama.sh", "vulkan"]).stdout.strip().splitlines()[-1]
     viz = os.path.join(ROOT, "target/release/ggml-viz")
-    if quick:
-        model, label, n, rounds = os.path.join(tmp, "vk-tiny.gguf"), "tiny model", "16", 3
-        run([sys.executable, "tests/fixtures/make_tiny_llama.py", model])
-    else:
-        model, label, n, rounds = os.path.join(tmp, "vk-512x8.gguf"), "512x8 model", "32", 8
-        run([sys.executable, "tests/fixtures/make_tiny_llama.py", model, "--n-embd", "512", "--n-layer", "8"])
+    name, n, rounds = ("tiny", "16", 3) if quick else ("512x8", "32", 8)
+    model, label = model_file(tmp, name), f"{name} model"
     progress(f"Vulkan on lavapipe: llama-simple -ngl 99 -n {n}, {label}, {rounds} rounds of 5 ways")
     env = {"GGML_VK_VISIBLE_DEVICES": "0", "MESA_SHADER_CACHE_DIR": os.path.join(build, "mesa-shader-cache")}
     simple = [f"{build}/bin/llama-simple", "-m", model, "-ngl", "99", "-n", n, "hello world"]
