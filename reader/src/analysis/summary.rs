@@ -220,7 +220,7 @@ impl Summary {
         let state = &mut lanes[lane];
         // Deeper slots are empty as a span closes (its descendants closed before it) but where
         // it closed below the top of its stack.
-        if state.occupied >> depth >> 1 != 0 || depth >= 63 {
+        if depth >= 63 || state.occupied >> depth >> 1 != 0 {
             set_aside_deeper(state, pending, depth);
         }
         // A leaf (most spans): no closed descendant handed it coverage.
@@ -551,6 +551,26 @@ mod tests {
             ["A", "B", "C", "D"].map(|name| counted(&summary, name)),
             [(1, 60), (1, 10), (1, 40), (1, 10)]
         );
+    }
+
+    /// Spans nested deeper than the occupied mask's 64 bits (the fuzzer's: a shift by the depth
+    /// overflowed): each still counts once, with its own duration.
+    #[test]
+    fn spans_nested_past_64_levels_count_once_each() {
+        let mut stack = SpanStack::default();
+        let mut summary = Summary::default();
+        let levels = 70;
+        for id in 0..levels {
+            open(&mut stack, id, &format!("s{id}"), id);
+        }
+        for _ in 0..levels {
+            let end = 1000 + stack.depth() as u64;
+            summary.span(&stack.close(LaneId(0), end).unwrap());
+        }
+        for id in 0..levels {
+            let expected = 1000 + (id + 1) - id;
+            assert_eq!(counted(&summary, &format!("s{id}")), (1, expected), "s{id}");
+        }
     }
 
     #[test]
