@@ -345,8 +345,9 @@ mod tests {
     /// `populate_ahead` backs the pages the producer will write next and no further: for a fresh
     /// ring, [`POPULATE_AHEAD_LEAST`] slots; past a producer that wrote a quarter of the ring
     /// since, a quarter (twice that, at most a quarter). The producer's writes there fault
-    /// nothing in. A ring of a million events (48 MiB) is a fresh mapping of the C library's,
-    /// none of it backed before.
+    /// nothing in. A ring of a million events (48 MiB) is usually a fresh mapping of the C
+    /// library's, none of it backed; where `malloc` gave memory that other tests of this process
+    /// wrote and freed (its arenas keep what they do not trim), its pages are let go first.
     #[cfg(all(target_os = "linux", not(loom)))]
     #[test]
     fn populate_ahead_backs_the_pages_the_producer_writes_next() {
@@ -354,6 +355,14 @@ mod tests {
         let ring = Ring::try_new(capacity).unwrap();
         let quarter = capacity / POPULATE_AHEAD_DIVISOR;
         let least = POPULATE_AHEAD_LEAST;
+        // SAFETY: reads a constant of the process.
+        let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as usize;
+        let start = (ring.slots.as_ptr() as usize).next_multiple_of(page);
+        let end = (ring.slots.as_ptr() as usize + size_of_val(&*ring.slots)) / page * page;
+        // SAFETY: whole pages inside the ring's slots, which hold nothing yet (MaybeUninit).
+        let let_go =
+            unsafe { libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_DONTNEED) };
+        assert_eq!(let_go, 0);
         assert!(
             backed(&ring, 0..capacity).iter().all(|&b| !b),
             "a fresh ring is not backed"
