@@ -26,8 +26,8 @@ mod record;
 pub use base::clock::now_ticks;
 pub use base::entry::Entry;
 pub use record::{
-    GraphInfo, GraphScope, OpInfo, Recorder, Setup, ThisThread, Transfer, WaitScope, active,
-    barrier_wait, buffer_event, finish, graph_begin, graph_end, name_id, op_begin, op_end,
-    rpc_accepted, rpc_after, rpc_before, rpc_closed, rpc_connected, rpc_listening, span,
-    start_once, thread_op, thread_ops, wait_begin, wait_end,
+    GraphInfo, GraphScope, OpInfo, Recorder, Setup, ShareEdge, ThisThread, Transfer, WaitScope,
+    active, barrier_wait, buffer_event, finish, graph_begin, graph_end, name_id, op_begin, op_end,
+    release_share, rpc_accepted, rpc_after, rpc_before, rpc_closed, rpc_connected, rpc_listening,
+    span, start_once, thread_op, thread_ops, wait_begin, wait_end,
 };

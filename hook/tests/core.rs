@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, HashSet};
 use ggml_viz_config::{Config, Sources};
 use ggml_viz_format::ext::{self, Counters, Metadata, RpcBoundary, RpcPart, SpanBoundary};
 use ggml_viz_format::{EventType, ExtensionKind, Payload};
-use ggml_viz_hook::{Entry, GraphInfo, OpInfo, Setup, ThisThread, Transfer};
+use ggml_viz_hook::{Entry, GraphInfo, OpInfo, Setup, ShareEdge, ThisThread, Transfer};
 use ggml_viz_reader::TraceFile;
 
 const THREADS: usize = 3;
@@ -58,11 +58,12 @@ fn work(thread: usize) {
 /// A thread-pool worker's work (threads-mode op timing): its shares of nodes and its barrier
 /// waits, as thread 2 of 4, outside any graph compute of its own. Node 1's share lasts at least
 /// [`LONG_SHARE`]; node 2's holds a barrier wait of its own (as a matrix multiplication's do).
+/// Each share ends as the wait after it begins (the two then take one ring slot).
 fn pool_worker() {
     let recorder = ggml_viz_hook::active().expect("the session is active");
     let this = ThisThread::get();
     for op in 0..OPS {
-        ggml_viz_hook::thread_op(this, recorder, true, &node(op));
+        ggml_viz_hook::thread_op(this, recorder, ShareEdge::Begin, &node(op));
         if op == 1 {
             std::thread::sleep(LONG_SHARE);
         }
@@ -70,9 +71,8 @@ fn pool_worker() {
             let waited_from = ggml_viz_hook::now_ticks();
             ggml_viz_hook::barrier_wait(this, recorder, std::ptr::null_mut(), 2, 4, waited_from);
         }
-        ggml_viz_hook::thread_op(this, recorder, false, &node(op));
-        let waited_from = ggml_viz_hook::now_ticks();
-        ggml_viz_hook::barrier_wait(this, recorder, std::ptr::null_mut(), 2, 4, waited_from);
+        let ended = ggml_viz_hook::thread_op(this, recorder, ShareEdge::EndAtWait, &node(op));
+        ggml_viz_hook::barrier_wait(this, recorder, std::ptr::null_mut(), 2, 4, ended);
     }
 }
 
@@ -191,6 +191,8 @@ fn what_threads_record_is_in_the_trace_in_order() {
     let mut times: BTreeMap<u32, Vec<u64>> = BTreeMap::new();
     let (mut metadata, mut counters, mut spans) = (None, None, Vec::new());
     let mut barriers = Vec::new();
+    // Per thread, when each of its barrier waits began.
+    let mut waits_began: BTreeMap<u32, Vec<u64>> = BTreeMap::new();
     let mut rpc = Vec::new();
     for event in trace.events() {
         let event = event.expect("no damage");
@@ -207,10 +209,12 @@ fn what_threads_record_is_in_the_trace_in_order() {
                 Payload::Thread {
                     thread_index,
                     n_threads,
+                    value,
                     ..
                 },
             ) if event.label.as_deref() == Some(b"ggml_barrier") => {
                 barriers.push((event.thread_id, thread_index, n_threads));
+                (waits_began.entry(event.thread_id).or_default()).push(event.timestamp_ns - value);
             }
             (None, Payload::Extension(x)) => {
                 let label = event.label.as_deref().unwrap_or_default();
@@ -266,6 +270,23 @@ fn what_threads_record_is_in_the_trace_in_order() {
         long_share >= LONG_SHARE.as_nanos() as u64,
         "node 1's share took {long_share} ns, it slept {LONG_SHARE:?}"
     );
+    // Each wait after a share began as the share ended (one clock read; each conversion to
+    // nanoseconds rounds down); node 2's wait inside its share, within it.
+    let ends: Vec<u64> = (worker.iter().zip(worker_times))
+        .filter(|(ty, _)| **ty == EventType::OpComputeEnd)
+        .map(|(_, &t)| t)
+        .collect();
+    let mut began = waits_began[&worker_tid].clone();
+    // Node 2's: the third wait, between its share's begin (at index 6) and its own time.
+    let inside = began.remove(2);
+    assert!(worker_times[6] <= inside && inside <= worker_times[7]);
+    assert_eq!(began.len(), ends.len());
+    for (wait, end) in began.iter().zip(&ends) {
+        assert!(
+            wait.abs_diff(*end) <= 2,
+            "a wait began at {wait}, its share ended at {end}"
+        );
+    }
     let stopped_early = [
         EventType::GraphComputeBegin,
         EventType::OpComputeBegin,

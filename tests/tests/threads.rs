@@ -27,7 +27,11 @@ pub(crate) fn settings(events: &[Event<'_>]) -> serde_json::Map<String, serde_js
 /// Per thread: its op spans (begin, end) in order, checked not to overlap; and the barrier waits'
 /// (thread index, thread count) per thread. Per op name, per share, the barrier waits inside it.
 /// Per thread, its waits inside its shares and between them: (count, time) of each. Of all
-/// MUL_MAT shares, their time, the waits inside them and the waits right after them.
+/// MUL_MAT shares, their time, the waits inside them and the waits right after them. A wait
+/// recorded right after a share of its thread begins where the share ended (the hook reads the
+/// clock once for both, and stores the two in one slot where they fit): checked for all but a
+/// few, whose two times the writer converted with different calibrations (where the share and
+/// the wait were drained by different flushes).
 pub(crate) struct Shares {
     spans: BTreeMap<u32, Vec<(u64, u64)>>,
     barriers: BTreeMap<u32, BTreeSet<(u32, u32)>>,
@@ -42,6 +46,11 @@ pub(crate) fn shares(events: &[Event<'_>]) -> Shares {
     // MUL_MAT's.
     let mut open: HashMap<u32, (u64, String, usize)> = HashMap::new();
     let mut after_mul_mat: HashSet<u32> = HashSet::new();
+    // Per thread, the end of its share when that was the thread's last event; the waits right
+    // after a share, and of them those that began within 2 ns of its end (each conversion of
+    // ticks rounds down).
+    let mut just_ended: HashMap<u32, u64> = HashMap::new();
+    let mut after_share = (0usize, 0usize);
     let mut names = ggml_viz_reader::NameTables::default();
     let mut s = Shares {
         spans: BTreeMap::new(),
@@ -51,6 +60,7 @@ pub(crate) fn shares(events: &[Event<'_>]) -> Shares {
         mul_mat_ns: (0, 0, 0),
     };
     for e in events {
+        let share_end = just_ended.remove(&e.thread_id);
         match (e.event_type(), e.payload) {
             (_, Payload::Extension(x)) if x.kind == ExtensionKind::OpNames => {
                 names.take(x.kind, e.label.as_deref().unwrap());
@@ -78,6 +88,7 @@ pub(crate) fn shares(events: &[Event<'_>]) -> Shares {
                     .entry(e.thread_id)
                     .or_default()
                     .push((begin, e.timestamp_ns));
+                just_ended.insert(e.thread_id, e.timestamp_ns);
             }
             (
                 Some(EventType::BarrierWait),
@@ -88,6 +99,12 @@ pub(crate) fn shares(events: &[Event<'_>]) -> Shares {
                     ..
                 },
             ) if e.label.as_deref() == Some(b"ggml_barrier") => {
+                if let Some(end) = share_end {
+                    // Within the nanosecond each conversion of ticks rounds down.
+                    let began = e.timestamp_ns - value;
+                    after_share.0 += 1;
+                    after_share.1 += usize::from(began.abs_diff(end) <= 2);
+                }
                 let inside = open.get_mut(&e.thread_id).map(|(_, op, waits)| {
                     *waits += 1;
                     op == "MUL_MAT"
@@ -110,6 +127,12 @@ pub(crate) fn shares(events: &[Event<'_>]) -> Shares {
         }
     }
     assert!(open.is_empty(), "shares never ended: {open:?}");
+    assert!(
+        after_share.1 * 100 >= after_share.0 * 95,
+        "of {} waits right after a share, {} began where it ended",
+        after_share.0,
+        after_share.1
+    );
     s
 }
 

@@ -9,7 +9,7 @@ use super::worker::{Kind, WORKER, Worker, node_tensor, set_worker_slot};
 use crate::base::ggml::Helpers;
 use crate::base::{clock, contained, say_once};
 use crate::intercept::route::Resolved;
-use crate::record::{self, Recorder};
+use crate::record::{self, Recorder, ShareEdge};
 
 type Ptr = *mut c_void;
 
@@ -23,7 +23,7 @@ pub(super) fn threads_timed(w: &Worker) -> Option<&'static Recorder> {
         return r;
     }
     if w.depth.get() == 0 && w.open_tensor.get() != 0 {
-        contained(|| end_node(w));
+        contained(|| end_node(w, ShareEdge::End));
     } else if w.depth.get() == 0 && record::thread_ops_never() {
         w.passthrough.set(true);
         set_worker_slot(w);
@@ -90,7 +90,7 @@ pub(super) extern "C" fn end_share(worker: *const Worker, site: usize) {
     // long as the thread, and only this thread uses it.
     let w = unsafe { &*worker };
     if w.barrier_follows_node(site) {
-        contained(|| end_node(w));
+        contained(|| end_node(w, ShareEdge::End));
     }
 }
 
@@ -130,7 +130,7 @@ fn node_begins(
     arg2: Ptr,
 ) {
     let tensor = node_tensor(kind, arg1, arg2);
-    end_node(w);
+    end_node(w, ShareEdge::End);
     if tensor.is_null() || params.is_null() {
         return;
     }
@@ -160,7 +160,7 @@ fn node_begins(
             w.node_info(h, r, tensor)
         }
     };
-    record::thread_op(w.this_thread(), r, true, &op);
+    record::thread_op(w.this_thread(), r, ShareEdge::Begin, &op);
     w.open_node(op, r, kind != Kind::Marker);
 }
 
@@ -171,31 +171,39 @@ fn node_begins(
 pub fn graph_compute_returned() {
     WORKER.with(|w| {
         if w.depth.get() == 0 {
-            contained(|| end_node(w));
+            contained(|| end_node(w, ShareEdge::End));
         }
     });
 }
 
-/// Ends this thread's open share of a node, if any: when it was recorded ending, in ticks.
-fn end_node(w: &Worker) -> Option<u64> {
+/// Ends this thread's open share of a node, if any, at `edge` (an end, or an end where a
+/// recorded barrier wait begins): when it was recorded ending, in ticks.
+fn end_node(w: &Worker, edge: ShareEdge) -> Option<u64> {
     let (op, r) = w.take_node()?;
     w.prefetch_next();
     record::active()
         .is_some_and(|a| std::ptr::eq(a, r))
-        .then(|| record::thread_op(w.this_thread(), r, false, &op))
+        .then(|| record::thread_op(w.this_thread(), r, edge, &op))
 }
 
 /// A barrier called from `site`: whether its wait is recorded (else nothing is to be done when
 /// it ends).
 fn barrier_begins(w: &Worker, site: usize) -> bool {
+    let recorded = w.nth.get() > 1 && record::thread_ops().is_some();
     // The node before this barrier is done, on this thread, unless the barrier is inside its
     // op: a call nested in its per-op function, or one from a function no wrapper reaches.
     let ended = if w.depth.get() == 0 && w.barrier_follows_node(site) {
-        end_node(w)
+        end_node(
+            w,
+            if recorded {
+                ShareEdge::EndAtWait
+            } else {
+                ShareEdge::End
+            },
+        )
     } else {
         None
     };
-    let recorded = w.nth.get() > 1 && record::thread_ops().is_some();
     // The wait begins when the share ends (one clock read for both).
     w.barrier_start.set(if recorded {
         ended.unwrap_or_else(clock::now_ticks)
@@ -205,18 +213,32 @@ fn barrier_begins(w: &Worker, site: usize) -> bool {
     recorded
 }
 
+/// A recorded barrier wait ended: recorded, with the share that ended as it began, if any
+/// (which goes in on its own where threads are no longer timed).
 fn barrier_ends(w: &Worker) {
     let start = w.barrier_start.replace(0);
-    if start != 0
-        && let Some(r) = record::thread_ops()
-    {
-        record::barrier_wait(
+    if start == 0 {
+        return;
+    }
+    match record::thread_ops() {
+        Some(r) => record::barrier_wait(
             w.this_thread(),
             r,
             std::ptr::null_mut(),
             w.ith.get(),
             w.nth.get(),
             start,
-        );
+        ),
+        None => share_without_wait(w),
+    }
+}
+
+/// A wait ended that is not recorded after all (threads are no longer timed): the share that
+/// ended as it began, if held for it, goes in on its own.
+#[cold]
+#[inline(never)]
+fn share_without_wait(w: &Worker) {
+    if let Some(r) = record::active() {
+        record::release_share(w.this_thread(), r);
     }
 }

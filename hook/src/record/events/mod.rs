@@ -15,7 +15,7 @@ use std::cell::Cell;
 use std::ffi::c_void;
 use std::sync::atomic::Ordering;
 
-use super::raw::{Kind, OpEdge, OpInfo, OpShare, ThreadEdge, WorkerWait};
+use super::raw::{Kind, OpEdge, OpInfo, OpShare, ShareAndWait, ThreadEdge, WorkerWait};
 use super::recorder::Recorder;
 use super::session::{self, active};
 use crate::base::names::Owner;
@@ -42,12 +42,14 @@ struct Local {
     /// while it is open, the graph computes and waits ggml makes for it are part of the op, not
     /// recorded on their own.
     open_op: Cell<Option<(OpInfo, Fate)>>,
-    /// Threads mode: the begin event of this thread's open op share, with its time, not yet in
-    /// the ring (`holding`): when nothing else is recorded before the share ends, the share
-    /// goes into one slot (see [`thread_op`]); anything else recorded first puts it in the ring
-    /// before itself.
+    /// Threads mode: the begin event of this thread's op share, with its time, not yet in the
+    /// ring (`holding`): while the share is open, its end joins it when nothing else is
+    /// recorded before (see [`thread_op`]); once it ended (at `share_ended`) as a barrier's wait
+    /// began, the wait joins the two (see [`barrier_wait`]). Anything else recorded first puts
+    /// it in the ring before itself.
     held: Cell<RawEvent>,
-    holding: Cell<bool>,
+    holding: Cell<Holding>,
+    share_ended: Cell<u64>,
     /// Threads mode: what became of the begin of this thread's open op share where it went in
     /// on its own (not held, see [`thread_op`]).
     share_begin: Cell<Option<Fate>>,
@@ -58,6 +60,16 @@ struct Local {
     /// they nest), innermost last: the first `span_depth` (deeper ones are not paired).
     span_begins: Cell<[Fate; SPAN_DEPTH]>,
     span_depth: Cell<u32>,
+}
+
+/// What a thread holds of its op share (see `Local::held`).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Holding {
+    Nothing,
+    /// The begin of its open share.
+    Begin,
+    /// The begin of a share that ended as a barrier's wait began, and its end.
+    Share,
 }
 
 /// Spans open on a thread whose begins are remembered for their ends.
@@ -74,7 +86,8 @@ thread_local! {
             budget: Cell::new(0),
             open_op: Cell::new(None),
             held: Cell::new(RawEvent::ZERO),
-            holding: Cell::new(false),
+            holding: Cell::new(Holding::Nothing),
+            share_ended: Cell::new(0),
             share_begin: Cell::new(None),
             promised: Cell::new(0),
             span_begins: Cell::new([Fate::Stored; SPAN_DEPTH]),
@@ -94,7 +107,7 @@ impl Local {
         self.recording.set(false);
         self.budget.set(0);
         self.open_op.set(None);
-        self.holding.set(false);
+        self.holding.set(Holding::Nothing);
         self.share_begin.set(None);
         self.promised.set(0);
         self.span_depth.set(0);
@@ -234,23 +247,41 @@ pub(super) fn store_as_given(r: &'static Recorder, event: RawEvent, time: u64, e
     });
 }
 
-/// Puts the held begin of this thread's op share, if there is one, in the ring.
+/// Puts this thread's held event, if there is one, in the ring.
 #[inline(always)]
 fn release(l: &Local, r: &'static Recorder) {
-    if l.holding.get() {
+    if l.holding.get() != Holding::Nothing {
         store_held(l, r);
     }
 }
 
-/// [`release`] of a held begin, with the time it was taken: a begin on its own, whose end
-/// follows it.
+/// [`release`] of what is held, with the times it was taken: a begin on its own, whose end
+/// follows it, or a whole share.
 #[cold]
 #[inline(never)]
 fn store_held(l: &Local, r: &'static Recorder) {
-    l.holding.set(false);
     let held = l.held.get();
-    let fate = store(l, r, held, held.ticks, 1, Claim::OpBegin);
-    l.share_begin.set(Some(fate));
+    match l.holding.replace(Holding::Nothing) {
+        Holding::Begin => {
+            let fate = store(l, r, held, held.ticks, 1, Claim::OpBegin);
+            l.share_begin.set(Some(fate));
+        }
+        Holding::Share => {
+            let ended = l.share_ended.get();
+            store(l, r, held_share(&held, ended).event(), ended, 2, Claim::Op);
+        }
+        Holding::Nothing => {}
+    }
+}
+
+/// The whole share whose held begin is `begin`, ended at `ended` (no more than `u32::MAX`
+/// ticks later: [`thread_op`] holds no longer share).
+#[inline(always)]
+fn held_share(begin: &RawEvent, ended: u64) -> OpShare {
+    OpShare {
+        op: OpEdge::of(begin).op,
+        took: ended.wrapping_sub(begin.ticks) as u32,
+    }
 }
 
 /// What an event may take of its thread's ring and share of the event cap. A pair's begin (a
@@ -423,19 +454,29 @@ pub fn thread_ops() -> Option<&'static Recorder> {
     active().filter(|r| r.thread_ops())
 }
 
-/// Threads mode: this thread begins (`begin`) or ends its share of a node (a span of its own,
-/// whatever other threads do).
+/// How a thread's share of a node begins or ends (see [`thread_op`]).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum ShareEdge {
+    Begin,
+    End,
+    /// The share ends as a barrier's wait begins, which [`barrier_wait`] records.
+    EndAtWait,
+}
+
+/// Threads mode: this thread begins or ends its share of a node (a span of its own, whatever
+/// other threads do).
 ///
-/// A share whose thread records nothing else before it ends takes one ring slot: its end event
-/// with `c` = 1 + the ticks since its begin, which the writer writes as both records. The begin
-/// is held until then, and stored on its own, before whatever else comes first (a barrier wait
-/// within the op), or when the share is too long for `c`.
+/// A share whose thread records nothing else before it ends takes one ring slot: an
+/// `OpShare` with the ticks since its begin, which the writer writes as both records. The
+/// begin is held until then, and stored on its own, before whatever else comes first (a barrier
+/// wait within the op), or when the share is too long for the slot. A share that ends at a
+/// wait is held in its turn, for the wait to join (see [`barrier_wait`]).
 ///
 /// Returns the time (in ticks) the event is stamped with.
-pub fn thread_op(t: ThisThread, r: &'static Recorder, begin: bool, op: &OpInfo) -> u64 {
+pub fn thread_op(t: ThisThread, r: &'static Recorder, edge: ShareEdge, op: &OpInfo) -> u64 {
     let l = t.0.for_recorder(r);
     let ticks = clock::now_ticks();
-    if begin {
+    if edge == ShareEdge::Begin {
         release(l, r);
         if l.share_begin.get().is_some() {
             l.forget(l.share_begin.take());
@@ -445,21 +486,26 @@ pub fn thread_op(t: ThisThread, r: &'static Recorder, begin: bool, op: &OpInfo) 
         // go in at the time they are taken.
         if ready(l, 2 + u64::from(l.promised.get())) {
             l.held.set(RawEvent { ticks, ..event });
-            l.holding.set(true);
+            l.holding.set(Holding::Begin);
         } else {
             let fate = store(l, r, event, ticks, 1, Claim::OpBegin);
             l.share_begin.set(Some(fate));
         }
         return ticks;
     }
-    if l.holding.get() {
+    if l.holding.get() == Holding::Begin {
         let held = l.held.get();
         let took = ticks.wrapping_sub(held.ticks);
         if OpEdge::of(&held).op.tensor == op.tensor
             && let Ok(took) = u32::try_from(took)
         {
-            l.holding.set(false);
-            store(l, r, OpShare { op: *op, took }.event(), ticks, 2, Claim::Op);
+            if edge == ShareEdge::EndAtWait {
+                l.holding.set(Holding::Share);
+                l.share_ended.set(ticks);
+            } else {
+                l.holding.set(Holding::Nothing);
+                store(l, r, OpShare { op: *op, took }.event(), ticks, 2, Claim::Op);
+            }
             return ticks;
         }
     }
@@ -476,7 +522,8 @@ pub fn thread_op(t: ThisThread, r: &'static Recorder, begin: bool, op: &OpInfo) 
 }
 
 /// Threads mode: this thread waited at a `ggml_barrier` of `threadpool` from `start_ticks` to
-/// now, as thread `ith` of `nth`.
+/// now, as thread `ith` of `nth`. A share held since it ended as the wait began (a worker's,
+/// `threadpool` null) goes into the wait's slot with it, where the two fit one.
 pub fn barrier_wait(
     t: ThisThread,
     r: &'static Recorder,
@@ -486,15 +533,34 @@ pub fn barrier_wait(
     start_ticks: u64,
 ) {
     let now = clock::now_ticks();
+    let waited = now.saturating_sub(start_ticks);
+    let l = t.0.for_recorder(r);
+    if l.holding.get() == Holding::Share
+        && threadpool.is_null()
+        && l.share_ended.get() == start_ticks
+    {
+        let share = held_share(&l.held.get(), start_ticks);
+        if let Some(pair) = ShareAndWait::new(share, ith, nth, waited) {
+            l.holding.set(Holding::Nothing);
+            store(l, r, pair.event(), now, 3, Claim::Op);
+            return;
+        }
+    }
     let event = WorkerWait {
         threadpool: threadpool as u64,
         ith,
         nth,
-        waited: now.saturating_sub(start_ticks),
+        waited,
     }
     .event();
     // Stamped with the clock read that ended the wait (one read, not two).
-    push_at(t.0.for_recorder(r), r, event, now, Claim::Op);
+    push_at(l, r, event, now, Claim::Op);
+}
+
+/// Threads mode: puts this thread's held share, if any, in the ring on its own (a wait it was
+/// held for is not recorded after all).
+pub fn release_share(t: ThisThread, r: &'static Recorder) {
+    release(t.0.for_recorder(r), r);
 }
 
 /// Records a span's begin or end (`event`): the begin as a pair's, the end as its begin went
@@ -661,9 +727,9 @@ mod tests {
             // graph computes' 2 are free after it), the second's does not (6 taken), and its
             // end is left out with it.
             for _ in 0..2 {
-                thread_op(t, r, true, &NODE);
+                thread_op(t, r, ShareEdge::Begin, &NODE);
                 barrier_wait(t, r, std::ptr::null_mut(), 0, 2, 0);
-                thread_op(t, r, false, &NODE);
+                thread_op(t, r, ShareEdge::End, &NODE);
             }
             assert_eq!(l.promised.get(), 0);
             drained(l)
@@ -674,6 +740,58 @@ mod tests {
         assert_eq!(events, [wait, wait, wait, begin, wait, end]);
         // The second share's begin, its wait and its end.
         assert_eq!(dropped, 3);
+    }
+
+    /// A worker's share that ends as a barrier's wait begins goes into the wait's slot with it,
+    /// as three events of the cap; anything the thread records in between puts the share in on
+    /// its own first, as does a wait that does not fit the slot (65,536 threads), or one that is
+    /// not recorded after all.
+    #[test]
+    fn a_share_and_the_wait_after_it_take_one_slot() {
+        let r = recorder(64);
+        let (events, dropped, budget_used) = std::thread::spawn(move || {
+            let t = ThisThread::get();
+            let l = t.0.for_recorder(r);
+            // The thread's ring is made by its first event, which goes in as it is taken.
+            push(l, r, wait(), Claim::Plain);
+            let share_at_wait = |nth, between: bool| {
+                thread_op(t, r, ShareEdge::Begin, &NODE);
+                let ended = thread_op(t, r, ShareEdge::EndAtWait, &NODE);
+                if between {
+                    push(l, r, graph(true), Claim::Plain);
+                }
+                barrier_wait(t, r, std::ptr::null_mut(), 1, nth, ended);
+            };
+            let budget = l.budget.get();
+            share_at_wait(2, false);
+            let per_pair = budget - l.budget.get();
+            share_at_wait(2, true);
+            share_at_wait(65_536, false);
+            thread_op(t, r, ShareEdge::Begin, &NODE);
+            thread_op(t, r, ShareEdge::EndAtWait, &NODE);
+            release_share(t, r);
+            assert_eq!(l.holding.get(), Holding::Nothing);
+            assert_eq!(l.promised.get(), 0);
+            let (events, dropped) = drained(l);
+            (events, dropped, per_pair)
+        })
+        .join()
+        .unwrap();
+        let (pair, share, wait) = (Kind::ShareAndWait, Kind::OpShare, Kind::WorkerWait);
+        assert_eq!(
+            events,
+            [
+                wait,
+                pair,
+                share,
+                Kind::GraphBegin,
+                wait,
+                share,
+                wait,
+                share
+            ]
+        );
+        assert_eq!((dropped, budget_used), (0, 3));
     }
 
     #[test]

@@ -55,10 +55,13 @@ pub enum Kind {
     /// A node a device timed, in one slot: both records ([`DeviceOp`]). Monotonic
     /// nanoseconds, as [`Kind::DeviceLane`].
     DeviceOp = 20,
+    /// A worker thread's whole share of a node and its wait at the `ggml_barrier` after it, in
+    /// one slot ([`ShareAndWait`]): the share's two records and the wait's.
+    ShareAndWait = 21,
 }
 
 impl Kind {
-    const ALL: [Kind; 20] = [
+    const ALL: [Kind; 21] = [
         Kind::GraphBegin,
         Kind::GraphEnd,
         Kind::Wait,
@@ -79,6 +82,7 @@ impl Kind {
         Kind::RpcEnd,
         Kind::DeviceLane,
         Kind::DeviceOp,
+        Kind::ShareAndWait,
     ];
 
     /// The kind of `event` (`None`: a slot no constructor made).
@@ -269,6 +273,70 @@ impl OpShare {
         OpShare {
             op: OpInfo::of(e),
             took: e.halves[1],
+        }
+    }
+}
+
+/// A worker thread's share of a node and its wait at the barrier right after it (the wait began
+/// when the share ended, one clock read for both), thread `ith` of `nth`: the wait ended at the
+/// slot's time after `waited` ticks. What a node costs a worker thread when there are several,
+/// in one slot instead of two; [`ShareAndWait::new`] says whether it fits one.
+#[derive(Clone, Copy, Debug)]
+pub struct ShareAndWait {
+    pub share: OpShare,
+    pub ith: u16,
+    pub nth: u16,
+    pub waited: u32,
+}
+
+impl ShareAndWait {
+    /// The pair, where its fields fit the slot: an op type below 256, a result below 4 GiB,
+    /// thread numbers below 65,536 and a wait below 2^32 ticks (else the two go in slots of
+    /// their own).
+    #[inline(always)]
+    pub fn new(share: OpShare, ith: u32, nth: u32, waited: u64) -> Option<ShareAndWait> {
+        let fits =
+            share.op.op_type <= u32::from(u8::MAX) && share.op.op_size <= u64::from(u32::MAX);
+        Some(ShareAndWait {
+            share,
+            ith: u16::try_from(ith).ok()?,
+            nth: u16::try_from(nth).ok()?,
+            waited: u32::try_from(waited).ok()?,
+        })
+        .filter(|_| fits)
+    }
+
+    #[inline(always)]
+    pub fn event(&self) -> RawEvent {
+        let op = &self.share.op;
+        let packed = op.op_size | u64::from(self.ith) << 32 | u64::from(self.nth) << 48;
+        RawEvent {
+            words: [op.tensor as u64, op.backend as u64, packed],
+            halves: [self.share.took, self.waited],
+            tag: op.op_type as u8,
+            short: op.tensor_id,
+            ..slot(Kind::ShareAndWait)
+        }
+    }
+
+    #[inline(always)]
+    pub fn of(e: &RawEvent) -> ShareAndWait {
+        let packed = e.words[2];
+        let op = OpInfo {
+            tensor: e.words[0] as *mut c_void,
+            op_type: u32::from(e.tag),
+            op_size: packed & u64::from(u32::MAX),
+            backend: e.words[1] as *mut c_void,
+            tensor_id: e.short,
+        };
+        ShareAndWait {
+            share: OpShare {
+                op,
+                took: e.halves[0],
+            },
+            ith: (packed >> 32) as u16,
+            nth: (packed >> 48) as u16,
+            waited: e.halves[1],
         }
     }
 }
@@ -506,6 +574,36 @@ mod tests {
         }
         let share = OpShare::of(&OpShare { op, took: 123 }.event());
         assert!(share.took == 123 && same_op(share.op, op));
+        let share = OpShare {
+            op: OpInfo {
+                op_type: 255,
+                op_size: u64::from(u32::MAX),
+                ..op
+            },
+            took: 123,
+        };
+        let pair = ShareAndWait::new(share, 65_534, 65_535, u64::from(u32::MAX)).unwrap();
+        let back = ShareAndWait::of(&pair.event());
+        assert!(back.share.took == 123 && same_op(back.share.op, share.op));
+        assert_eq!(
+            (back.ith, back.nth, back.waited),
+            (65_534, 65_535, u32::MAX)
+        );
+        // What does not fit one slot: each field one past its room.
+        let beyond = |op_type, op_size| OpShare {
+            op: OpInfo {
+                op_type,
+                op_size,
+                ..op
+            },
+            took: 1,
+        };
+        assert!(ShareAndWait::new(beyond(256, 1), 0, 2, 1).is_none());
+        assert!(ShareAndWait::new(beyond(1, 1 << 32), 0, 2, 1).is_none());
+        assert!(ShareAndWait::new(beyond(1, 1), 65_536, 65_537, 1).is_none());
+        assert!(ShareAndWait::new(beyond(1, 1), 0, 65_536, 1).is_none());
+        assert!(ShareAndWait::new(beyond(1, 1), 0, 2, 1 << 32).is_none());
+        assert!(ShareAndWait::new(beyond(1, 1), 0, 2, 1).is_some());
         let w = WorkerWait {
             threadpool: 0x30,
             ith: 1,

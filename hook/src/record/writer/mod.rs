@@ -18,7 +18,7 @@ use ggml_viz_format::{self as format, EventType, ExtensionKind, Layout, Payload}
 use super::output::Output;
 use super::raw::{
     BufferEdge, BufferHeld, DeviceLaneNamed, DeviceOp, GraphEdge, Kind, OpEdge, OpInfo, OpShare,
-    RpcEdge, SeqRemoved, SpanEdge, ThreadEdge, Wait, WorkerWait,
+    RpcEdge, SeqRemoved, ShareAndWait, SpanEdge, ThreadEdge, Wait, WorkerWait,
 };
 use super::tensors::{MAX_TENSORS, Tensors};
 
@@ -277,6 +277,21 @@ impl TraceWriter {
                 self.encode_op(&share.op, e.thread_id, begin_ns, end_ns, d);
             }
             Some(Kind::WorkerWait) => self.encode_worker_wait(&WorkerWait::of(e), e, floor),
+            Some(Kind::ShareAndWait) => {
+                let pair = ShareAndWait::of(e);
+                let ended = e.ticks.wrapping_sub(u64::from(pair.waited));
+                let begun = ended.wrapping_sub(u64::from(pair.share.took));
+                let begin_ns = self.clock.convert_epoch_ns(begun, floor);
+                let end_ns = self.clock.convert_epoch_ns(ended, floor);
+                self.encode_op(&pair.share.op, e.thread_id, begin_ns, end_ns, d);
+                let wait = WorkerWait {
+                    threadpool: 0,
+                    ith: u32::from(pair.ith),
+                    nth: u32::from(pair.nth),
+                    waited: u64::from(pair.waited),
+                };
+                self.encode_worker_wait(&wait, e, floor);
+            }
             Some(Kind::OpBegin | Kind::OpEnd) => {
                 let edge = OpEdge::of(e);
                 let timestamp_ns = self.clock.convert_epoch_ns(e.ticks, floor);
@@ -367,6 +382,7 @@ impl TraceWriter {
             | Kind::OpEnd
             | Kind::OpShare
             | Kind::WorkerWait
+            | Kind::ShareAndWait
             | Kind::DeviceLane
             | Kind::DeviceOp => return,
         };
