@@ -357,7 +357,7 @@ def instructions(tmp, build, hook, big):
     instructions threads op timing adds per node over op timing off, on the tiny model, the 512x8
     one and a deep one (64x32: a graph of over 500 nodes, as a 32-layer model's). Then the same at -n 80: what
     a token costs once every node has been seen (-n 80 minus -n 16), hooked / unhooked, and per
-    node share. llama-bench runs in the repository's root: ggml looks for its backends in the
+    node share; and per node at two threads, on the ctypes ADD chain. llama-bench runs in the repository's root: ggml looks for its backends in the
     working directory, and a crowded one (/tmp) would count its scan."""
     if shutil.which("valgrind") is None:
         progress("valgrind is missing: no instruction counts")
@@ -422,6 +422,25 @@ def instructions(tmp, build, hook, big):
         more = shares(long_trace % "threads") - nodes
         metric(f"  threads over off a token, {name} model: per node share", (per_token["threads"] - per_token["off"]) * 64 / more,
                "instructions", "node shares the 64 tokens added", more, "shares")
+
+    # Per node at two threads (two shares, two barrier waits and their records): the ctypes ADD
+    # chain, 100 nodes a graph, 50 graphs, under callgrind (which runs one thread at a time: the
+    # spin waits' counts vary, our own functions' do not).
+    nodes, computes = 100, 50
+    own = {}
+    for mode in ("off", "threads"):
+        progress(f"callgrind: the ctypes ADD chain, {nodes} nodes x {computes} computes, 2 threads, {what[mode]}")
+        out = os.path.join(tmp, "callgrind.out")
+        env = {"LD_PRELOAD": hook, "GGML_VIZ_OP_TIMING": mode, "GGML_VIZ_OUTPUT": os.path.join(tmp, "add.ggmlviz")}
+        run(["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", sys.executable,
+             "tests/fixtures/ggml_ctypes.py", f"{build}/bin", "--nodes", str(nodes), "--repeat", str(computes),
+             "--threads", "2"], env=env)
+        own[mode] = hook_own(out)
+    per_node = nodes * computes
+    metric("ADD chain at 2 threads: the hook's own instructions per node, threads", own["threads"] / per_node,
+           "instructions", "issue 51's target", 1000)
+    metric("  threads over off per node", (own["threads"] - own["off"]) / per_node, "instructions",
+           "op timing off's own per node", own["off"] / per_node)
 
 
 def graph_computes(trace):
