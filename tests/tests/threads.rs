@@ -30,8 +30,8 @@ pub(crate) fn settings(events: &[Event<'_>]) -> serde_json::Map<String, serde_js
 /// MUL_MAT shares, their time, the waits inside them and the waits right after them. A wait
 /// recorded right after a share of its thread begins where the share ended (the hook reads the
 /// clock once for both, and stores the two in one slot where they fit): checked for all but a
-/// few, whose two times the writer converted with different calibrations (where the share and
-/// the wait were drained by different flushes).
+/// few (5 %, or 4), whose two times the writer converted with different calibrations (a share
+/// and its wait in slots of their own, drained by different flushes: seen 0 to 6 of 1,248).
 pub(crate) struct Shares {
     spans: BTreeMap<u32, Vec<(u64, u64)>>,
     barriers: BTreeMap<u32, BTreeSet<(u32, u32)>>,
@@ -127,11 +127,10 @@ pub(crate) fn shares(events: &[Event<'_>]) -> Shares {
         }
     }
     assert!(open.is_empty(), "shares never ended: {open:?}");
+    let (waits, began_there) = after_share;
     assert!(
-        after_share.1 * 100 >= after_share.0 * 95,
-        "of {} waits right after a share, {} began where it ended",
-        after_share.0,
-        after_share.1
+        waits - began_there <= (waits / 20).max(4),
+        "of {waits} waits right after a share, {began_there} began where it ended"
     );
     s
 }
