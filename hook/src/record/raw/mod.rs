@@ -306,28 +306,25 @@ impl ShareAndWait {
         .filter(|_| fits)
     }
 
+    /// An op's slot (see [`OpInfo::slot`]) with the op type in its tag and the thread numbers
+    /// above the result's size, which leaves both halves to the share's and the wait's ticks.
     #[inline(always)]
     pub fn event(&self) -> RawEvent {
         let op = &self.share.op;
-        let packed = op.op_size | u64::from(self.ith) << 32 | u64::from(self.nth) << 48;
-        RawEvent {
-            words: [op.tensor as u64, op.backend as u64, packed],
-            halves: [self.share.took, self.waited],
-            tag: op.op_type as u8,
-            short: op.tensor_id,
-            ..slot(Kind::ShareAndWait)
-        }
+        let mut e = op.slot(Kind::ShareAndWait);
+        e.words[2] |= u64::from(self.ith) << 32 | u64::from(self.nth) << 48;
+        e.halves = [self.share.took, self.waited];
+        e.tag = op.op_type as u8;
+        e
     }
 
     #[inline(always)]
     pub fn of(e: &RawEvent) -> ShareAndWait {
         let packed = e.words[2];
         let op = OpInfo {
-            tensor: e.words[0] as *mut c_void,
             op_type: u32::from(e.tag),
             op_size: packed & u64::from(u32::MAX),
-            backend: e.words[1] as *mut c_void,
-            tensor_id: e.short,
+            ..OpInfo::of(e)
         };
         ShareAndWait {
             share: OpShare {

@@ -270,20 +270,13 @@ impl TraceWriter {
     fn encode(&mut self, e: &RawEvent, d: &Drain<'_>, floor: &mut u64) {
         match Kind::of(e) {
             Some(Kind::OpShare) => {
-                let share = OpShare::of(e);
-                let begun = e.ticks.wrapping_sub(u64::from(share.took));
-                let begin_ns = self.clock.convert_epoch_ns(begun, floor);
-                let end_ns = self.clock.convert_epoch_ns(e.ticks, floor);
-                self.encode_op(&share.op, e.thread_id, begin_ns, end_ns, d);
+                self.encode_share(&OpShare::of(e), e.ticks, e.thread_id, d, floor)
             }
             Some(Kind::WorkerWait) => self.encode_worker_wait(&WorkerWait::of(e), e, floor),
             Some(Kind::ShareAndWait) => {
                 let pair = ShareAndWait::of(e);
                 let ended = e.ticks.wrapping_sub(u64::from(pair.waited));
-                let begun = ended.wrapping_sub(u64::from(pair.share.took));
-                let begin_ns = self.clock.convert_epoch_ns(begun, floor);
-                let end_ns = self.clock.convert_epoch_ns(ended, floor);
-                self.encode_op(&pair.share.op, e.thread_id, begin_ns, end_ns, d);
+                self.encode_share(&pair.share, ended, e.thread_id, d, floor);
                 let wait = WorkerWait {
                     threadpool: 0,
                     ith: u32::from(pair.ith),
@@ -396,6 +389,23 @@ impl TraceWriter {
             &payload,
             (!label.is_empty()).then_some(label),
         );
+    }
+
+    /// A thread's whole share of a node, which ended at `ended` ticks on thread `thread_id`: both
+    /// records.
+    #[inline(always)]
+    fn encode_share(
+        &mut self,
+        share: &OpShare,
+        ended: u64,
+        thread_id: u32,
+        d: &Drain<'_>,
+        floor: &mut u64,
+    ) {
+        let begun = ended.wrapping_sub(u64::from(share.took));
+        let begin_ns = self.clock.convert_epoch_ns(begun, floor);
+        let end_ns = self.clock.convert_epoch_ns(ended, floor);
+        self.encode_op(&share.op, thread_id, begin_ns, end_ns, d);
     }
 
     /// A node's op share, begun at `begin_ns` and ended at `end_ns` on thread `thread_id`: both
