@@ -242,7 +242,7 @@ impl Worker {
         });
         // SAFETY: per the contract.
         if key.is_some()
-            && let Some(first) = first_print
+            && let Some(first_print) = first_print
             && let Some(snapshot) = unsafe { Snapshot::take(h, tensor) }
         {
             if !self.sequence_freed_at_exit.replace(true) {
@@ -251,7 +251,7 @@ impl Worker {
             let position = self.sequence.learn(Known {
                 info,
                 snapshot,
-                first,
+                first: first_print,
                 next: 0,
             });
             // SAFETY: an entry of this thread's own cache; one field is set.
@@ -489,7 +489,6 @@ thread_local! {
             }; SITE_SETS],
             sequence: Sequence::new(),
             sequence_freed_at_exit: Cell::new(false),
-
             infos: [const { Cell::new(CachedInfo::EMPTY) }; INFOS],
             marker_lines: Cell::new((0, 0)),
         }
