@@ -56,6 +56,10 @@ if ! python3 -c "import selenium" 2>/dev/null; then
   python3 -m pip install -q "selenium==4.51.0"
 fi
 phase "packages"
+# CUDA 13.0's CUPTI headers and library (NVIDIA's wheels, ~13 MB, cached): the hook's CUPTI offsets
+# are checked against the headers, and the library loaded (no GPU here: its refusal is checked).
+GGML_VIZ_CUDA_WHEELS="$(bash scripts/setup-cuda-wheels.sh | tail -n 1)"
+export GGML_VIZ_CUDA_WHEELS
 GGML_VIZ_LLAMA_BUILD="$(bash scripts/setup-llama.sh | tail -n 1)"
 export GGML_VIZ_LLAMA_BUILD
 GGML_VIZ_LLAMA_STATIC_BUILD="$(bash scripts/setup-llama.sh static | tail -n 1)"

@@ -115,6 +115,10 @@ pub struct Config {
     /// The host's memory bandwidth, MB/s, as `ggml-viz record` measured it before starting the
     /// program (0: not measured); kept in the trace for the ops' share of it.
     pub memory_bandwidth_mb_s: u64,
+    /// Where the CUPTI capture of a CUDA run goes (empty: none): the kernels, copies and sets
+    /// CUPTI timed, the launches and CUDA graph nodes behind them, and the ggml graphs' nodes,
+    /// as JSON lines, for working out which node ran which kernel.
+    pub cupti_capture: String,
 }
 
 impl Default for Config {
@@ -135,6 +139,7 @@ impl Default for Config {
             max_graphs: 0,
             layout: "packed".into(),
             memory_bandwidth_mb_s: 0,
+            cupti_capture: String::new(),
         }
     }
 }
@@ -290,6 +295,13 @@ impl Config {
                 }
             }
             "memory_bandwidth_mb_s" => self.memory_bandwidth_mb_s = integer(v)?,
+            // Empty: no capture (the default).
+            "cupti_capture" => {
+                self.cupti_capture = match v {
+                    Value::String(s) => s.clone(),
+                    other => return Err(format!("expected a file name, got {other}")),
+                }
+            }
             other => unreachable!("setting {other} has no field"),
         }
         Ok(())
@@ -317,6 +329,7 @@ impl Config {
             "memory_bandwidth_mb_s".into(),
             self.memory_bandwidth_mb_s.into(),
         );
+        m.insert("cupti_capture".into(), self.cupti_capture.clone().into());
         m
     }
 }

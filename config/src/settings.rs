@@ -92,6 +92,11 @@ pub(crate) const SETTINGS: &[Setting] = &[
         env: "GGML_VIZ_MEMORY_BANDWIDTH",
         file_path: &["host", "memory_bandwidth_mb_s"],
     },
+    Setting {
+        key: "cupti_capture",
+        env: "GGML_VIZ_CUPTI_CAPTURE",
+        file_path: &["instrumentation", "cupti_capture"],
+    },
 ];
 
 /// The variables [`Config::load`](crate::Config::load) reads, each with the setting it holds (the two that hold no

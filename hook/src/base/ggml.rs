@@ -219,6 +219,19 @@ impl Helpers {
         }
     }
 
+    /// `ggml_graph_node(graph, i)`, or null.
+    ///
+    /// # Safety
+    /// `graph` must be a graph of this copy of ggml and `i` below its node count.
+    #[cfg(all(target_os = "linux", target_arch = "x86_64"))]
+    pub unsafe fn graph_node(&self, graph: Ptr, i: u32) -> Ptr {
+        match self.graph_node_fn() {
+            // SAFETY: per the contract.
+            Some(f) => unsafe { f(graph, i as c_int) },
+            None => std::ptr::null_mut(),
+        }
+    }
+
     /// `ggml_backend_name(backend)`.
     ///
     /// # Safety

@@ -27,6 +27,11 @@ const MAX_SRC: usize = 10;
 #[cfg(all(target_os = "linux", target_arch = "x86_64"))]
 pub const NAME_AT: usize = 256;
 
+/// Where `data` lies: just before the name, in the same ggml (read only where ggml_get_name
+/// puts the name at [`NAME_AT`]).
+#[cfg(all(target_os = "linux", target_arch = "x86_64"))]
+const DATA_AT: usize = NAME_AT - 8;
+
 const LAYOUT_UNCHECKED: u8 = 0;
 const LAYOUT_OK: u8 = 1;
 const LAYOUT_WRONG: u8 = 2;
@@ -81,6 +86,20 @@ unsafe fn layout_ok(h: &Helpers, tensor: Ptr, desc: &str) -> bool {
         LAYOUT.store(LAYOUT_OK, Ordering::Relaxed);
     }
     true
+}
+
+/// `tensor->data`, where ggml's own `ggml_get_name` confirms the struct's layout up to it (the
+/// name right after it, at [`NAME_AT`]); `None` elsewhere.
+///
+/// # Safety
+/// `tensor` is a live tensor of the copy `h` belongs to.
+#[cfg(all(target_os = "linux", target_arch = "x86_64"))]
+pub unsafe fn data_address(h: &Helpers, tensor: Ptr) -> Option<usize> {
+    // SAFETY: per the contract.
+    let name = unsafe { h.tensor_name_ptr(tensor) }?;
+    // SAFETY: the name lies at NAME_AT, so the struct is the 2024-on layout, with `data` at
+    // DATA_AT inside it.
+    (name as usize == tensor as usize + NAME_AT).then(|| unsafe { field(tensor, DATA_AT) })
 }
 
 /// A hash of a node's name, op, type and shape, without asking ggml to describe its op (what

@@ -6,6 +6,8 @@
 //! - [`route`]: finding the real function behind a wrapper, chosen once per OS;
 //! - [`inline`] and [`install`]: inline hooks, for a ggml linked into the executable (Linux) and
 //!   ggml's DLLs (Windows);
+//! - `cuda`: NVIDIA's CUDA backend through CUPTI: the capture attribution is worked out on
+//!   (Linux x86-64);
 //! - `cpu_ops`: per-op timing on the CPU backend's worker threads (Linux x86-64);
 //! - [`eval_callback`]: per-op timing through the scheduler's eval callback;
 //! - [`batches`]: token counts of llama.cpp's opaque batches, for the decode spans;
@@ -18,6 +20,8 @@
 mod batches;
 #[cfg(all(target_os = "linux", target_arch = "x86_64"))]
 pub mod cpu_ops;
+#[cfg(all(target_os = "linux", target_arch = "x86_64"))]
+mod cuda;
 mod eval_callback;
 pub mod exports;
 #[cfg(all(target_arch = "x86_64", not(windows)))]

@@ -66,6 +66,8 @@ fn prepare_op_timing(per_thread: bool) {
 /// At exit, before the last flush: what the front ends still hold.
 fn before_last_flush() {
     super::vulkan::hand_over_held();
+    #[cfg(all(target_os = "linux", target_arch = "x86_64"))]
+    super::cuda::finish();
 }
 
 /// Said once when no loaded library defines a function we wrap.

@@ -159,6 +159,11 @@ impl Recorder {
         }
     }
 
+    /// Where the CUPTI capture goes (empty: none).
+    pub fn cupti_capture(&self) -> &str {
+        &self.config.cupti_capture
+    }
+
     pub fn op_mode(&self) -> OpMode {
         OpMode::from_code(self.op_mode.load(Ordering::Relaxed))
     }

@@ -10,6 +10,8 @@ use crate::base::entry::Entry;
 use crate::base::ggml::{EvalCallback, Helpers};
 use crate::base::names::Owner;
 use crate::base::say_once;
+#[cfg(all(target_os = "linux", target_arch = "x86_64"))]
+use crate::intercept::cuda;
 use crate::intercept::eval_callback::{self, OpDriver};
 use crate::intercept::route::Resolved;
 use crate::record::{self, GraphInfo, GraphScope, Recorder};
@@ -100,33 +102,50 @@ fn object_compute(entry: Entry, owner: Owner, object: Ptr, graph: Ptr, ret: usiz
         ret,
         |h, r| object_graph(h, r, object, owner, graph),
         |real, scope| {
-            let timed = owner == Owner::Scheduler
-                && real.helpers.can_time_ops()
-                && eval_callback::app_callback_known(object)
-                && scope.is_some_and(|s| {
-                    s.wants_sched_op_timing(|| {
-                        let only_cpu = graph_only_cpu(real.helpers, object, graph);
-                        if !only_cpu && s.object_name().contains("RPC") {
-                            say_once_sched_with_rpc();
-                            return false;
-                        }
-                        if !only_cpu {
-                            say_once_sched_for_devices();
-                        }
-                        !only_cpu
-                    })
-                });
-            let Some(scope) = scope.filter(|_| timed) else {
-                return call2(real.real, object, graph);
-            };
-            let mut driver = OpDriver::new(scope.recorder(), real.helpers, object);
-            // SAFETY: `driver` stays in this frame until it is uninstalled below.
-            unsafe { driver.install() };
-            let status = call2(real.real, object, graph);
-            driver.uninstall();
+            // SAFETY: the graph this copy of ggml is asked to compute.
+            #[cfg(all(target_os = "linux", target_arch = "x86_64"))]
+            let capture = scope.and_then(|s| unsafe { cuda::graph_begins(s, real.helpers, graph) });
+            let status = compute(real, scope, owner, object, graph);
+            #[cfg(all(target_os = "linux", target_arch = "x86_64"))]
+            cuda::graph_ends(capture, graph);
             status
         },
     )
+}
+
+/// The compute of [`object_compute`], timed by the eval callback where that is wanted.
+fn compute(
+    real: &'static Resolved,
+    scope: Option<&GraphScope>,
+    owner: Owner,
+    object: Ptr,
+    graph: Ptr,
+) -> c_int {
+    let timed = owner == Owner::Scheduler
+        && real.helpers.can_time_ops()
+        && eval_callback::app_callback_known(object)
+        && scope.is_some_and(|s| {
+            s.wants_sched_op_timing(|| {
+                let only_cpu = graph_only_cpu(real.helpers, object, graph);
+                if !only_cpu && s.object_name().contains("RPC") {
+                    say_once_sched_with_rpc();
+                    return false;
+                }
+                if !only_cpu {
+                    say_once_sched_for_devices();
+                }
+                !only_cpu
+            })
+        });
+    let Some(scope) = scope.filter(|_| timed) else {
+        return call2(real.real, object, graph);
+    };
+    let mut driver = OpDriver::new(scope.recorder(), real.helpers, object);
+    // SAFETY: `driver` stays in this frame until it is uninstalled below.
+    unsafe { driver.install() };
+    let status = call2(real.real, object, graph);
+    driver.uninstall();
+    status
 }
 
 /// [`Helpers::sched_graph_only_cpu`], remembered on this thread for the last (scheduler, graph,
