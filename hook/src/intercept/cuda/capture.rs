@@ -9,7 +9,8 @@
 //!   the executable graphs, by CUPTI's ids;
 //! - `kernel`, `memcpy`, `memset`: CUPTI's activity records, their device times on the host's
 //!   `CLOCK_MONOTONIC` (our timestamp callback), with correlation, graph and graph node ids;
-//!   `dropped` where CUPTI lost records.
+//!   `dropped` where CUPTI lost records; `clock` where CUPTI refused our clock (its records then
+//!   keep CUPTI's own).
 //!
 //! Times are `CLOCK_MONOTONIC` nanoseconds; the first line gives the offset that puts them on
 //! the trace's clock. It is what the attribution of kernels to ggml nodes is worked out and
@@ -119,10 +120,12 @@ impl Capture {
         // SAFETY: CUPTI's functions, given functions of the signatures they take, which stay
         // valid for the process's life; `self` is 'static, as the subscriber's data must be.
         unsafe {
-            c.check(
-                "cuptiActivityRegisterTimestampCallback",
-                (c.register_timestamp)(timestamp),
-            )?;
+            // Without our clock the records keep CUPTI's own (said in the capture): the rest is
+            // still worth capturing.
+            let clock = (c.register_timestamp)(timestamp);
+            if let Err(e) = c.check("cuptiActivityRegisterTimestampCallback", clock) {
+                self.line(&json!({ "clock": "CUPTI's own", "error": e }));
+            }
             c.check(
                 "cuptiActivityRegisterCallbacks",
                 (c.register_buffers)(buffer_requested, buffer_completed),

@@ -110,6 +110,7 @@ pub mod launch {
 /// Every field above with the C struct and member it stands for: what the tests compare with the
 /// headers' `offsetof` and `sizeof`.
 #[cfg(test)]
+#[rustfmt::skip]
 const LAYOUT: &[(&str, &str, Field)] = &[
     ("CUpti_ActivityKernel10", "start", kernel::START),
     ("CUpti_ActivityKernel10", "end", kernel::END),
@@ -118,17 +119,9 @@ const LAYOUT: &[(&str, &str, Field)] = &[
     ("CUpti_ActivityKernel10", "streamId", kernel::STREAM_ID),
     ("CUpti_ActivityKernel10", "gridX", kernel::GRID_X),
     ("CUpti_ActivityKernel10", "blockX", kernel::BLOCK_X),
-    (
-        "CUpti_ActivityKernel10",
-        "correlationId",
-        kernel::CORRELATION_ID,
-    ),
+    ("CUpti_ActivityKernel10", "correlationId", kernel::CORRELATION_ID),
     ("CUpti_ActivityKernel10", "name", kernel::NAME),
-    (
-        "CUpti_ActivityKernel10",
-        "graphNodeId",
-        kernel::GRAPH_NODE_ID,
-    ),
+    ("CUpti_ActivityKernel10", "graphNodeId", kernel::GRAPH_NODE_ID),
     ("CUpti_ActivityKernel10", "graphId", kernel::GRAPH_ID),
     ("CUpti_ActivityMemcpy6", "copyKind", memcpy::COPY_KIND),
     ("CUpti_ActivityMemcpy6", "bytes", memcpy::BYTES),
@@ -136,74 +129,34 @@ const LAYOUT: &[(&str, &str, Field)] = &[
     ("CUpti_ActivityMemcpy6", "end", memcpy::END),
     ("CUpti_ActivityMemcpy6", "deviceId", memcpy::DEVICE_ID),
     ("CUpti_ActivityMemcpy6", "streamId", memcpy::STREAM_ID),
-    (
-        "CUpti_ActivityMemcpy6",
-        "correlationId",
-        memcpy::CORRELATION_ID,
-    ),
-    (
-        "CUpti_ActivityMemcpy6",
-        "graphNodeId",
-        memcpy::GRAPH_NODE_ID,
-    ),
+    ("CUpti_ActivityMemcpy6", "correlationId", memcpy::CORRELATION_ID),
+    ("CUpti_ActivityMemcpy6", "graphNodeId", memcpy::GRAPH_NODE_ID),
     ("CUpti_ActivityMemcpy6", "graphId", memcpy::GRAPH_ID),
     ("CUpti_ActivityMemset4", "bytes", memset::BYTES),
     ("CUpti_ActivityMemset4", "start", memset::START),
     ("CUpti_ActivityMemset4", "end", memset::END),
     ("CUpti_ActivityMemset4", "deviceId", memset::DEVICE_ID),
     ("CUpti_ActivityMemset4", "streamId", memset::STREAM_ID),
-    (
-        "CUpti_ActivityMemset4",
-        "correlationId",
-        memset::CORRELATION_ID,
-    ),
-    (
-        "CUpti_ActivityMemset4",
-        "graphNodeId",
-        memset::GRAPH_NODE_ID,
-    ),
+    ("CUpti_ActivityMemset4", "correlationId", memset::CORRELATION_ID),
+    ("CUpti_ActivityMemset4", "graphNodeId", memset::GRAPH_NODE_ID),
     ("CUpti_ActivityMemset4", "graphId", memset::GRAPH_ID),
     ("CUpti_CallbackData", "callbackSite", api_call::SITE),
-    (
-        "CUpti_CallbackData",
-        "functionName",
-        api_call::FUNCTION_NAME,
-    ),
+    ("CUpti_CallbackData", "functionName", api_call::FUNCTION_NAME),
     ("CUpti_CallbackData", "functionParams", api_call::PARAMS),
     ("CUpti_CallbackData", "symbolName", api_call::SYMBOL_NAME),
-    (
-        "CUpti_CallbackData",
-        "correlationId",
-        api_call::CORRELATION_ID,
-    ),
-    (
-        "CUpti_ResourceData",
-        "resourceDescriptor",
-        resource::DESCRIPTOR,
-    ),
+    ("CUpti_CallbackData", "correlationId", api_call::CORRELATION_ID),
+    ("CUpti_ResourceData", "resourceDescriptor", resource::DESCRIPTOR),
     ("CUpti_GraphData", "graph", graph_data::GRAPH),
-    (
-        "CUpti_GraphData",
-        "originalGraph",
-        graph_data::ORIGINAL_GRAPH,
-    ),
+    ("CUpti_GraphData", "originalGraph", graph_data::ORIGINAL_GRAPH),
     ("CUpti_GraphData", "node", graph_data::NODE),
     ("CUpti_GraphData", "originalNode", graph_data::ORIGINAL_NODE),
     ("CUpti_GraphData", "nodeType", graph_data::NODE_TYPE),
     ("CUpti_GraphData", "graphExec", graph_data::GRAPH_EXEC),
     ("cuLaunchKernel_params", "f", launch::FUNCTION),
     ("cuLaunchKernel_params", "hStream", launch::STREAM),
-    (
-        "cuLaunchKernel_params",
-        "kernelParams",
-        launch::KERNEL_PARAMS,
-    ),
+    ("cuLaunchKernel_params", "kernelParams", launch::KERNEL_PARAMS),
     ("cuLaunchKernelEx_params", "f", launch::EX_FUNCTION),
-    (
-        "cuLaunchKernelEx_params",
-        "kernelParams",
-        launch::EX_KERNEL_PARAMS,
-    ),
+    ("cuLaunchKernelEx_params", "kernelParams", launch::EX_KERNEL_PARAMS),
     ("cuGraphLaunch_params", "hGraph", launch::GRAPH_EXEC),
     ("cuGraphLaunch_params", "hStream", launch::GRAPH_STREAM),
 ];
@@ -250,155 +203,41 @@ pub mod cbid {
 /// for (a `<<<>>>` launch is CUDA 13's `__cudaLaunchKernel`) and where captures begin and end;
 /// the resource callbacks name the CUDA graph nodes a capture creates and an instantiation
 /// clones.
+#[rustfmt::skip]
 pub const CALLBACKS: &[(u32, &str, u32)] = &[
-    (
-        domain::DRIVER_API,
-        "CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel",
-        cbid::CU_LAUNCH_KERNEL,
-    ),
-    (
-        domain::DRIVER_API,
-        "CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel_ptsz",
-        cbid::CU_LAUNCH_KERNEL_PTSZ,
-    ),
-    (
-        domain::DRIVER_API,
-        "CUPTI_DRIVER_TRACE_CBID_cuLaunchKernelEx",
-        cbid::CU_LAUNCH_KERNEL_EX,
-    ),
-    (
-        domain::DRIVER_API,
-        "CUPTI_DRIVER_TRACE_CBID_cuLaunchKernelEx_ptsz",
-        cbid::CU_LAUNCH_KERNEL_EX_PTSZ,
-    ),
-    (
-        domain::DRIVER_API,
-        "CUPTI_DRIVER_TRACE_CBID_cuGraphLaunch",
-        cbid::CU_GRAPH_LAUNCH,
-    ),
-    (
-        domain::DRIVER_API,
-        "CUPTI_DRIVER_TRACE_CBID_cuGraphLaunch_ptsz",
-        cbid::CU_GRAPH_LAUNCH_PTSZ,
-    ),
-    (
-        domain::RUNTIME_API,
-        "CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernel_v7000",
-        211,
-    ),
-    (
-        domain::RUNTIME_API,
-        "CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernel_ptsz_v7000",
-        214,
-    ),
-    (
-        domain::RUNTIME_API,
-        "CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernelExC_v11060",
-        430,
-    ),
-    (
-        domain::RUNTIME_API,
-        "CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernelExC_ptsz_v11060",
-        431,
-    ),
-    (
-        domain::RUNTIME_API,
-        "CUPTI_RUNTIME_TRACE_CBID___cudaLaunchKernel_v13000",
-        505,
-    ),
-    (
-        domain::RUNTIME_API,
-        "CUPTI_RUNTIME_TRACE_CBID___cudaLaunchKernel_ptsz_v13000",
-        506,
-    ),
-    (
-        domain::RUNTIME_API,
-        "CUPTI_RUNTIME_TRACE_CBID_cudaGraphLaunch_v10000",
-        311,
-    ),
-    (
-        domain::RUNTIME_API,
-        "CUPTI_RUNTIME_TRACE_CBID_cudaGraphLaunch_ptsz_v10000",
-        312,
-    ),
-    (
-        domain::RUNTIME_API,
-        "CUPTI_RUNTIME_TRACE_CBID_cudaStreamBeginCapture_v10000",
-        315,
-    ),
-    (
-        domain::RUNTIME_API,
-        "CUPTI_RUNTIME_TRACE_CBID_cudaStreamBeginCapture_ptsz_v10000",
-        316,
-    ),
-    (
-        domain::RUNTIME_API,
-        "CUPTI_RUNTIME_TRACE_CBID_cudaStreamEndCapture_v10000",
-        319,
-    ),
-    (
-        domain::RUNTIME_API,
-        "CUPTI_RUNTIME_TRACE_CBID_cudaStreamEndCapture_ptsz_v10000",
-        320,
-    ),
-    (
-        domain::RUNTIME_API,
-        "CUPTI_RUNTIME_TRACE_CBID_cudaGraphInstantiate_v12000",
-        443,
-    ),
-    (
-        domain::RUNTIME_API,
-        "CUPTI_RUNTIME_TRACE_CBID_cudaGraphExecUpdate_v10020",
-        335,
-    ),
-    (
-        domain::RUNTIME_API,
-        "CUPTI_RUNTIME_TRACE_CBID_cudaMemcpyAsync_v3020",
-        41,
-    ),
-    (
-        domain::RUNTIME_API,
-        "CUPTI_RUNTIME_TRACE_CBID_cudaMemcpyAsync_ptsz_v7000",
-        225,
-    ),
-    (
-        domain::RUNTIME_API,
-        "CUPTI_RUNTIME_TRACE_CBID_cudaMemcpy2DAsync_v3020",
-        44,
-    ),
-    (
-        domain::RUNTIME_API,
-        "CUPTI_RUNTIME_TRACE_CBID_cudaMemcpy2DAsync_ptsz_v7000",
-        228,
-    ),
-    (
-        domain::RUNTIME_API,
-        "CUPTI_RUNTIME_TRACE_CBID_cudaMemsetAsync_v3020",
-        51,
-    ),
-    (
-        domain::RUNTIME_API,
-        "CUPTI_RUNTIME_TRACE_CBID_cudaMemsetAsync_ptsz_v7000",
-        235,
-    ),
-    (
-        domain::RESOURCE,
-        "CUPTI_CBID_RESOURCE_GRAPHNODE_CREATED",
-        cbid::GRAPHNODE_CREATED,
-    ),
-    (
-        domain::RESOURCE,
-        "CUPTI_CBID_RESOURCE_GRAPHEXEC_CREATED",
-        cbid::GRAPHEXEC_CREATED,
-    ),
-    (
-        domain::RESOURCE,
-        "CUPTI_CBID_RESOURCE_GRAPHNODE_CLONED",
-        cbid::GRAPHNODE_CLONED,
-    ),
+    (domain::DRIVER_API, "CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel", cbid::CU_LAUNCH_KERNEL),
+    (domain::DRIVER_API, "CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel_ptsz", cbid::CU_LAUNCH_KERNEL_PTSZ),
+    (domain::DRIVER_API, "CUPTI_DRIVER_TRACE_CBID_cuLaunchKernelEx", cbid::CU_LAUNCH_KERNEL_EX),
+    (domain::DRIVER_API, "CUPTI_DRIVER_TRACE_CBID_cuLaunchKernelEx_ptsz", cbid::CU_LAUNCH_KERNEL_EX_PTSZ),
+    (domain::DRIVER_API, "CUPTI_DRIVER_TRACE_CBID_cuGraphLaunch", cbid::CU_GRAPH_LAUNCH),
+    (domain::DRIVER_API, "CUPTI_DRIVER_TRACE_CBID_cuGraphLaunch_ptsz", cbid::CU_GRAPH_LAUNCH_PTSZ),
+    (domain::RUNTIME_API, "CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernel_v7000", 211),
+    (domain::RUNTIME_API, "CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernel_ptsz_v7000", 214),
+    (domain::RUNTIME_API, "CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernelExC_v11060", 430),
+    (domain::RUNTIME_API, "CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernelExC_ptsz_v11060", 431),
+    (domain::RUNTIME_API, "CUPTI_RUNTIME_TRACE_CBID___cudaLaunchKernel_v13000", 505),
+    (domain::RUNTIME_API, "CUPTI_RUNTIME_TRACE_CBID___cudaLaunchKernel_ptsz_v13000", 506),
+    (domain::RUNTIME_API, "CUPTI_RUNTIME_TRACE_CBID_cudaGraphLaunch_v10000", 311),
+    (domain::RUNTIME_API, "CUPTI_RUNTIME_TRACE_CBID_cudaGraphLaunch_ptsz_v10000", 312),
+    (domain::RUNTIME_API, "CUPTI_RUNTIME_TRACE_CBID_cudaStreamBeginCapture_v10000", 315),
+    (domain::RUNTIME_API, "CUPTI_RUNTIME_TRACE_CBID_cudaStreamBeginCapture_ptsz_v10000", 316),
+    (domain::RUNTIME_API, "CUPTI_RUNTIME_TRACE_CBID_cudaStreamEndCapture_v10000", 319),
+    (domain::RUNTIME_API, "CUPTI_RUNTIME_TRACE_CBID_cudaStreamEndCapture_ptsz_v10000", 320),
+    (domain::RUNTIME_API, "CUPTI_RUNTIME_TRACE_CBID_cudaGraphInstantiate_v12000", 443),
+    (domain::RUNTIME_API, "CUPTI_RUNTIME_TRACE_CBID_cudaGraphExecUpdate_v10020", 335),
+    (domain::RUNTIME_API, "CUPTI_RUNTIME_TRACE_CBID_cudaMemcpyAsync_v3020", 41),
+    (domain::RUNTIME_API, "CUPTI_RUNTIME_TRACE_CBID_cudaMemcpyAsync_ptsz_v7000", 225),
+    (domain::RUNTIME_API, "CUPTI_RUNTIME_TRACE_CBID_cudaMemcpy2DAsync_v3020", 44),
+    (domain::RUNTIME_API, "CUPTI_RUNTIME_TRACE_CBID_cudaMemcpy2DAsync_ptsz_v7000", 228),
+    (domain::RUNTIME_API, "CUPTI_RUNTIME_TRACE_CBID_cudaMemsetAsync_v3020", 51),
+    (domain::RUNTIME_API, "CUPTI_RUNTIME_TRACE_CBID_cudaMemsetAsync_ptsz_v7000", 235),
+    (domain::RESOURCE, "CUPTI_CBID_RESOURCE_GRAPHNODE_CREATED", cbid::GRAPHNODE_CREATED),
+    (domain::RESOURCE, "CUPTI_CBID_RESOURCE_GRAPHEXEC_CREATED", cbid::GRAPHEXEC_CREATED),
+    (domain::RESOURCE, "CUPTI_CBID_RESOURCE_GRAPHNODE_CLONED", cbid::GRAPHNODE_CLONED),
 ];
 
 /// The activity kinds the capture enables, by their enumerators' names.
+#[rustfmt::skip]
 pub const ACTIVITY_KINDS: &[(&str, u32)] = &[
     (
         "CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL",
