@@ -13,6 +13,9 @@
 #    -ngl 99 -n 16 hooked (op timing off: CUDA graphs stay on) and unhooked print the same text.
 # 3. Speed on the large model: llama-bench -ngl 99 -p 0 -n 64 -r 3, unhooked, hooked (graphs
 #    only) and hooked with the capture: what CUPTI's tracing costs.
+# 4. The Vulkan layer on NVIDIA's Vulkan driver (the tests' Vulkan build of llama-simple, carried):
+#    output compared, the trace's node counts beside GGML_VK_PERF_LOGGER's, tokens/s with and
+#    without the layer (real overlap, real calibration: lavapipe in CI has neither).
 set -u
 OUT="${OUT:-/tmp/gpu-check-out}"
 mkdir -p "$OUT"
@@ -94,4 +97,30 @@ for round in 1 2; do
     GGML_VIZ_CUPTI_CAPTURE=/tmp/bench.jsonl
 done
 python3 scripts/cupti_summary.py /tmp/bench.jsonl
+
+step "Vulkan on the NVIDIA driver: the layer's node times (llama-simple -ngl 99 -n 16, small model)"
+mkdir -p /tmp/vk/loader
+tar -xJf "$G/vulkan-bin.tar.xz" -C /tmp/vk && dpkg -x "$G"/libvulkan1_*.deb /tmp/vk/loader ||
+  echo "unpacking the Vulkan build failed"
+icd=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
+[ -f "$icd" ] && export VK_DRIVER_FILES="$icd"
+vk_env=(LD_LIBRARY_PATH="/tmp/vk:/tmp/vk/loader/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}" GGML_VK_VISIBLE_DEVICES=0)
+vk_simple=(/tmp/vk/llama-simple -m "$M/small.gguf" -ngl 99 -n 16 "Hello")
+env "${vk_env[@]}" "${vk_simple[@]}" > /tmp/vk.plain 2> /tmp/vk.plain.err
+grep -m 3 -i "ggml_vulkan: \|device" /tmp/vk.plain.err
+env "${vk_env[@]}" GGML_VK_PERF_LOGGER=1 "${vk_simple[@]}" > /dev/null 2> "$OUT/vk-perf-logger.txt"
+env "${vk_env[@]}" "$G/lib/ggml-viz" record -o "$OUT/vulkan.ggmlviz" -- "${vk_simple[@]}" > /tmp/vk.hooked 2> /tmp/vk.hooked.err
+grep "^ggml-viz" /tmp/vk.hooked.err | head -n 8
+if cmp -s /tmp/vk.plain /tmp/vk.hooked && [ -s /tmp/vk.plain ]; then echo "Vulkan output identical"
+else echo "VULKAN OUTPUT DIFFERS or is empty"; tail -n 5 /tmp/vk.plain.err; fi
+"$G/lib/ggml-viz" info "$OUT/vulkan.ggmlviz" 2>&1 | head -n 30
+"$G/lib/ggml-viz" ops --by backend "$OUT/vulkan.ggmlviz" 2>&1 | head -n 30
+echo "GGML_VK_PERF_LOGGER lines: $(grep -c . "$OUT/vk-perf-logger.txt")"
+for round in 1 2 3; do
+  for how in plain layer; do
+    if [ "$how" = plain ]; then env "${vk_env[@]}" "${vk_simple[@]}" > /dev/null 2> /tmp/vk.t
+    else env "${vk_env[@]}" "$G/lib/ggml-viz" record -o /tmp/vk-speed.ggmlviz -- "${vk_simple[@]}" > /dev/null 2> /tmp/vk.t; fi
+    echo "vulkan $how round $round: $(grep -o 'speed: [0-9.]* t/s' /tmp/vk.t)"
+  done
+done
 step "done"

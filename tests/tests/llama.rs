@@ -108,6 +108,33 @@ fn unwritable_output_is_said_once_and_the_program_runs_untraced() {
     );
 }
 
+/// The CUPTI capture starts at a CUDA backend's graph compute only: in a CPU run nothing of it
+/// happens, even where CUPTI could be loaded (CI's wheel on the library path): no file, no line,
+/// the same text.
+#[test]
+fn a_cupti_capture_waits_for_a_cuda_backend() {
+    let dir = scratch("cupti-capture");
+    let capture = dir.join("capture.jsonl");
+    let trace = dir.join("t.ggmlviz");
+    let library_path = std::env::var("GGML_VIZ_CUDA_WHEELS")
+        .map(|w| format!("{w}/lib"))
+        .unwrap_or_default();
+    let plain = run(llama_simple(4));
+    let traced = run(with_hook(
+        llama_simple(4),
+        &[
+            ("GGML_VIZ_OUTPUT", trace.to_str().unwrap()),
+            ("GGML_VIZ_CUPTI_CAPTURE", capture.to_str().unwrap()),
+            ("LD_LIBRARY_PATH", &library_path),
+        ],
+    ));
+    assert!(traced.status.success());
+    assert_eq!(text(&traced.stdout), text(&plain.stdout));
+    assert_eq!(hook_lines(&traced.stderr), Vec::<String>::new());
+    assert!(trace.exists(), "the trace is written");
+    assert!(!capture.exists(), "no capture without a CUDA backend");
+}
+
 #[test]
 fn a_bad_setting_is_named_and_the_program_runs_untraced() {
     let dir = scratch("bad-setting");
