@@ -154,11 +154,19 @@ impl Capture {
         }
     }
 
-    /// A graph compute of a CUDA backend begins: its nodes, as ggml has them now.
+    /// A graph compute of a CUDA backend begins: the records of the work done by now handed
+    /// back (so that a process that dies at exit leaves them written), then its nodes, as ggml
+    /// has them now.
     ///
     /// # Safety
     /// `graph` is the graph being computed, of the copy of ggml `h` belongs to.
     pub unsafe fn graph_begins(&self, h: &Helpers, object: &str, graph: Ptr) {
+        // SAFETY: CUPTI's function (0: only buffers whose records are all complete); they come
+        // back through buffer_completed on this thread.
+        let flushed = unsafe { (self.cupti.flush_all)(0) };
+        if let Err(e) = self.cupti.check("cuptiActivityFlushAll", flushed) {
+            self.line(&json!({ "error": e }));
+        }
         // SAFETY: per the contract.
         let n = unsafe { h.n_nodes(graph) };
         let nodes: Vec<Value> = (0..n)
