@@ -3,7 +3,7 @@
 # be fetched; 10 minutes a call, 15 in all: no full rerun). Here first: `bash scripts/gpu-carry.sh`
 # (prepares .gpu/). Then the device tool's run with carry [".gpu"], timeout_s 590, command
 # `bash scripts/gpu-check.sh`. Fails soft: every step prints its figures, a failure does not stop
-# the rest. What comes back ($OUT, at most 8 files): the CUPTI captures, gzipped (the fixtures the
+# the rest, and each program run is cut at 2 minutes. What comes back ($OUT, at most 8 files): the CUPTI captures, gzipped (the fixtures the
 # attribution is worked out and tested on), a trace, and summary.txt.
 #
 # 1. llama.cpp built with CUDA for sm_90 (llama-bench, llama-simple, llama-quantize; ~5 min on 16
@@ -54,7 +54,7 @@ fi
 bin="$B/bin"
 wait "$models" || { echo "model generation failed:"; tail -n 20 /tmp/models.log; }
 ls -la "$M" "$bin"/llama-simple "$bin"/llama-bench 2>&1 | tail -n 6
-"$bin/llama-quantize" "$M/small.gguf" "$M/small-q4_0.gguf" Q4_0 > /tmp/quantize.log 2>&1 ||
+timeout 60 "$bin/llama-quantize" "$M/small.gguf" "$M/small-q4_0.gguf" Q4_0 > /tmp/quantize.log 2>&1 ||
   { echo "quantize failed:"; tail -n 5 /tmp/quantize.log; }
 
 # capture NAME MODEL [ENV...]: llama-simple unhooked and hooked with the capture; same text?
@@ -62,8 +62,8 @@ capture() {
   local name="$1" model="$2"
   shift 2
   step "capture $name"
-  env "$@" "$bin/llama-simple" -m "$model" -ngl 99 -n 16 "Hello" > "/tmp/$name.plain" 2> "/tmp/$name.plain.err"
-  env "$@" LD_PRELOAD="$HOOK" GGML_VIZ_OP_TIMING=off GGML_VIZ_OUTPUT="/tmp/$name.ggmlviz" \
+  timeout 120 env "$@" "$bin/llama-simple" -m "$model" -ngl 99 -n 16 "Hello" > "/tmp/$name.plain" 2> "/tmp/$name.plain.err"
+  timeout 120 env "$@" LD_PRELOAD="$HOOK" GGML_VIZ_OP_TIMING=off GGML_VIZ_OUTPUT="/tmp/$name.ggmlviz" \
     GGML_VIZ_CUPTI_CAPTURE="/tmp/$name.jsonl" \
     "$bin/llama-simple" -m "$model" -ngl 99 -n 16 "Hello" > "/tmp/$name.hooked" 2> "/tmp/$name.hooked.err"
   echo "exit status hooked: $?"
@@ -86,7 +86,7 @@ step "speed: llama-bench -ngl 99 -p 0 -n 64 -r 3 on the large model"
 bench() {
   local name="$1"
   shift
-  env "$@" "$bin/llama-bench" -m "$M/large.gguf" -ngl 99 -p 0 -n 64 -r 3 -o csv 2> "/tmp/bench-$name.err" |
+  timeout 120 env "$@" "$bin/llama-bench" -m "$M/large.gguf" -ngl 99 -p 0 -n 64 -r 3 -o csv 2> "/tmp/bench-$name.err" |
     python3 -c 'import csv,sys; r=list(csv.DictReader(sys.stdin)); print(sys.argv[1], [(x.get("avg_ts"), x.get("stddev_ts")) for x in r])' "$name" ||
     { echo "bench $name failed:"; tail -n 5 "/tmp/bench-$name.err"; }
 }
@@ -106,10 +106,10 @@ icd=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
 [ -f "$icd" ] && export VK_DRIVER_FILES="$icd"
 vk_env=(LD_LIBRARY_PATH="/tmp/vk:/tmp/vk/loader/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}" GGML_VK_VISIBLE_DEVICES=0)
 vk_simple=(/tmp/vk/llama-simple -m "$M/small.gguf" -ngl 99 -n 16 "Hello")
-env "${vk_env[@]}" "${vk_simple[@]}" > /tmp/vk.plain 2> /tmp/vk.plain.err
+timeout 120 env "${vk_env[@]}" "${vk_simple[@]}" > /tmp/vk.plain 2> /tmp/vk.plain.err
 grep -m 3 -i "ggml_vulkan: \|device" /tmp/vk.plain.err
-env "${vk_env[@]}" GGML_VK_PERF_LOGGER=1 "${vk_simple[@]}" > /dev/null 2> "$OUT/vk-perf-logger.txt"
-env "${vk_env[@]}" "$G/lib/ggml-viz" record -o "$OUT/vulkan.ggmlviz" -- "${vk_simple[@]}" > /tmp/vk.hooked 2> /tmp/vk.hooked.err
+timeout 120 env "${vk_env[@]}" GGML_VK_PERF_LOGGER=1 "${vk_simple[@]}" > /dev/null 2> "$OUT/vk-perf-logger.txt"
+timeout 120 env "${vk_env[@]}" "$G/lib/ggml-viz" record -o "$OUT/vulkan.ggmlviz" -- "${vk_simple[@]}" > /tmp/vk.hooked 2> /tmp/vk.hooked.err
 grep "^ggml-viz" /tmp/vk.hooked.err | head -n 8
 if cmp -s /tmp/vk.plain /tmp/vk.hooked && [ -s /tmp/vk.plain ]; then echo "Vulkan output identical"
 else echo "VULKAN OUTPUT DIFFERS or is empty"; tail -n 5 /tmp/vk.plain.err; fi
@@ -118,8 +118,8 @@ else echo "VULKAN OUTPUT DIFFERS or is empty"; tail -n 5 /tmp/vk.plain.err; fi
 echo "GGML_VK_PERF_LOGGER lines: $(grep -c . "$OUT/vk-perf-logger.txt")"
 for round in 1 2 3; do
   for how in plain layer; do
-    if [ "$how" = plain ]; then env "${vk_env[@]}" "${vk_simple[@]}" > /dev/null 2> /tmp/vk.t
-    else env "${vk_env[@]}" "$G/lib/ggml-viz" record -o /tmp/vk-speed.ggmlviz -- "${vk_simple[@]}" > /dev/null 2> /tmp/vk.t; fi
+    if [ "$how" = plain ]; then timeout 120 env "${vk_env[@]}" "${vk_simple[@]}" > /dev/null 2> /tmp/vk.t
+    else timeout 120 env "${vk_env[@]}" "$G/lib/ggml-viz" record -o /tmp/vk-speed.ggmlviz -- "${vk_simple[@]}" > /dev/null 2> /tmp/vk.t; fi
     echo "vulkan $how round $round: $(grep -o 'speed: [0-9.]* t/s' /tmp/vk.t)"
   done
 done
