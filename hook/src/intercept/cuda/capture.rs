@@ -375,10 +375,20 @@ impl Capture {
 unsafe fn kernel_params_of(f: Ptr, params: *const Ptr) -> Value {
     static PARAM_INFO: OnceLock<Option<ParamInfo>> = OnceLock::new();
     let info = PARAM_INFO.get_or_init(|| {
-        // SAFETY: looked up in the process's global scope, where the driver that is calling us
-        // is; its C signature is ParamInfo.
-        let f = unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"cuFuncGetParamInfo".as_ptr()) };
-        // SAFETY: as above.
+        // The driver calling us is loaded: cudart opens it local to itself, so it is looked up
+        // by its own handle (RTLD_NOLOAD: never loaded by us), else in the global scope.
+        // SAFETY: dlopen with a valid name and RTLD_NOLOAD; dlsym on its handle or the default
+        // scope with a valid name.
+        let f = unsafe {
+            let driver = libc::dlopen(c"libcuda.so.1".as_ptr(), libc::RTLD_NOW | libc::RTLD_NOLOAD);
+            let scope = if driver.is_null() {
+                libc::RTLD_DEFAULT
+            } else {
+                driver
+            };
+            libc::dlsym(scope, c"cuFuncGetParamInfo".as_ptr())
+        };
+        // SAFETY: the driver's function of that name, whose C signature is ParamInfo (cuda.h).
         (!f.is_null()).then(|| unsafe { std::mem::transmute::<*mut c_void, ParamInfo>(f) })
     });
     let (Some(info), false) = (info, params.is_null()) else {
