@@ -14,6 +14,11 @@ import json
 import sys
 
 
+# The key that names each line's kind (serde_json writes keys sorted, so it need not come first).
+KINDS = ("capture", "graph_begin", "graph_end", "api", "resource", "kernel", "memcpy", "memset",
+         "dropped", "clock", "error", "activity_kind")
+
+
 def lines(path):
     opener = gzip.open if path.endswith(".gz") else open
     with opener(path, "rt") as f:
@@ -30,7 +35,7 @@ def summarize(path):
     resources = collections.Counter()
     dropped = 0
     for o in lines(path):
-        kind = next(iter(o))
+        kind = next((k for k in KINDS if k in o), "other")
         kinds[kind] += 1
         if kind == "kernel":
             kernels.append(o)

@@ -1,5 +1,5 @@
 //! The CUPTI capture (`GGML_VIZ_CUPTI_CAPTURE=FILE`): started by the first graph compute of a
-//! CUDA backend, it writes one JSON object a line of
+//! CUDA backend, it writes one JSON object a line (keys sorted; each carries its kind's key) of
 //! - `graph_begin` / `graph_end`: a graph compute of a CUDA backend or scheduler, on its thread,
 //!   with its ggml nodes (index, tensor, op, name, `data`, bytes) at the begin;
 //! - `api`: each driver launch (`cuLaunchKernel[Ex]`, with the kernel's parameters that are
@@ -25,7 +25,7 @@ use serde_json::{Value, json};
 
 use super::cupti::{
     self, ACTIVITY_KINDS, API_ENTER, CALLBACKS, Cupti, activity_kind, api_call, cbid, domain,
-    graph_data, kernel, launch, memcpy, memset, read, read_str, resource,
+    graph_data, kernel, launch, read, read_str, resource, transfer,
 };
 use crate::base::clock::monotonic_epoch_ns;
 use crate::base::ggml::Helpers;
@@ -339,27 +339,24 @@ impl Capture {
                     "graph_id": read(r, kernel::GRAPH_ID),
                     "graph_node_id": read(r, kernel::GRAPH_NODE_ID),
                 }),
-                activity_kind::MEMCPY => json!({
-                    "memcpy": read(r, memcpy::COPY_KIND),
-                    "bytes": read(r, memcpy::BYTES),
-                    "start": read(r, memcpy::START),
-                    "end": read(r, memcpy::END),
-                    "device": read(r, memcpy::DEVICE_ID),
-                    "stream": read(r, memcpy::STREAM_ID),
-                    "correlation": read(r, memcpy::CORRELATION_ID),
-                    "graph_id": read(r, memcpy::GRAPH_ID),
-                    "graph_node_id": read(r, memcpy::GRAPH_NODE_ID),
-                }),
-                activity_kind::MEMSET => json!({
-                    "memset": read(r, memset::BYTES),
-                    "start": read(r, memset::START),
-                    "end": read(r, memset::END),
-                    "device": read(r, memset::DEVICE_ID),
-                    "stream": read(r, memset::STREAM_ID),
-                    "correlation": read(r, memset::CORRELATION_ID),
-                    "graph_id": read(r, memset::GRAPH_ID),
-                    "graph_node_id": read(r, memset::GRAPH_NODE_ID),
-                }),
+                kind @ (activity_kind::MEMCPY | activity_kind::MEMSET) => {
+                    let mut line = json!({
+                        "bytes": read(r, transfer::BYTES),
+                        "start": read(r, transfer::START),
+                        "end": read(r, transfer::END),
+                        "device": read(r, transfer::DEVICE_ID),
+                        "stream": read(r, transfer::STREAM_ID),
+                        "correlation": read(r, transfer::CORRELATION_ID),
+                        "graph_id": read(r, transfer::GRAPH_ID),
+                        "graph_node_id": read(r, transfer::GRAPH_NODE_ID),
+                    });
+                    if kind == activity_kind::MEMCPY {
+                        line["memcpy"] = read(r, transfer::COPY_KIND).into();
+                    } else {
+                        line["memset"] = true.into();
+                    }
+                    line
+                }
                 other => json!({ "activity_kind": other }),
             }
         };

@@ -37,31 +37,20 @@ pub mod kernel {
     pub const GRAPH_ID: Field = field(156, 4);
 }
 
-/// `CUpti_ActivityMemcpy6` (`CUPTI_ACTIVITY_KIND_MEMCPY`).
-pub mod memcpy {
+/// `CUpti_ActivityMemcpy6` (`CUPTI_ACTIVITY_KIND_MEMCPY`) and `CUpti_ActivityMemset4`
+/// (`..._MEMSET`), which lay these fields out alike (the tests check both).
+pub mod transfer {
     use super::{Field, field};
+    pub const BYTES: Field = field(8, 8);
+    pub const START: Field = field(16, 8);
+    pub const END: Field = field(24, 8);
+    pub const DEVICE_ID: Field = field(32, 4);
+    pub const STREAM_ID: Field = field(40, 4);
+    pub const CORRELATION_ID: Field = field(44, 4);
+    pub const GRAPH_NODE_ID: Field = field(64, 8);
+    pub const GRAPH_ID: Field = field(72, 4);
+    /// A memcpy's only: what it copied from and to (`CUpti_ActivityMemcpyKind`).
     pub const COPY_KIND: Field = field(4, 1);
-    pub const BYTES: Field = field(8, 8);
-    pub const START: Field = field(16, 8);
-    pub const END: Field = field(24, 8);
-    pub const DEVICE_ID: Field = field(32, 4);
-    pub const STREAM_ID: Field = field(40, 4);
-    pub const CORRELATION_ID: Field = field(44, 4);
-    pub const GRAPH_NODE_ID: Field = field(64, 8);
-    pub const GRAPH_ID: Field = field(72, 4);
-}
-
-/// `CUpti_ActivityMemset4` (`CUPTI_ACTIVITY_KIND_MEMSET`).
-pub mod memset {
-    use super::{Field, field};
-    pub const BYTES: Field = field(8, 8);
-    pub const START: Field = field(16, 8);
-    pub const END: Field = field(24, 8);
-    pub const DEVICE_ID: Field = field(32, 4);
-    pub const STREAM_ID: Field = field(40, 4);
-    pub const CORRELATION_ID: Field = field(44, 4);
-    pub const GRAPH_NODE_ID: Field = field(64, 8);
-    pub const GRAPH_ID: Field = field(72, 4);
 }
 
 /// `CUpti_CallbackData`: what an API callback gets.
@@ -123,23 +112,23 @@ const LAYOUT: &[(&str, &str, Field)] = &[
     ("CUpti_ActivityKernel10", "name", kernel::NAME),
     ("CUpti_ActivityKernel10", "graphNodeId", kernel::GRAPH_NODE_ID),
     ("CUpti_ActivityKernel10", "graphId", kernel::GRAPH_ID),
-    ("CUpti_ActivityMemcpy6", "copyKind", memcpy::COPY_KIND),
-    ("CUpti_ActivityMemcpy6", "bytes", memcpy::BYTES),
-    ("CUpti_ActivityMemcpy6", "start", memcpy::START),
-    ("CUpti_ActivityMemcpy6", "end", memcpy::END),
-    ("CUpti_ActivityMemcpy6", "deviceId", memcpy::DEVICE_ID),
-    ("CUpti_ActivityMemcpy6", "streamId", memcpy::STREAM_ID),
-    ("CUpti_ActivityMemcpy6", "correlationId", memcpy::CORRELATION_ID),
-    ("CUpti_ActivityMemcpy6", "graphNodeId", memcpy::GRAPH_NODE_ID),
-    ("CUpti_ActivityMemcpy6", "graphId", memcpy::GRAPH_ID),
-    ("CUpti_ActivityMemset4", "bytes", memset::BYTES),
-    ("CUpti_ActivityMemset4", "start", memset::START),
-    ("CUpti_ActivityMemset4", "end", memset::END),
-    ("CUpti_ActivityMemset4", "deviceId", memset::DEVICE_ID),
-    ("CUpti_ActivityMemset4", "streamId", memset::STREAM_ID),
-    ("CUpti_ActivityMemset4", "correlationId", memset::CORRELATION_ID),
-    ("CUpti_ActivityMemset4", "graphNodeId", memset::GRAPH_NODE_ID),
-    ("CUpti_ActivityMemset4", "graphId", memset::GRAPH_ID),
+    ("CUpti_ActivityMemcpy6", "copyKind", transfer::COPY_KIND),
+    ("CUpti_ActivityMemcpy6", "bytes", transfer::BYTES),
+    ("CUpti_ActivityMemcpy6", "start", transfer::START),
+    ("CUpti_ActivityMemcpy6", "end", transfer::END),
+    ("CUpti_ActivityMemcpy6", "deviceId", transfer::DEVICE_ID),
+    ("CUpti_ActivityMemcpy6", "streamId", transfer::STREAM_ID),
+    ("CUpti_ActivityMemcpy6", "correlationId", transfer::CORRELATION_ID),
+    ("CUpti_ActivityMemcpy6", "graphNodeId", transfer::GRAPH_NODE_ID),
+    ("CUpti_ActivityMemcpy6", "graphId", transfer::GRAPH_ID),
+    ("CUpti_ActivityMemset4", "bytes", transfer::BYTES),
+    ("CUpti_ActivityMemset4", "start", transfer::START),
+    ("CUpti_ActivityMemset4", "end", transfer::END),
+    ("CUpti_ActivityMemset4", "deviceId", transfer::DEVICE_ID),
+    ("CUpti_ActivityMemset4", "streamId", transfer::STREAM_ID),
+    ("CUpti_ActivityMemset4", "correlationId", transfer::CORRELATION_ID),
+    ("CUpti_ActivityMemset4", "graphNodeId", transfer::GRAPH_NODE_ID),
+    ("CUpti_ActivityMemset4", "graphId", transfer::GRAPH_ID),
     ("CUpti_CallbackData", "callbackSite", api_call::SITE),
     ("CUpti_CallbackData", "functionName", api_call::FUNCTION_NAME),
     ("CUpti_CallbackData", "functionParams", api_call::PARAMS),
