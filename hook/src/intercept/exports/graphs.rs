@@ -104,10 +104,12 @@ fn object_compute(entry: Entry, owner: Owner, object: Ptr, graph: Ptr, ret: usiz
         |real, scope| {
             // SAFETY: the graph this copy of ggml is asked to compute.
             #[cfg(all(target_os = "linux", target_arch = "x86_64"))]
-            let capture = scope.and_then(|s| unsafe { cuda::graph_begins(s, real.helpers, graph) });
+            let capture = scope.and_then(|s| {
+                guarded(|| unsafe { cuda::graph_begins(s, real.helpers, graph) }).flatten()
+            });
             let status = compute(real, scope, owner, object, graph);
             #[cfg(all(target_os = "linux", target_arch = "x86_64"))]
-            cuda::graph_ends(capture, graph);
+            guarded(|| cuda::graph_ends(capture, graph));
             status
         },
     )
