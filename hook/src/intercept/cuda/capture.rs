@@ -16,6 +16,7 @@
 //! the trace's clock. It is what the attribution of kernels to ggml nodes is worked out and
 //! tested on (fixtures captured on a GPU machine); it changes nothing of the run but its speed.
 
+use std::alloc::Layout;
 use std::ffi::c_void;
 use std::fs::File;
 use std::io::{BufWriter, Write};
@@ -24,8 +25,8 @@ use std::sync::{Mutex, OnceLock, PoisonError};
 use serde_json::{Value, json};
 
 use super::cupti::{
-    self, ACTIVITY_KINDS, API_ENTER, CALLBACKS, Cupti, activity_kind, api_call, cbid, domain,
-    graph_data, kernel, launch, read, read_str, resource, transfer,
+    self, ACTIVITY_KINDS, API_ENTER, CALLBACKS, Cupti, activity_kind, api_call, as_function, cbid,
+    domain, graph_data, kernel, launch, read, read_str, resource, transfer,
 };
 use crate::base::clock::monotonic_epoch_ns;
 use crate::base::ggml::Helpers;
@@ -37,9 +38,12 @@ type Ptr = *mut c_void;
 /// `cuFuncGetParamInfo` (CUDA 12.4 on): a kernel parameter's offset and size by its index.
 type ParamInfo = unsafe extern "C" fn(Ptr, usize, *mut usize, *mut usize) -> i32;
 
-/// Bytes of each activity buffer handed to CUPTI (its sample's size; 8-byte aligned, as CUPTI
-/// asks).
-const BUFFER_BYTES: usize = 4 << 20;
+/// Each activity buffer handed to CUPTI: 4 MiB (its sample's size), 8-byte aligned, as CUPTI
+/// asks.
+const BUFFER: Layout = match Layout::from_size_align(4 << 20, 8) {
+    Ok(layout) => layout,
+    Err(_) => panic!("a valid layout"),
+};
 /// `CUPTI_ACTIVITY_FLAG_FLUSH_FORCED`.
 const FLUSH_FORCED: u32 = 1;
 /// Kernel parameters read at most per launch.
@@ -82,12 +86,8 @@ pub fn finish() {
     if let Some(Some(c)) = CAPTURE.get()
         && ENABLED.get() == Some(&true)
     {
-        // SAFETY: CUPTI's function; the buffers it completes come back through our callback.
-        let flushed = unsafe { (c.cupti.flush_all)(FLUSH_FORCED) };
-        if let Err(e) = c.cupti.check("cuptiActivityFlushAll", flushed) {
-            c.line(&json!({ "error": e }));
-        }
-        let _ = c.out.lock().unwrap_or_else(PoisonError::into_inner).flush();
+        c.hand_back(FLUSH_FORCED);
+        c.flush();
     }
 }
 
@@ -146,6 +146,25 @@ impl Capture {
         Ok(())
     }
 
+    /// CUPTI's buffers handed back through `buffer_completed` (`cuptiActivityFlushAll` with
+    /// `flag`: 0 for those whose records are all complete, [`FLUSH_FORCED`] for all).
+    fn hand_back(&self, flag: u32) {
+        // SAFETY: CUPTI's function; the buffers come back through our callback, on this thread.
+        let flushed = unsafe { (self.cupti.flush_all)(flag) };
+        if let Err(e) = self.cupti.check("cuptiActivityFlushAll", flushed) {
+            self.line(&json!({ "error": e }));
+        }
+    }
+
+    /// The lines written so far, out of our buffer into the file.
+    fn flush(&self) {
+        let _ = self
+            .out
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .flush();
+    }
+
     fn line(&self, v: &Value) {
         let mut out = self.out.lock().unwrap_or_else(PoisonError::into_inner);
         // A failed write loses capture lines only; the run goes on.
@@ -161,12 +180,7 @@ impl Capture {
     /// # Safety
     /// `graph` is the graph being computed, of the copy of ggml `h` belongs to.
     pub unsafe fn graph_begins(&self, h: &Helpers, object: &str, graph: Ptr) {
-        // SAFETY: CUPTI's function (0: only buffers whose records are all complete); they come
-        // back through buffer_completed on this thread.
-        let flushed = unsafe { (self.cupti.flush_all)(0) };
-        if let Err(e) = self.cupti.check("cuptiActivityFlushAll", flushed) {
-            self.line(&json!({ "error": e }));
-        }
+        self.hand_back(0);
         // SAFETY: per the contract.
         let n = unsafe { h.n_nodes(graph) };
         let nodes: Vec<Value> = (0..n)
@@ -202,11 +216,7 @@ impl Capture {
         self.line(
             &json!({ "graph_end": graph as usize, "tid": thread_id(), "ns": monotonic_ns() }),
         );
-        let _ = self
-            .out
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .flush();
+        self.flush();
     }
 
     /// An API call's entry: what it launched with.
@@ -325,7 +335,7 @@ impl Capture {
     unsafe fn record(&self, r: *const u8) {
         // SAFETY: every record starts with its kind; the rest per the contract.
         let line = unsafe {
-            match read(r, cupti::Field { at: 0, width: 4 }) as u32 {
+            match read(r, cupti::RECORD_KIND) as u32 {
                 activity_kind::CONCURRENT_KERNEL => json!({
                     "kernel": read_str(r, kernel::NAME),
                     "start": read(r, kernel::START),
@@ -386,7 +396,7 @@ unsafe fn kernel_params_of(f: Ptr, params: *const Ptr) -> Value {
             libc::dlsym(scope, c"cuFuncGetParamInfo".as_ptr())
         };
         // SAFETY: the driver's function of that name, whose C signature is ParamInfo (cuda.h).
-        (!f.is_null()).then(|| unsafe { std::mem::transmute::<*mut c_void, ParamInfo>(f) })
+        (!f.is_null()).then(|| unsafe { as_function::<ParamInfo>(f) })
     });
     let (Some(info), false) = (info, params.is_null()) else {
         return Value::Null;
@@ -440,12 +450,11 @@ unsafe extern "C" fn api_callback(me: *mut c_void, domain_id: u32, id: u32, data
 
 /// CUPTI asks for a buffer to fill.
 unsafe extern "C" fn buffer_requested(buffer: *mut *mut u8, size: *mut usize, max: *mut usize) {
-    let layout = std::alloc::Layout::from_size_align(BUFFER_BYTES, 8).expect("a valid layout");
     // SAFETY: a non-zero size; CUPTI's out pointers are valid.
     unsafe {
-        let b = std::alloc::alloc(layout);
+        let b = std::alloc::alloc(BUFFER);
         *buffer = b;
-        *size = if b.is_null() { 0 } else { BUFFER_BYTES };
+        *size = if b.is_null() { 0 } else { BUFFER.size() };
         *max = 0;
     }
 }
@@ -477,9 +486,8 @@ unsafe extern "C" fn buffer_completed(
             c.line(&json!({ "dropped": dropped, "stream": stream }));
         }
     });
-    let layout = std::alloc::Layout::from_size_align(BUFFER_BYTES, 8).expect("a valid layout");
     // SAFETY: every buffer CUPTI has came from buffer_requested with this layout.
-    unsafe { std::alloc::dealloc(buffer, layout) };
+    unsafe { std::alloc::dealloc(buffer, BUFFER) };
 }
 
 #[cfg(test)]

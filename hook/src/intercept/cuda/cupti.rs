@@ -21,6 +21,9 @@ const fn field(at: usize, width: usize) -> Field {
     Field { at, width }
 }
 
+/// The `CUpti_ActivityKind` every activity record starts with.
+pub const RECORD_KIND: Field = field(0, 4);
+
 /// `CUpti_ActivityKernel10` (`CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL`).
 pub mod kernel {
     use super::{Field, field};
@@ -101,6 +104,9 @@ pub mod launch {
 #[cfg(test)]
 #[rustfmt::skip]
 const LAYOUT: &[(&str, &str, Field)] = &[
+    ("CUpti_ActivityKernel10", "kind", RECORD_KIND),
+    ("CUpti_ActivityMemcpy6", "kind", RECORD_KIND),
+    ("CUpti_ActivityMemset4", "kind", RECORD_KIND),
     ("CUpti_ActivityKernel10", "start", kernel::START),
     ("CUpti_ActivityKernel10", "end", kernel::END),
     ("CUpti_ActivityKernel10", "deviceId", kernel::DEVICE_ID),
@@ -271,7 +277,7 @@ pub unsafe fn read_str(base: *const u8, f: Field) -> Option<String> {
 ///
 /// # Safety
 /// `F` is a function pointer type of the symbol's C signature.
-unsafe fn as_function<F: Copy>(address: *mut c_void) -> F {
+pub unsafe fn as_function<F: Copy>(address: *mut c_void) -> F {
     const { assert!(size_of::<F>() == size_of::<*mut c_void>()) };
     // SAFETY: same size (above); the signature per the contract.
     unsafe { std::mem::transmute_copy::<*mut c_void, F>(&address) }
