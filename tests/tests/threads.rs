@@ -128,6 +128,11 @@ pub(crate) fn shares(events: &[Event<'_>]) -> Shares {
     }
     assert!(open.is_empty(), "shares never ended: {open:?}");
     let (waits, began_there) = after_share;
+    // Where threads waited at all, waits came right after shares (every node ends at one).
+    assert!(
+        s.barriers.is_empty() || waits > 0,
+        "barrier waits, none right after a share"
+    );
     assert!(
         waits - began_there <= (waits / 20).max(4),
         "of {waits} waits right after a share, {began_there} began where it ended"
