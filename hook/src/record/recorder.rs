@@ -268,4 +268,4 @@ fn dropped(rings: &[&'static Ring]) -> u64 {
 /// Events a thread takes from the cap at a time, so that the producer does not touch a shared
 /// counter on every event. A thread may be refused while another still holds unused budget:
 /// then fewer than `max_events` are recorded, and the refusals are counted all the same.
-const BUDGET_CHUNK: u64 = 256;
+pub(super) const BUDGET_CHUNK: u64 = 256;

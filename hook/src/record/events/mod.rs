@@ -412,6 +412,23 @@ fn make_ready(l: &Local, r: &'static Recorder, events: u64, kept: u64) -> Result
     Ok(())
 }
 
+/// Tops this thread's share of the event cap up to `events`, where it has its ring and id and
+/// the cap has more; counts nothing where it has not (the event that needs them is counted as
+/// it goes in, or not).
+#[cold]
+#[inline(never)]
+fn top_up(l: &Local, r: &Recorder, events: u64) {
+    if l.ring.get().is_null() || l.tid.get() == 0 {
+        return;
+    }
+    while l.budget.get() < events {
+        match r.reserve() {
+            0 => return,
+            budget => l.budget.set(l.budget.get() + budget),
+        }
+    }
+}
+
 /// A node's op begin (`OP_COMPUTE_BEGIN`) or end, in a slot of its own.
 #[inline(always)]
 fn op_event(begin: bool, op: &OpInfo) -> RawEvent {
@@ -483,8 +500,13 @@ pub fn thread_op(t: ThisThread, r: &'static Recorder, edge: ShareEdge, op: &OpIn
         }
         let event = op_event(true, op);
         // Held only when the ring is ready: a thread's first events (its ring, its THREAD_BEGIN)
-        // go in at the time they are taken.
-        if ready(l, 2 + u64::from(l.promised.get())) {
+        // go in at the time they are taken. Where only the thread's share of the cap ran out, it
+        // is topped up first, so that the share still takes one slot.
+        let needed = 2 + u64::from(l.promised.get());
+        if !ready(l, needed) {
+            top_up(l, r, needed);
+        }
+        if ready(l, needed) {
             l.held.set(RawEvent { ticks, ..event });
             l.holding.set(Holding::Begin);
         } else {
@@ -595,7 +617,7 @@ mod tests {
     use super::*;
     use crate::base::entry::Entry;
     use crate::record::raw::{GraphEdge, GraphInfo, SeqRemoved, SpanEdge};
-    use crate::record::recorder::OpMode;
+    use crate::record::recorder::{BUDGET_CHUNK, OpMode};
     use crate::record::writer::TraceWriter;
     use ggml_viz_config::Config;
     use ggml_viz_format::Layout;
@@ -604,8 +626,14 @@ mod tests {
     /// A recorder with rings of `buffer_size` events on a scratch file, whose rings nothing
     /// drains (it has no flusher).
     fn recorder(buffer_size: u64) -> &'static Recorder {
+        capped_recorder(buffer_size, Config::default().max_events)
+    }
+
+    /// [`recorder`] with an event cap of `max_events`.
+    fn capped_recorder(buffer_size: u64, max_events: u64) -> &'static Recorder {
         let config = Config {
             buffer_size,
+            max_events,
             ..Config::default()
         };
         let path = std::env::temp_dir().join(format!("ggml-viz-events-{}", std::process::id()));
@@ -792,6 +820,40 @@ mod tests {
             ]
         );
         assert_eq!((dropped, budget_used), (0, 3));
+    }
+
+    /// A share begun as the thread's share of the event cap runs out is held as any other (the
+    /// share is topped up first), so it and its wait still take one slot; where the cap is used
+    /// up, its begin, end and wait are each counted over it, once.
+    #[test]
+    fn a_share_begun_as_the_threads_budget_runs_out_still_takes_one_slot() {
+        // Three of the threads' chunks of the cap.
+        let r = capped_recorder(64, 3 * BUDGET_CHUNK);
+        let (events, dropped, over_cap) = std::thread::spawn(move || {
+            let t = ThisThread::get();
+            let l = t.0.for_recorder(r);
+            push(l, r, wait(), Claim::Plain);
+            let share_at_wait = || {
+                thread_op(t, r, ShareEdge::Begin, &NODE);
+                let ended = thread_op(t, r, ShareEdge::EndAtWait, &NODE);
+                barrier_wait(t, r, std::ptr::null_mut(), 1, 2, ended);
+            };
+            // One event of the thread's share left, and none, as the cap has another chunk
+            // each time; then none, with the cap used up.
+            for left in [1, 0, 0] {
+                l.budget.set(left);
+                share_at_wait();
+            }
+            assert_eq!(l.holding.get(), Holding::Nothing);
+            assert_eq!(l.promised.get(), 0);
+            let (events, dropped) = drained(l);
+            (events, dropped, r.over_max_events.load(Ordering::Relaxed))
+        })
+        .join()
+        .unwrap();
+        let (pair, wait) = (Kind::ShareAndWait, Kind::WorkerWait);
+        assert_eq!(events, [wait, pair, pair]);
+        assert_eq!((dropped, over_cap), (0, 3));
     }
 
     #[test]
