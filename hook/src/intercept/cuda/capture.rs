@@ -136,14 +136,41 @@ impl Capture {
                 "cuptiSubscribe",
                 (c.subscribe)(&mut subscriber, api_callback, me),
             )?;
-            for &(domain, name, id) in CALLBACKS {
-                c.check(name, (c.enable_callback)(1, subscriber, domain, id))?;
+            let on = CALLBACKS
+                .iter()
+                .try_for_each(|&(domain, name, id)| {
+                    c.check(name, (c.enable_callback)(1, subscriber, domain, id))
+                })
+                .and_then(|()| {
+                    ACTIVITY_KINDS
+                        .iter()
+                        .try_for_each(|&(name, kind)| c.check(name, (c.activity_enable)(kind)))
+                });
+            if on.is_err() {
+                self.withdraw(subscriber);
             }
-            for &(name, kind) in ACTIVITY_KINDS {
-                c.check(name, (c.activity_enable)(kind))?;
+            on
+        }
+    }
+
+    /// After a refusal part of the way through [`Capture::enable`]: what was turned on, off
+    /// again, so that "nothing captured" holds (no callback writes a line after it, no activity
+    /// is recorded).
+    ///
+    /// # Safety
+    /// `subscriber` is the subscription `enable` made.
+    unsafe fn withdraw(&self, subscriber: cupti::Subscriber) {
+        let c = &self.cupti;
+        // SAFETY: CUPTI's functions with the subscription it handed out and the kinds it took.
+        unsafe {
+            for &(_, kind) in ACTIVITY_KINDS {
+                // Disabling a kind that was never enabled is harmless: no result to say.
+                let _ = (c.activity_disable)(kind);
+            }
+            if let Err(e) = c.check("cuptiUnsubscribe", (c.unsubscribe)(subscriber)) {
+                self.line(&json!({ "error": e }));
             }
         }
-        Ok(())
     }
 
     /// CUPTI's buffers handed back through `buffer_completed` (`cuptiActivityFlushAll` with
