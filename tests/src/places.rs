@@ -24,12 +24,51 @@ pub(crate) fn built(name: &str) -> PathBuf {
     path
 }
 
+/// `name` as built, checked to be newer than every file under `sources` (folders of the
+/// workspace): `cargo test` does not rebuild what the tests run, and a test of a library older
+/// than its sources tests something else than what is checked out.
+fn built_from(name: &str, sources: &[&str]) -> PathBuf {
+    let path = built(name);
+    let made = std::fs::metadata(&path).and_then(|m| m.modified()).unwrap();
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+    let mut folders: Vec<PathBuf> = sources.iter().map(|s| root.join(s)).collect();
+    while let Some(folder) = folders.pop() {
+        for entry in std::fs::read_dir(&folder).unwrap() {
+            let entry = entry.unwrap();
+            let meta = entry.metadata().unwrap();
+            if meta.is_dir() {
+                folders.push(entry.path());
+            } else if meta.modified().unwrap() > made {
+                panic!(
+                    "{} is older than {}: run `cargo build --release --workspace` first \
+                     (scripts/test.sh does)",
+                    path.display(),
+                    entry.path().display()
+                );
+            }
+        }
+    }
+    path
+}
+
+/// The preloaded library's sources, and those of the crates it depends on.
+const HOOK_SOURCES: &[&str] = &["hook/src", "reader/format/src", "config/src"];
+
 pub fn hook() -> PathBuf {
-    built("libggml_viz_hook.so")
+    built_from("libggml_viz_hook.so", HOOK_SOURCES)
 }
 
 pub fn ggml_viz() -> PathBuf {
-    built("ggml-viz")
+    built_from(
+        "ggml-viz",
+        &[
+            "reader/src",
+            "reader/cli/src",
+            "reader/cli/assets",
+            "reader/format/src",
+            "config/src",
+        ],
+    )
 }
 
 /// The `bin/` directory of the llama.cpp build (binaries and shared ggml libraries).
