@@ -57,7 +57,8 @@ fn work(thread: usize) {
 
 /// A thread-pool worker's work (threads-mode op timing): its shares of nodes and its barrier
 /// waits, as thread 2 of 4, outside any graph compute of its own. Node 1's share lasts at least
-/// [`LONG_SHARE`]; node 2's holds a barrier wait of its own (as a matrix multiplication's do).
+/// [`LONG_SHARE`]; node 2's holds a barrier wait of its own (as a matrix multiplication's do),
+/// which begins [`LONG_SHARE`] or more after the share.
 /// Each share ends as the wait after it begins (the two then take one ring slot).
 fn pool_worker() {
     let recorder = ggml_viz_hook::active().expect("the session is active");
@@ -68,6 +69,7 @@ fn pool_worker() {
             std::thread::sleep(LONG_SHARE);
         }
         if op == 2 {
+            std::thread::sleep(LONG_SHARE);
             let waited_from = ggml_viz_hook::now_ticks();
             ggml_viz_hook::barrier_wait(this, recorder, std::ptr::null_mut(), 2, 4, waited_from);
         }
@@ -280,6 +282,11 @@ fn what_threads_record_is_in_the_trace_in_order() {
     // Node 2's: the third wait, between its share's begin (at index 6) and its own time.
     let inside = began.remove(2);
     assert!(worker_times[6] <= inside && inside <= worker_times[7]);
+    assert!(
+        inside - worker_times[6] >= LONG_SHARE.as_nanos() as u64,
+        "node 2's share began at {}, its wait inside at {inside}, it slept {LONG_SHARE:?} between",
+        worker_times[6]
+    );
     assert_eq!(began.len(), ends.len());
     for (wait, end) in began.iter().zip(&ends) {
         assert!(

@@ -7,15 +7,14 @@
 //! once; first sights of names and tensors take their table's lock once each (see `super`).
 //!
 //! Here: each thread's state, what an event may take of its ring and the cap (and what becomes
-//! of a pair whose begin was left out), op events and threads' shares and waits. The builders of
-//! the other events: [`graphs`] (graph computes and waits), [`spans`] (application spans, RPC
-//! parts) and [`buffers`] (backend buffers).
+//! of a pair whose begin was left out), op events. The builders of the other events: [`shares`]
+//! (threads' shares of nodes and their barrier waits), [`graphs`] (graph computes and waits),
+//! [`spans`] (application spans, RPC parts) and [`buffers`] (backend buffers).
 
 use std::cell::Cell;
-use std::ffi::c_void;
 use std::sync::atomic::Ordering;
 
-use super::raw::{Kind, OpEdge, OpInfo, OpShare, ShareAndWait, ThreadEdge, WorkerWait};
+use super::raw::{Kind, OpEdge, OpInfo, OpShare, ThreadEdge};
 use super::recorder::Recorder;
 use super::session::{self, active};
 use crate::base::names::Owner;
@@ -24,7 +23,10 @@ use crate::base::{clock, os};
 
 pub(super) mod buffers;
 pub(super) mod graphs;
+mod shares;
 pub(super) mod spans;
+
+pub use shares::{ShareEdge, barrier_wait, release_share, thread_op, thread_ops};
 
 /// Per-thread state. No destructors: it stays usable while the host's `atexit` handlers run,
 /// after Rust's own thread-locals are gone.
@@ -70,6 +72,9 @@ enum Holding {
     Begin,
     /// The begin of a share that ended as a barrier's wait began, and its end.
     Share,
+    /// The end of a share whose begin went in before it, which ended as a barrier's wait
+    /// began.
+    End,
 }
 
 /// Spans open on a thread whose begins are remembered for their ends.
@@ -270,6 +275,10 @@ fn store_held(l: &Local, r: &'static Recorder) {
             let ended = l.share_ended.get();
             store(l, r, held_share(&held, ended).event(), ended, 2, Claim::Op);
         }
+        // Held only where its begin was stored.
+        Holding::End => {
+            store(l, r, held, held.ticks, 1, Claim::End);
+        }
         Holding::Nothing => {}
     }
 }
@@ -412,23 +421,6 @@ fn make_ready(l: &Local, r: &'static Recorder, events: u64, kept: u64) -> Result
     Ok(())
 }
 
-/// Tops this thread's share of the event cap up to `events`, where it has its ring and id and
-/// the cap has more; counts nothing where it has not (the event that needs them is counted as
-/// it goes in, or not).
-#[cold]
-#[inline(never)]
-fn top_up(l: &Local, r: &Recorder, events: u64) {
-    if l.ring.get().is_null() || l.tid.get() == 0 {
-        return;
-    }
-    while l.budget.get() < events {
-        match r.reserve() {
-            0 => return,
-            budget => l.budget.set(l.budget.get() + budget),
-        }
-    }
-}
-
 /// A node's op begin (`OP_COMPUTE_BEGIN`) or end, in a slot of its own.
 #[inline(always)]
 fn op_event(begin: bool, op: &OpInfo) -> RawEvent {
@@ -466,125 +458,6 @@ fn end(l: &Local, r: &'static Recorder, event: RawEvent, ticks: u64, begin: Fate
     }
 }
 
-/// Threads mode: the recorder, if the nodes being computed now are to be recorded.
-pub fn thread_ops() -> Option<&'static Recorder> {
-    active().filter(|r| r.thread_ops())
-}
-
-/// How a thread's share of a node begins or ends (see [`thread_op`]).
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-pub enum ShareEdge {
-    Begin,
-    End,
-    /// The share ends as a barrier's wait begins, which [`barrier_wait`] records.
-    EndAtWait,
-}
-
-/// Threads mode: this thread begins or ends its share of a node (a span of its own, whatever
-/// other threads do).
-///
-/// A share whose thread records nothing else before it ends takes one ring slot: an
-/// `OpShare` with the ticks since its begin, which the writer writes as both records. The
-/// begin is held until then, and stored on its own, before whatever else comes first (a barrier
-/// wait within the op), or when the share is too long for the slot. A share that ends at a
-/// wait is held in its turn, for the wait to join (see [`barrier_wait`]).
-///
-/// Returns the time (in ticks) the event is stamped with.
-pub fn thread_op(t: ThisThread, r: &'static Recorder, edge: ShareEdge, op: &OpInfo) -> u64 {
-    let l = t.0.for_recorder(r);
-    let ticks = clock::now_ticks();
-    if edge == ShareEdge::Begin {
-        release(l, r);
-        if l.share_begin.get().is_some() {
-            l.forget(l.share_begin.take());
-        }
-        let event = op_event(true, op);
-        // Held only when the ring is ready: a thread's first events (its ring, its THREAD_BEGIN)
-        // go in at the time they are taken. Where only the thread's share of the cap ran out, it
-        // is topped up first, so that the share still takes one slot.
-        let needed = 2 + u64::from(l.promised.get());
-        if !ready(l, needed) {
-            top_up(l, r, needed);
-        }
-        if ready(l, needed) {
-            l.held.set(RawEvent { ticks, ..event });
-            l.holding.set(Holding::Begin);
-        } else {
-            let fate = store(l, r, event, ticks, 1, Claim::OpBegin);
-            l.share_begin.set(Some(fate));
-        }
-        return ticks;
-    }
-    if l.holding.get() == Holding::Begin {
-        let held = l.held.get();
-        let took = ticks.wrapping_sub(held.ticks);
-        if OpEdge::of(&held).op.tensor == op.tensor
-            && let Ok(took) = u32::try_from(took)
-        {
-            if edge == ShareEdge::EndAtWait {
-                l.holding.set(Holding::Share);
-                l.share_ended.set(ticks);
-            } else {
-                l.holding.set(Holding::Nothing);
-                store(l, r, OpShare { op: *op, took }.event(), ticks, 2, Claim::Op);
-            }
-            return ticks;
-        }
-    }
-    let event = op_event(false, op);
-    release(l, r);
-    match l.share_begin.take() {
-        Some(begin) => end(l, r, event, ticks, begin),
-        // The share began before this thread recorded (or for another recorder).
-        None => {
-            store(l, r, event, ticks, 1, Claim::Op);
-        }
-    }
-    ticks
-}
-
-/// Threads mode: this thread waited at a `ggml_barrier` of `threadpool` from `start_ticks` to
-/// now, as thread `ith` of `nth`. A share held since it ended as the wait began (a worker's,
-/// `threadpool` null) goes into the wait's slot with it, where the two fit one.
-pub fn barrier_wait(
-    t: ThisThread,
-    r: &'static Recorder,
-    threadpool: *mut c_void,
-    ith: u32,
-    nth: u32,
-    start_ticks: u64,
-) {
-    let now = clock::now_ticks();
-    let waited = now.saturating_sub(start_ticks);
-    let l = t.0.for_recorder(r);
-    if l.holding.get() == Holding::Share
-        && threadpool.is_null()
-        && l.share_ended.get() == start_ticks
-    {
-        let share = held_share(&l.held.get(), start_ticks);
-        if let Some(pair) = ShareAndWait::new(share, ith, nth, waited) {
-            l.holding.set(Holding::Nothing);
-            store(l, r, pair.event(), now, 3, Claim::Op);
-            return;
-        }
-    }
-    let event = WorkerWait {
-        threadpool: threadpool as u64,
-        ith,
-        nth,
-        waited,
-    }
-    .event();
-    // Stamped with the clock read that ended the wait (one read, not two).
-    push_at(l, r, event, now, Claim::Op);
-}
-
-/// Threads mode: puts this thread's held share, if any, in the ring on its own (a wait it was
-/// held for is not recorded after all).
-pub fn release_share(t: ThisThread, r: &'static Recorder) {
-    release(t.0.for_recorder(r), r);
-}
-
 /// Records a span's begin or end (`event`): the begin as a pair's, the end as its begin went
 /// (the innermost span open on this thread's; an end whose begin came before tracing did, or
 /// deeper than [`SPAN_DEPTH`], as any event).
@@ -616,12 +489,13 @@ fn span_edge(l: &Local, r: &'static Recorder, event: RawEvent, begin: bool) {
 mod tests {
     use super::*;
     use crate::base::entry::Entry;
-    use crate::record::raw::{GraphEdge, GraphInfo, SeqRemoved, SpanEdge};
+    use crate::record::raw::{GraphEdge, GraphInfo, SeqRemoved, SpanEdge, WorkerWait};
     use crate::record::recorder::{BUDGET_CHUNK, OpMode};
     use crate::record::writer::TraceWriter;
     use ggml_viz_config::Config;
     use ggml_viz_format::Layout;
     use ggml_viz_format::ext::Metadata;
+    use std::ffi::c_void;
 
     /// A recorder with rings of `buffer_size` events on a scratch file, whose rings nothing
     /// drains (it has no flusher).
@@ -636,7 +510,13 @@ mod tests {
             max_events,
             ..Config::default()
         };
-        let path = std::env::temp_dir().join(format!("ggml-viz-events-{}", std::process::id()));
+        // One file each: the tests make recorders at once.
+        static MADE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let path = std::env::temp_dir().join(format!(
+            "ggml-viz-events-{}-{}",
+            std::process::id(),
+            MADE.fetch_add(1, Ordering::Relaxed)
+        ));
         let file = std::fs::File::create(&path).unwrap();
         let writer = TraceWriter::create(
             file,
@@ -751,7 +631,8 @@ mod tests {
                 push(l, r, wait(), Claim::Plain);
             }
             // Two shares, each with a barrier wait inside, which puts its held begin in the ring
-            // first: the first share's begin goes in (3 of 8 taken: its end's slot and the
+            // first (the wait began before the begin was held, which no slot of the two can
+            // hold: each goes in on its own): the first share's begin goes in (3 of 8 taken: its end's slot and the
             // graph computes' 2 are free after it), the second's does not (6 taken), and its
             // end is left out with it.
             for _ in 0..2 {
@@ -820,6 +701,64 @@ mod tests {
             ]
         );
         assert_eq!((dropped, budget_used), (0, 3));
+    }
+
+    /// A share with waits inside its op (`mul_mat`'s barrier) takes two slots: its begin with
+    /// the first wait inside, its end with the wait after it; further waits inside take their
+    /// own. Its begin and end count as a pair's: where the begin is left out, the end is too.
+    #[test]
+    fn a_share_with_a_wait_inside_takes_two_slots() {
+        let r = recorder(64);
+        let (events, dropped, budget_used) = std::thread::spawn(move || {
+            let t = ThisThread::get();
+            let l = t.0.for_recorder(r);
+            push(l, r, wait(), Claim::Plain);
+            let share = |inside: u64| {
+                let begun = thread_op(t, r, ShareEdge::Begin, &NODE);
+                for i in 0..inside {
+                    barrier_wait(t, r, std::ptr::null_mut(), 1, 2, begun + 10 * i + 5);
+                }
+                let ended = thread_op(t, r, ShareEdge::EndAtWait, &NODE);
+                barrier_wait(t, r, std::ptr::null_mut(), 1, 2, ended);
+            };
+            let budget = l.budget.get();
+            share(1);
+            let used = budget - l.budget.get();
+            share(2);
+            assert_eq!(l.holding.get(), Holding::Nothing);
+            assert_eq!(l.promised.get(), 0);
+            let (events, dropped) = drained(l);
+            (events, dropped, used)
+        })
+        .join()
+        .unwrap();
+        let (begin, end, alone) = (Kind::BeginAndWait, Kind::EndAndWait, Kind::WorkerWait);
+        assert_eq!(events, [alone, begin, end, begin, alone, end]);
+        assert_eq!((dropped, budget_used), (0, 4));
+        // In a ring of 8 with 5 taken, a begin and its wait keep its end's slot and the graph
+        // computes' 2: the first share goes in whole, the second's begin and wait are left out,
+        // its end with them, and its last wait goes in on its own.
+        let r = recorder(8);
+        let (events, dropped) = std::thread::spawn(move || {
+            let t = ThisThread::get();
+            let l = t.0.for_recorder(r);
+            for _ in 0..3 {
+                push(l, r, wait(), Claim::Plain);
+            }
+            for _ in 0..2 {
+                let begun = thread_op(t, r, ShareEdge::Begin, &NODE);
+                barrier_wait(t, r, std::ptr::null_mut(), 1, 2, begun + 5);
+                let ended = thread_op(t, r, ShareEdge::EndAtWait, &NODE);
+                barrier_wait(t, r, std::ptr::null_mut(), 1, 2, ended);
+            }
+            assert_eq!(l.promised.get(), 0);
+            drained(l)
+        })
+        .join()
+        .unwrap();
+        assert_eq!(events, [alone, alone, alone, begin, end, alone]);
+        // The second share's begin and first wait, and its end.
+        assert_eq!(dropped, 3);
     }
 
     /// A share begun as the thread's share of the event cap runs out is held as any other (the

@@ -58,10 +58,16 @@ pub enum Kind {
     /// A worker thread's whole share of a node and its wait at the `ggml_barrier` after it, in
     /// one slot ([`ShareAndWait`]): the share's two records and the wait's.
     ShareAndWait = 21,
+    /// The begin of a worker's share and its first wait at a `ggml_barrier` inside the node's
+    /// op (`mul_mat`'s), in one slot ([`ShareAndWait`], [`Part::Begin`]).
+    BeginAndWait = 22,
+    /// The end of a worker's share whose begin went in before it, and the wait after it, in one
+    /// slot ([`ShareAndWait`], [`Part::End`]).
+    EndAndWait = 23,
 }
 
 impl Kind {
-    const ALL: [Kind; 21] = [
+    const ALL: [Kind; 23] = [
         Kind::GraphBegin,
         Kind::GraphEnd,
         Kind::Wait,
@@ -83,6 +89,8 @@ impl Kind {
         Kind::DeviceLane,
         Kind::DeviceOp,
         Kind::ShareAndWait,
+        Kind::BeginAndWait,
+        Kind::EndAndWait,
     ];
 
     /// The kind of `event` (`None`: a slot no constructor made).
@@ -277,16 +285,41 @@ impl OpShare {
     }
 }
 
-/// A worker thread's share of a node and its wait at the barrier right after it (the wait began
-/// when the share ended, one clock read for both), thread `ith` of `nth`: the wait ended at the
-/// slot's time after `waited` ticks. What a node costs a worker thread when there are several,
-/// in one slot instead of two; [`ShareAndWait::new`] says whether it fits one.
+/// A worker thread's share of a node, or a part of it, and a wait at a barrier, thread `ith` of
+/// `nth`: the wait ended at the slot's time after `waited` ticks. What a node costs a worker
+/// thread when there are several, in one slot instead of two or four; [`ShareAndWait::new`] says
+/// whether it fits one.
 #[derive(Clone, Copy, Debug)]
 pub struct ShareAndWait {
+    pub part: Part,
+    /// The op, and (but for [`Part::End`]) the ticks from the share's begin to the wait's.
     pub share: OpShare,
     pub ith: u16,
     pub nth: u16,
     pub waited: u32,
+}
+
+/// What a [`ShareAndWait`] holds of the share: all of it or one edge.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Part {
+    /// The share, which ended where the wait (the barrier's after the node) began (one clock
+    /// read for both).
+    Whole,
+    /// The share's begin, the share's `took` ticks before the wait began: a wait inside the
+    /// node's op.
+    Begin,
+    /// The share's end (its begin went in before), where the wait began.
+    End,
+}
+
+impl Part {
+    fn kind(self) -> Kind {
+        match self {
+            Part::Whole => Kind::ShareAndWait,
+            Part::Begin => Kind::BeginAndWait,
+            Part::End => Kind::EndAndWait,
+        }
+    }
 }
 
 impl ShareAndWait {
@@ -294,10 +327,17 @@ impl ShareAndWait {
     /// thread numbers below 65,536 and a wait below 2^32 ticks (else the two go in slots of
     /// their own).
     #[inline(always)]
-    pub fn new(share: OpShare, ith: u32, nth: u32, waited: u64) -> Option<ShareAndWait> {
+    pub fn new(
+        part: Part,
+        share: OpShare,
+        ith: u32,
+        nth: u32,
+        waited: u64,
+    ) -> Option<ShareAndWait> {
         let fits =
             share.op.op_type <= u32::from(u8::MAX) && share.op.op_size <= u64::from(u32::MAX);
         Some(ShareAndWait {
+            part,
             share,
             ith: u16::try_from(ith).ok()?,
             nth: u16::try_from(nth).ok()?,
@@ -311,7 +351,7 @@ impl ShareAndWait {
     #[inline(always)]
     pub fn event(&self) -> RawEvent {
         let op = &self.share.op;
-        let mut e = op.slot(Kind::ShareAndWait);
+        let mut e = op.slot(self.part.kind());
         e.words[2] |= u64::from(self.ith) << 32 | u64::from(self.nth) << 48;
         e.halves = [self.share.took, self.waited];
         e.tag = op.op_type as u8;
@@ -326,7 +366,13 @@ impl ShareAndWait {
             op_size: packed & u64::from(u32::MAX),
             ..OpInfo::of(e)
         };
+        let part = match Kind::of(e) {
+            Some(Kind::BeginAndWait) => Part::Begin,
+            Some(Kind::EndAndWait) => Part::End,
+            _ => Part::Whole,
+        };
         ShareAndWait {
+            part,
             share: OpShare {
                 op,
                 took: e.halves[0],
@@ -579,13 +625,15 @@ mod tests {
             },
             took: 123,
         };
-        let pair = ShareAndWait::new(share, 65_534, 65_535, u64::from(u32::MAX)).unwrap();
-        let back = ShareAndWait::of(&pair.event());
-        assert!(back.share.took == 123 && same_op(back.share.op, share.op));
-        assert_eq!(
-            (back.ith, back.nth, back.waited),
-            (65_534, 65_535, u32::MAX)
-        );
+        for part in [Part::Whole, Part::Begin, Part::End] {
+            let pair = ShareAndWait::new(part, share, 65_534, 65_535, u64::from(u32::MAX)).unwrap();
+            let back = ShareAndWait::of(&pair.event());
+            assert!(back.share.took == 123 && same_op(back.share.op, share.op));
+            assert_eq!(
+                (back.part, back.ith, back.nth, back.waited),
+                (part, 65_534, 65_535, u32::MAX)
+            );
+        }
         // What does not fit one slot: each field one past its room.
         let beyond = |op_type, op_size| OpShare {
             op: OpInfo {
@@ -595,12 +643,12 @@ mod tests {
             },
             took: 1,
         };
-        assert!(ShareAndWait::new(beyond(256, 1), 0, 2, 1).is_none());
-        assert!(ShareAndWait::new(beyond(1, 1 << 32), 0, 2, 1).is_none());
-        assert!(ShareAndWait::new(beyond(1, 1), 65_536, 65_537, 1).is_none());
-        assert!(ShareAndWait::new(beyond(1, 1), 0, 65_536, 1).is_none());
-        assert!(ShareAndWait::new(beyond(1, 1), 0, 2, 1 << 32).is_none());
-        assert!(ShareAndWait::new(beyond(1, 1), 0, 2, 1).is_some());
+        assert!(ShareAndWait::new(Part::Whole, beyond(256, 1), 0, 2, 1).is_none());
+        assert!(ShareAndWait::new(Part::Whole, beyond(1, 1 << 32), 0, 2, 1).is_none());
+        assert!(ShareAndWait::new(Part::Whole, beyond(1, 1), 65_536, 65_537, 1).is_none());
+        assert!(ShareAndWait::new(Part::Whole, beyond(1, 1), 0, 65_536, 1).is_none());
+        assert!(ShareAndWait::new(Part::Whole, beyond(1, 1), 0, 2, 1 << 32).is_none());
+        assert!(ShareAndWait::new(Part::Whole, beyond(1, 1), 0, 2, 1).is_some());
         let w = WorkerWait {
             threadpool: 0x30,
             ith: 1,

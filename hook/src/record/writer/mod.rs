@@ -18,7 +18,7 @@ use ggml_viz_format::{self as format, EventType, ExtensionKind, Layout, Payload}
 use super::output::Output;
 use super::raw::{
     BufferEdge, BufferHeld, DeviceLaneNamed, DeviceOp, GraphEdge, Kind, OpEdge, OpInfo, OpShare,
-    RpcEdge, SeqRemoved, ShareAndWait, SpanEdge, ThreadEdge, Wait, WorkerWait,
+    Part, RpcEdge, SeqRemoved, ShareAndWait, SpanEdge, ThreadEdge, Wait, WorkerWait,
 };
 use super::tensors::{MAX_TENSORS, Tensors};
 
@@ -273,10 +273,22 @@ impl TraceWriter {
                 self.encode_share(&OpShare::of(e), e.ticks, e.thread_id, d, floor)
             }
             Some(Kind::WorkerWait) => self.encode_worker_wait(&WorkerWait::of(e), e, floor),
-            Some(Kind::ShareAndWait) => {
+            Some(Kind::ShareAndWait | Kind::BeginAndWait | Kind::EndAndWait) => {
                 let pair = ShareAndWait::of(e);
-                let ended = e.ticks.wrapping_sub(u64::from(pair.waited));
-                self.encode_share(&pair.share, ended, e.thread_id, d, floor);
+                let (op, thread_id) = (&pair.share.op, e.thread_id);
+                let wait_began = e.ticks.wrapping_sub(u64::from(pair.waited));
+                match pair.part {
+                    Part::Whole => self.encode_share(&pair.share, wait_began, thread_id, d, floor),
+                    Part::Begin => {
+                        let begun = wait_began.wrapping_sub(u64::from(pair.share.took));
+                        let begin_ns = self.clock.convert_epoch_ns(begun, floor);
+                        self.encode_op_begin(op, thread_id, begin_ns, d);
+                    }
+                    Part::End => {
+                        let end_ns = self.clock.convert_epoch_ns(wait_began, floor);
+                        self.encode_op_end(op, thread_id, end_ns);
+                    }
+                }
                 let wait = WorkerWait {
                     threadpool: 0,
                     ith: u32::from(pair.ith),
@@ -376,6 +388,8 @@ impl TraceWriter {
             | Kind::OpShare
             | Kind::WorkerWait
             | Kind::ShareAndWait
+            | Kind::BeginAndWait
+            | Kind::EndAndWait
             | Kind::DeviceLane
             | Kind::DeviceOp => return,
         };
