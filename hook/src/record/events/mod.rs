@@ -541,6 +541,26 @@ mod tests {
         (events, ring.dropped())
     }
 
+    /// Runs `body` on a thread of its own, which records in `r`; checks that it left nothing
+    /// held and no end owed, and returns the kinds in its ring, the events dropped, and what
+    /// `body` returned.
+    fn on_a_thread<T: Send + 'static>(
+        r: &'static Recorder,
+        body: impl FnOnce(ThisThread, &Local) -> T + Send + 'static,
+    ) -> (Vec<Kind>, u64, T) {
+        std::thread::spawn(move || {
+            let t = ThisThread::get();
+            let l = t.0.for_recorder(r);
+            let out = body(t, l);
+            assert_eq!(l.holding.get(), Holding::Nothing);
+            assert_eq!(l.promised.get(), 0);
+            let (events, dropped) = drained(l);
+            (events, dropped, out)
+        })
+        .join()
+        .unwrap()
+    }
+
     const NODE: OpInfo = OpInfo {
         tensor: 0x100 as *mut c_void,
         op_type: 1,
@@ -658,9 +678,7 @@ mod tests {
     #[test]
     fn a_share_and_the_wait_after_it_take_one_slot() {
         let r = recorder(64);
-        let (events, dropped, budget_used) = std::thread::spawn(move || {
-            let t = ThisThread::get();
-            let l = t.0.for_recorder(r);
+        let (events, dropped, budget_used) = on_a_thread(r, move |t, l| {
             // The thread's ring is made by its first event, which goes in as it is taken.
             push(l, r, wait(), Claim::Plain);
             let share_at_wait = |nth, between: bool| {
@@ -679,13 +697,8 @@ mod tests {
             thread_op(t, r, ShareEdge::Begin, &NODE);
             thread_op(t, r, ShareEdge::EndAtWait, &NODE);
             release_share(t, r);
-            assert_eq!(l.holding.get(), Holding::Nothing);
-            assert_eq!(l.promised.get(), 0);
-            let (events, dropped) = drained(l);
-            (events, dropped, per_pair)
-        })
-        .join()
-        .unwrap();
+            per_pair
+        });
         let (pair, share, wait) = (Kind::ShareAndWait, Kind::OpShare, Kind::WorkerWait);
         assert_eq!(
             events,
@@ -709,9 +722,7 @@ mod tests {
     #[test]
     fn a_share_with_a_wait_inside_takes_two_slots() {
         let r = recorder(64);
-        let (events, dropped, budget_used) = std::thread::spawn(move || {
-            let t = ThisThread::get();
-            let l = t.0.for_recorder(r);
+        let (events, dropped, budget_used) = on_a_thread(r, move |t, l| {
             push(l, r, wait(), Claim::Plain);
             let share = |inside: u64| {
                 let begun = thread_op(t, r, ShareEdge::Begin, &NODE);
@@ -725,13 +736,8 @@ mod tests {
             share(1);
             let used = budget - l.budget.get();
             share(2);
-            assert_eq!(l.holding.get(), Holding::Nothing);
-            assert_eq!(l.promised.get(), 0);
-            let (events, dropped) = drained(l);
-            (events, dropped, used)
-        })
-        .join()
-        .unwrap();
+            used
+        });
         let (begin, end, alone) = (Kind::BeginAndWait, Kind::EndAndWait, Kind::WorkerWait);
         assert_eq!(events, [alone, begin, end, begin, alone, end]);
         assert_eq!((dropped, budget_used), (0, 4));
@@ -739,9 +745,7 @@ mod tests {
         // computes' 2: the first share goes in whole, the second's begin and wait are left out,
         // its end with them, and its last wait goes in on its own.
         let r = recorder(8);
-        let (events, dropped) = std::thread::spawn(move || {
-            let t = ThisThread::get();
-            let l = t.0.for_recorder(r);
+        let (events, dropped, ()) = on_a_thread(r, move |t, l| {
             for _ in 0..3 {
                 push(l, r, wait(), Claim::Plain);
             }
@@ -751,11 +755,7 @@ mod tests {
                 let ended = thread_op(t, r, ShareEdge::EndAtWait, &NODE);
                 barrier_wait(t, r, std::ptr::null_mut(), 1, 2, ended);
             }
-            assert_eq!(l.promised.get(), 0);
-            drained(l)
-        })
-        .join()
-        .unwrap();
+        });
         assert_eq!(events, [alone, alone, alone, begin, end, alone]);
         // The second share's begin and first wait, and its end.
         assert_eq!(dropped, 3);
@@ -768,9 +768,7 @@ mod tests {
     fn a_share_begun_as_the_threads_budget_runs_out_still_takes_one_slot() {
         // Three of the threads' chunks of the cap.
         let r = capped_recorder(64, 3 * BUDGET_CHUNK);
-        let (events, dropped, over_cap) = std::thread::spawn(move || {
-            let t = ThisThread::get();
-            let l = t.0.for_recorder(r);
+        let (events, dropped, ()) = on_a_thread(r, move |t, l| {
             push(l, r, wait(), Claim::Plain);
             let share_at_wait = || {
                 thread_op(t, r, ShareEdge::Begin, &NODE);
@@ -783,15 +781,10 @@ mod tests {
                 l.budget.set(left);
                 share_at_wait();
             }
-            assert_eq!(l.holding.get(), Holding::Nothing);
-            assert_eq!(l.promised.get(), 0);
-            let (events, dropped) = drained(l);
-            (events, dropped, r.over_max_events.load(Ordering::Relaxed))
-        })
-        .join()
-        .unwrap();
+        });
         let (pair, wait) = (Kind::ShareAndWait, Kind::WorkerWait);
         assert_eq!(events, [wait, pair, pair]);
+        let over_cap = r.over_max_events.load(Ordering::Relaxed);
         assert_eq!((dropped, over_cap), (0, 3));
     }
 
