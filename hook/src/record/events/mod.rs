@@ -46,9 +46,11 @@ struct Local {
     open_op: Cell<Option<(OpInfo, Fate)>>,
     /// Threads mode: the begin event of this thread's op share, with its time, not yet in the
     /// ring (`holding`): while the share is open, its end joins it when nothing else is
-    /// recorded before (see [`thread_op`]); once it ended (at `share_ended`) as a barrier's wait
-    /// began, the wait joins the two (see [`barrier_wait`]). Anything else recorded first puts
-    /// it in the ring before itself.
+    /// recorded before (see [`thread_op`]), or a barrier wait inside its op does; once it ended
+    /// (at `share_ended`) as a barrier's wait began, the wait joins the two (see
+    /// [`barrier_wait`]). Or the end event of a share whose begin went in, which ended as a
+    /// wait began, for the wait to join. Anything else recorded first puts it in the ring
+    /// before itself.
     held: Cell<RawEvent>,
     holding: Cell<Holding>,
     share_ended: Cell<u64>,
