@@ -738,10 +738,26 @@ mod tests {
             share(1);
             let used = budget - l.budget.get();
             share(2);
+            // An end held for a wait that does not fit its slot (65,536 threads), and for one
+            // not recorded after all: it goes in on its own, its begin's end.
+            let begun = thread_op(t, r, ShareEdge::Begin, &NODE);
+            barrier_wait(t, r, std::ptr::null_mut(), 1, 2, begun + 5);
+            let ended = thread_op(t, r, ShareEdge::EndAtWait, &NODE);
+            barrier_wait(t, r, std::ptr::null_mut(), 1, 65_536, ended);
+            let begun = thread_op(t, r, ShareEdge::Begin, &NODE);
+            barrier_wait(t, r, std::ptr::null_mut(), 1, 2, begun + 5);
+            thread_op(t, r, ShareEdge::EndAtWait, &NODE);
+            release_share(t, r);
             used
         });
         let (begin, end, alone) = (Kind::BeginAndWait, Kind::EndAndWait, Kind::WorkerWait);
-        assert_eq!(events, [alone, begin, end, begin, alone, end]);
+        let on_its_own = Kind::OpEnd;
+        assert_eq!(
+            events,
+            [
+                alone, begin, end, begin, alone, end, begin, on_its_own, alone, begin, on_its_own
+            ]
+        );
         assert_eq!((dropped, budget_used), (0, 4));
         // In a ring of 8 with 5 taken, a begin and its wait keep its end's slot and the graph
         // computes' 2: the first share goes in whole, the second's begin and wait are left out,
