@@ -252,18 +252,18 @@ impl Capture {
     /// `data` is CUPTI's `CUpti_CallbackData` for the call `id` of `domain`.
     unsafe fn api_call(&self, domain_id: u32, id: u32, data: *const u8) {
         // SAFETY: per the contract.
-        let (site, correlation, function, symbol, params) = unsafe {
+        if unsafe { read(data, api_call::SITE) } as u32 != API_ENTER {
+            return;
+        }
+        // SAFETY: per the contract.
+        let (correlation, function, symbol, params) = unsafe {
             (
-                read(data, api_call::SITE) as u32,
                 read(data, api_call::CORRELATION_ID),
                 read_str(data, api_call::FUNCTION_NAME),
                 read_str(data, api_call::SYMBOL_NAME),
                 read(data, api_call::PARAMS) as *const u8,
             )
         };
-        if site != API_ENTER {
-            return;
-        }
         let mut line = json!({
             "api": if domain_id == domain::DRIVER_API { "driver" } else { "runtime" },
             "cbid": id,
@@ -274,20 +274,23 @@ impl Capture {
             "ns": monotonic_ns(),
         });
         if domain_id == domain::DRIVER_API && !params.is_null() {
+            // The launch's function and parameter array, and its stream where the call has one.
             let launched = match id {
-                cbid::CU_LAUNCH_KERNEL | cbid::CU_LAUNCH_KERNEL_PTSZ => {
-                    Some((launch::FUNCTION, launch::KERNEL_PARAMS))
-                }
+                cbid::CU_LAUNCH_KERNEL | cbid::CU_LAUNCH_KERNEL_PTSZ => Some((
+                    launch::FUNCTION,
+                    launch::KERNEL_PARAMS,
+                    Some(launch::STREAM),
+                )),
                 cbid::CU_LAUNCH_KERNEL_EX | cbid::CU_LAUNCH_KERNEL_EX_PTSZ => {
-                    Some((launch::EX_FUNCTION, launch::EX_KERNEL_PARAMS))
+                    Some((launch::EX_FUNCTION, launch::EX_KERNEL_PARAMS, None))
                 }
                 _ => None,
             };
-            if matches!(id, cbid::CU_LAUNCH_KERNEL | cbid::CU_LAUNCH_KERNEL_PTSZ) {
-                // SAFETY: cuLaunchKernel's parameters (the contract).
-                line["stream"] = unsafe { read(params, launch::STREAM) }.into();
-            }
-            if let Some((function, kernel_params)) = launched {
+            if let Some((function, kernel_params, stream)) = launched {
+                if let Some(stream) = stream {
+                    // SAFETY: cuLaunchKernel's parameters (the contract).
+                    line["stream"] = unsafe { read(params, stream) }.into();
+                }
                 // SAFETY: the driver's launch parameters for this call id (the contract).
                 let (f, kernel_params) =
                     unsafe { (read(params, function), read(params, kernel_params)) };
