@@ -55,20 +55,27 @@ fn built_from(name: &str, sources: &[&str]) -> PathBuf {
 const HOOK_SOURCES: &[&str] = &["hook/src", "reader/format/src", "config/src"];
 
 pub fn hook() -> PathBuf {
-    built_from("libggml_viz_hook.so", HOOK_SOURCES)
+    // Checked once a test process.
+    static HOOK: OnceLock<PathBuf> = OnceLock::new();
+    HOOK.get_or_init(|| built_from("libggml_viz_hook.so", HOOK_SOURCES))
+        .clone()
 }
 
 pub fn ggml_viz() -> PathBuf {
-    built_from(
-        "ggml-viz",
-        &[
-            "reader/src",
-            "reader/cli/src",
-            "reader/cli/assets",
-            "reader/format/src",
-            "config/src",
-        ],
-    )
+    static CLI: OnceLock<PathBuf> = OnceLock::new();
+    CLI.get_or_init(|| {
+        built_from(
+            "ggml-viz",
+            &[
+                "reader/src",
+                "reader/cli/src",
+                "reader/cli/assets",
+                "reader/format/src",
+                "config/src",
+            ],
+        )
+    })
+    .clone()
 }
 
 /// The `bin/` directory of the llama.cpp build (binaries and shared ggml libraries).
