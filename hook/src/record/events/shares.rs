@@ -111,7 +111,6 @@ pub fn barrier_wait(
     start_ticks: u64,
 ) {
     let now = clock::now_ticks();
-    let waited = now.saturating_sub(start_ticks);
     let l = t.0.for_recorder(r);
     if l.holding.get() != Holding::Nothing
         && threadpool.is_null()
@@ -123,7 +122,7 @@ pub fn barrier_wait(
         threadpool: threadpool as u64,
         ith,
         nth,
-        waited,
+        waited: now.saturating_sub(start_ticks),
     }
     .event();
     // Stamped with the clock read that ended the wait (one read, not two).
