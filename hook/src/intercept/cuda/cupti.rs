@@ -234,10 +234,7 @@ pub const CALLBACKS: &[(u32, &str, u32)] = &[
 /// The activity kinds the capture enables, by their enumerators' names.
 #[rustfmt::skip]
 pub const ACTIVITY_KINDS: &[(&str, u32)] = &[
-    (
-        "CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL",
-        activity_kind::CONCURRENT_KERNEL,
-    ),
+    ("CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL", activity_kind::CONCURRENT_KERNEL),
     ("CUPTI_ACTIVITY_KIND_MEMCPY", activity_kind::MEMCPY),
     ("CUPTI_ACTIVITY_KIND_MEMSET", activity_kind::MEMSET),
 ];
