@@ -339,6 +339,42 @@ mod unix {
         NonNull::new(ptr.cast())
     }
 
+    /// Asks the kernel to start writing `file`'s bytes `offset..offset + len` to its disk now
+    /// (Linux; elsewhere nothing), without waiting for it.
+    pub fn start_writeback(file: &File, offset: u64, len: u64) {
+        #[cfg(target_os = "linux")]
+        // SAFETY: a plain system call on an open descriptor we own; it reads and writes none
+        // of our memory. A failure (a file system that keeps no such pages) changes nothing.
+        unsafe {
+            libc::sync_file_range(
+                std::os::fd::AsRawFd::as_raw_fd(file),
+                offset as libc::off64_t,
+                len as libc::off64_t,
+                libc::SYNC_FILE_RANGE_WRITE,
+            );
+        }
+        #[cfg(not(target_os = "linux"))]
+        let _ = (file, offset, len);
+    }
+
+    /// Tells the kernel that `file`'s bytes `offset..offset + len` will not be read again soon:
+    /// the pages of them already on the disk leave the page cache (Linux; elsewhere nothing).
+    /// Pages not yet written back stay, and nothing waits.
+    pub fn uncache(file: &File, offset: u64, len: u64) {
+        #[cfg(target_os = "linux")]
+        // SAFETY: as in `start_writeback`: advice on an open descriptor we own.
+        unsafe {
+            libc::posix_fadvise(
+                std::os::fd::AsRawFd::as_raw_fd(file),
+                offset as libc::off_t,
+                len as libc::off_t,
+                libc::POSIX_FADV_DONTNEED,
+            );
+        }
+        #[cfg(not(target_os = "linux"))]
+        let _ = (file, offset, len);
+    }
+
     /// Gives back what [`map_zeroed`] mapped.
     ///
     /// # Safety
@@ -408,6 +444,12 @@ mod windows {
             Err(err) => Err(err),
         }
     }
+
+    /// Nothing on Windows (see the Unix one); Windows writes in place, without the writer's thread.
+    pub fn start_writeback(_file: &File, _offset: u64, _len: u64) {}
+
+    /// Nothing on Windows (see the Unix one).
+    pub fn uncache(_file: &File, _offset: u64, _len: u64) {}
 
     /// No signals on Windows: a write beyond a quota fails as an error.
     pub fn without_sigxfsz<T>(write: impl FnOnce() -> T) -> T {
