@@ -101,14 +101,31 @@ macro_rules! pop_arguments {
 /// up around the call, the outermost call site kept); of the dispatcher's marker at depth 0,
 /// whose share [`begin_share`] begins; of a barrier of one thread, which records no wait and
 /// ends this thread's share if one is open (through [`end_share`]); or of a barrier of several,
-/// whose wait [`wait_begins`] and [`exit`] record around the call. Anything else takes the slow
-/// path, through [`enter`].
+/// whose wait [`wait_begins`] and [`exit`] record around the call. OpenMP's barrier called inside
+/// such a recorded wait, from the site the last one came from, goes straight on before any of
+/// that (its site lookup once cost a tenth of a share's instructions at two threads). Anything
+/// else takes the slow path, through [`enter`].
 ///
 /// # Safety
 /// Entered only by a wrapper's `jmp`, with the caller's argument registers and stack intact.
 #[unsafe(naked)]
 unsafe extern "C" fn common() {
     core::arch::naked_asm!(
+        // OpenMP's barrier inside a recorded ggml_barrier wait, from the site the last one
+        // came from: straight on to where that one went (see `Worker::omp_site`).
+        "cmp r11d, {omp_row}",
+        "jne 9f",
+        "mov rax, qword ptr [rip + ggml_viz_worker_slot@GOTTPOFF]",
+        "mov rax, qword ptr fs:[rax]",
+        "test rax, rax",
+        "jz 9f",
+        "cmp qword ptr [rax + {barrier_start}], 0",
+        "je 9f",
+        "mov r10, [rsp]",
+        "cmp r10, [rax + {omp_site}]",
+        "jne 9f",
+        "jmp qword ptr [rax + {omp_real}]",
+        "9:",
         // Three pushes: the stack is 16-byte aligned for the call below.
         "push rbx",
         "push r12",
@@ -174,7 +191,7 @@ unsafe extern "C" fn common() {
         "cmp r12d, {omp_barrier}",
         "jne 54f",
         "cmp qword ptr [rbx + {barrier_start}], 0",
-        "jne 51f",
+        "jne 55f",
         "cmp dword ptr [rbx + {depth}], 0",
         "jne 50f",
         "cmp qword ptr [rbx + {open}], 0",
@@ -257,6 +274,12 @@ unsafe extern "C" fn common() {
         "pop r12",
         "pop rbx",
         "ret",
+        // OpenMP's barrier inside a recorded wait: its site and real function kept for the
+        // next one (the check at the top), then straight on.
+        "55:",
+        "mov [rbx + {omp_site}], r13",
+        "mov [rbx + {omp_real}], r10",
+        "jmp 51b",
         // The dispatcher's marker at depth 0: begin_share(worker, site, resolved, params,
         // node, row) begins the share (as enter would) and says whether the call is timed: if
         // so the depth goes up around it, as for the per-op calls above.
@@ -377,6 +400,9 @@ unsafe extern "C" fn common() {
         barrier = const Kind::Barrier as u8,
         omp_barrier = const Kind::OmpBarrier as u8,
         barrier_start = const std::mem::offset_of!(Worker, barrier_start),
+        omp_row = const Index::GOMP_barrier as u8,
+        omp_site = const std::mem::offset_of!(Worker, omp_site),
+        omp_real = const std::mem::offset_of!(Worker, omp_real),
         mix = const SITE_MIX,
         shift = const SITE_SET_SHIFT,
         set_size = const std::mem::size_of::<[SiteSlot; SITE_WAYS]>(),

@@ -93,6 +93,12 @@ pub(super) struct Worker {
     pub(super) nth: Cell<u32>,
     /// When the open barrier wait began (0: not recorded).
     pub(super) barrier_start: Cell<u64>,
+    /// The site of the last call of OpenMP's barrier made inside a recorded `ggml_barrier`
+    /// wait, and where `common` sent it: `common` sends the next such call from there straight
+    /// on, before anything else it does (ggml's barrier at two threads or more makes one after
+    /// every node of an OpenMP build).
+    pub(super) omp_site: Cell<usize>,
+    pub(super) omp_real: Cell<usize>,
     /// This thread's recording state, once it recorded.
     thread: Cell<Option<ThisThread>>,
     /// The call sites this thread resolved last, in sets by (row, site): each node makes three
@@ -478,6 +484,8 @@ thread_local! {
             ith: Cell::new(0),
             nth: Cell::new(0),
             barrier_start: Cell::new(0),
+            omp_site: Cell::new(0),
+            omp_real: Cell::new(0),
             thread: Cell::new(None),
             sites: [const {
                 [const {
