@@ -8,6 +8,7 @@
 //! at start. Measured here: `clock_gettime` costs ~30 ns in this VM, `rdtsc` ~11 ns.
 
 use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::os::{monotonic_ns, realtime_ns};
 
@@ -21,13 +22,19 @@ fn epoch_offset() -> u64 {
 fn ticks_are_tsc() -> bool {
     static TSC: OnceLock<bool> = OnceLock::new();
     *TSC.get_or_init(|| {
-        cfg!(target_arch = "x86_64")
+        let tsc = cfg!(target_arch = "x86_64")
             && std::fs::read_to_string(
                 "/sys/devices/system/clocksource/clocksource0/current_clocksource",
             )
-            .is_ok_and(|s| s.trim() == "tsc")
+            .is_ok_and(|s| s.trim() == "tsc");
+        RDTSC_TICKS.store(tsc, Ordering::Relaxed);
+        tsc
     })
 }
+
+/// Ticks are known to be read with `rdtsc` (set once [`now_ticks`] knows): where the
+/// per-thread trampoline's assembly reads the clock itself, it does so only then.
+pub static RDTSC_TICKS: AtomicBool = AtomicBool::new(false);
 
 /// Now, in ticks. The producer's clock.
 #[inline]

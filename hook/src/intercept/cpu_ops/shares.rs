@@ -23,7 +23,7 @@ pub(super) fn threads_timed(w: &Worker) -> Option<&'static Recorder> {
         return r;
     }
     if w.depth.get() == 0 && w.open_tensor.get() != 0 {
-        contained(|| end_node(w, ShareEdge::End));
+        contained(|| end_node(w));
     } else if w.depth.get() == 0 && record::thread_ops_never() {
         w.passthrough.set(true);
         set_worker_slot(w);
@@ -90,7 +90,7 @@ pub(super) extern "C" fn end_share(worker: *const Worker, site: usize) {
     // long as the thread, and only this thread uses it.
     let w = unsafe { &*worker };
     if w.barrier_follows_node(site) {
-        contained(|| end_node(w, ShareEdge::End));
+        contained(|| end_node(w));
     }
 }
 
@@ -104,9 +104,31 @@ pub(super) extern "C" fn wait_begins(worker: *const Worker, site: usize) -> bool
     threads_timed(w).is_some() && timed_wait(w, site)
 }
 
-/// A barrier call from `site` while threads are timed: whether its wait is recorded.
+/// A barrier call from `site` while threads are timed: whether its wait is recorded (then it
+/// began now, and [`exit`] follows the call).
 pub(super) fn timed_wait(w: &Worker, site: usize) -> bool {
-    contained(|| barrier_begins(w, site)) == Some(true)
+    contained(|| {
+        let start = clock::now_ticks();
+        let recorded = wait_began(w, site, start).is_some();
+        w.barrier_start.set(if recorded { start } else { 0 });
+        recorded
+    }) == Some(true)
+}
+
+/// `common`'s fast path after a barrier of several threads called from `site`, whose wait it
+/// stamped as it began (`barrier_start`, ticks read as [`clock::now_ticks`] reads them): what
+/// [`wait_begins`] and [`exit`] would do around the call, in one call after it.
+pub(super) extern "C" fn waited(worker: *const Worker, site: usize) {
+    // SAFETY: `common` passes this thread's own `WORKER` (from its TLS slot), which lives as
+    // long as the thread, and only this thread uses it.
+    let w = unsafe { &*worker };
+    let start = w.barrier_start.replace(0);
+    contained(|| match wait_began(w, site, start) {
+        Some(r) => record_wait(w, r, start),
+        None => {
+            threads_timed(w);
+        }
+    });
 }
 
 /// After a recorded barrier wait, on the thread whose `worker` [`enter`](super::trampoline) returned (after any
@@ -130,7 +152,7 @@ fn node_begins(
     arg2: Ptr,
 ) {
     let tensor = node_tensor(kind, arg1, arg2);
-    end_node(w, ShareEdge::End);
+    end_node(w);
     if tensor.is_null() || params.is_null() {
         return;
     }
@@ -171,46 +193,44 @@ fn node_begins(
 pub fn graph_compute_returned() {
     WORKER.with(|w| {
         if w.depth.get() == 0 {
-            contained(|| end_node(w, ShareEdge::End));
+            contained(|| end_node(w));
         }
     });
 }
 
-/// Ends this thread's open share of a node, if any, at `edge` (an end, or an end where a
-/// recorded barrier wait begins): when it was recorded ending, in ticks.
-fn end_node(w: &Worker, edge: ShareEdge) -> Option<u64> {
-    let (op, r) = w.take_node()?;
-    w.prefetch_next();
-    record::active()
-        .is_some_and(|a| std::ptr::eq(a, r))
-        .then(|| record::thread_op(w.this_thread(), r, edge, &op))
+/// Ends this thread's open share of a node, if any, now.
+fn end_node(w: &Worker) {
+    end_node_at(w, ShareEdge::End, clock::now_ticks);
 }
 
-/// A barrier called from `site`: whether its wait is recorded (else nothing is to be done when
-/// it ends).
-fn barrier_begins(w: &Worker, site: usize) -> bool {
-    let recorded = w.nth.get() > 1 && record::thread_ops().is_some();
+/// Ends this thread's open share of a node, if any, at `edge` (an end, or an end where a
+/// recorded barrier wait begins), at the ticks `when` gives (asked only where a share ends).
+#[inline(always)]
+fn end_node_at(w: &Worker, edge: ShareEdge, when: impl FnOnce() -> u64) {
+    if let Some((op, r)) = w.take_node() {
+        w.prefetch_next();
+        if record::active().is_some_and(|a| std::ptr::eq(a, r)) {
+            record::thread_op_at(w.this_thread(), r, edge, &op, when());
+        }
+    }
+}
+
+/// A barrier called from `site` whose wait began at `start` ticks: the share open on this
+/// thread ends there if the barrier follows its node; the recorder the wait is recorded in, if
+/// it is (else nothing is to be done when it ends).
+fn wait_began(w: &Worker, site: usize, start: u64) -> Option<&'static Recorder> {
+    let recorder = record::thread_ops().filter(|_| w.nth.get() > 1);
     // The node before this barrier is done, on this thread, unless the barrier is inside its
     // op: a call nested in its per-op function, or one from a function no wrapper reaches.
-    let ended = if w.depth.get() == 0 && w.barrier_follows_node(site) {
-        end_node(
-            w,
-            if recorded {
-                ShareEdge::EndAtWait
-            } else {
-                ShareEdge::End
-            },
-        )
-    } else {
-        None
-    };
-    // The wait begins when the share ends (one clock read for both).
-    w.barrier_start.set(if recorded {
-        ended.unwrap_or_else(clock::now_ticks)
-    } else {
-        0
-    });
-    recorded
+    if w.depth.get() == 0 && w.barrier_follows_node(site) {
+        let edge = if recorder.is_some() {
+            ShareEdge::EndAtWait
+        } else {
+            ShareEdge::End
+        };
+        end_node_at(w, edge, || start);
+    }
+    recorder
 }
 
 /// A recorded barrier wait ended: recorded, with the share that ended as it began, if any
@@ -221,16 +241,21 @@ fn barrier_ends(w: &Worker) {
         return;
     }
     match record::thread_ops() {
-        Some(r) => record::barrier_wait(
-            w.this_thread(),
-            r,
-            std::ptr::null_mut(),
-            w.ith.get(),
-            w.nth.get(),
-            start,
-        ),
+        Some(r) => record_wait(w, r, start),
         None => share_without_wait(w),
     }
+}
+
+/// This thread's barrier wait from `start` ticks to now, recorded in `r`.
+fn record_wait(w: &Worker, r: &'static Recorder, start: u64) {
+    record::barrier_wait(
+        w.this_thread(),
+        r,
+        std::ptr::null_mut(),
+        w.ith.get(),
+        w.nth.get(),
+        start,
+    );
 }
 
 /// A wait ended that is not recorded after all (threads are no longer timed): the share that

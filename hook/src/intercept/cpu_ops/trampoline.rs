@@ -4,12 +4,12 @@
 use std::ffi::{CStr, c_void};
 
 use super::shares::{
-    begin_share, end_share, exit, outermost_call, threads_timed, timed_wait, wait_begins,
+    begin_share, end_share, exit, outermost_call, threads_timed, timed_wait, wait_begins, waited,
 };
 use super::worker::{
     Kind, SITE_MIX, SITE_SET_SHIFT, SITE_WAYS, SiteEntry, SiteSlot, WORKER, Worker, set_worker_slot,
 };
-use crate::base::contained;
+use crate::base::{clock, contained};
 use crate::intercept::route::{Callee, Resolved, fallback_callee};
 use crate::intercept::start::say_no_function;
 use crate::record;
@@ -101,8 +101,9 @@ macro_rules! pop_arguments {
 /// up around the call, the outermost call site kept); of the dispatcher's marker at depth 0,
 /// whose share [`begin_share`] begins; of a barrier of one thread, which records no wait and
 /// ends this thread's share if one is open (through [`end_share`]); or of a barrier of several,
-/// whose wait [`wait_begins`] and [`exit`] record around the call. OpenMP's barrier called inside
-/// such a recorded wait, from the site the last one came from, goes straight on before any of
+/// whose wait it stamps (ticks being the TSC) and [`waited`] records after the call (else
+/// [`wait_begins`] and [`exit`] around it). OpenMP's barrier called inside
+/// such a timed wait, from the site the last one came from, goes straight on before any of
 /// that (its site lookup once cost a tenth of a share's instructions at two threads). Anything
 /// else takes the slow path, through [`enter`].
 ///
@@ -111,7 +112,7 @@ macro_rules! pop_arguments {
 #[unsafe(naked)]
 unsafe extern "C" fn common() {
     core::arch::naked_asm!(
-        // OpenMP's barrier inside a recorded ggml_barrier wait, from the site the last one
+        // OpenMP's barrier inside a timed ggml_barrier wait, from the site the last one
         // came from: straight on to where that one went (see `Worker::omp_site`).
         "cmp r11d, {omp_row}",
         "jne 9f",
@@ -253,11 +254,33 @@ unsafe extern "C" fn common() {
         "pop r12",
         "pop rbx",
         "jmp r10",
-        // A barrier of several threads: wait_begins(worker, site) ends the share if one is
-        // open and the barrier follows its node, and says whether the wait is recorded; if so,
-        // ggml's barrier is called from here and exit records the wait after it (a barrier
-        // returns nothing; rax is kept all the same).
+        // A barrier of several threads, where ticks are the TSC: its wait begins now, stamped
+        // here (rdx, which rdtsc takes, kept in r12), ggml's barrier is called from here, and
+        // waited(worker, site) does after it what wait_begins and exit do around it below (a
+        // barrier returns nothing; rax is kept all the same).
         "52:",
+        "cmp byte ptr [rip + {rdtsc_ticks}], 0",
+        "je 57f",
+        "mov r12, rdx",
+        "rdtsc",
+        "shl rdx, 32",
+        "or rax, rdx",
+        "mov rdx, r12",
+        "mov [rbx + {barrier_start}], rax",
+        "call r10",
+        "mov r12, rax",
+        "mov rdi, rbx",
+        "mov rsi, r13",
+        "call {waited}",
+        "mov rax, r12",
+        "pop r13",
+        "pop r12",
+        "pop rbx",
+        "ret",
+        // Else wait_begins(worker, site) ends the share if one is open and the barrier follows
+        // its node, and says whether the wait is recorded; if so, ggml's barrier is called from
+        // here and exit records the wait after it.
+        "57:",
         push_arguments!(),
         "mov rdi, rbx",
         "mov rsi, r13",
@@ -422,6 +445,8 @@ unsafe extern "C" fn common() {
         end_share = sym end_share,
         begin_share = sym begin_share,
         wait_begins = sym wait_begins,
+        waited = sym waited,
+        rdtsc_ticks = sym clock::RDTSC_TICKS,
     )
 }
 

@@ -93,7 +93,7 @@ pub(super) struct Worker {
     pub(super) nth: Cell<u32>,
     /// When the open barrier wait began (0: not recorded).
     pub(super) barrier_start: Cell<u64>,
-    /// The site of the last call of OpenMP's barrier made inside a recorded `ggml_barrier`
+    /// The site of the last call of OpenMP's barrier made inside a timed `ggml_barrier`
     /// wait, and where `common` sent it: `common` sends the next such call from there straight
     /// on, before anything else it does (ggml's barrier at two threads or more makes one after
     /// every node of an OpenMP build).

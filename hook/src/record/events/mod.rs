@@ -26,6 +26,8 @@ pub(super) mod graphs;
 mod shares;
 pub(super) mod spans;
 
+#[cfg(all(target_os = "linux", target_arch = "x86_64"))]
+pub use shares::thread_op_at;
 pub use shares::{ShareEdge, barrier_wait, release_share, thread_op, thread_ops};
 
 /// Per-thread state. No destructors: it stays usable while the host's `atexit` handlers run,

@@ -40,8 +40,14 @@ pub enum ShareEdge {
 ///
 /// Returns the time (in ticks) the event is stamped with.
 pub fn thread_op(t: ThisThread, r: &'static Recorder, edge: ShareEdge, op: &OpInfo) -> u64 {
-    let l = t.0.for_recorder(r);
     let ticks = clock::now_ticks();
+    thread_op_at(t, r, edge, op, ticks);
+    ticks
+}
+
+/// [`thread_op`] at `ticks`, read by the caller.
+pub fn thread_op_at(t: ThisThread, r: &'static Recorder, edge: ShareEdge, op: &OpInfo, ticks: u64) {
+    let l = t.0.for_recorder(r);
     if edge == ShareEdge::Begin {
         release(l, r);
         if l.share_begin.get().is_some() {
@@ -62,7 +68,7 @@ pub fn thread_op(t: ThisThread, r: &'static Recorder, edge: ShareEdge, op: &OpIn
             let fate = store(l, r, event, ticks, 1, Claim::OpBegin);
             l.share_begin.set(Some(fate));
         }
-        return ticks;
+        return;
     }
     if l.holding.get() == Holding::Begin {
         let held = l.held.get();
@@ -77,7 +83,7 @@ pub fn thread_op(t: ThisThread, r: &'static Recorder, edge: ShareEdge, op: &OpIn
                 l.holding.set(Holding::Nothing);
                 store(l, r, OpShare { op: *op, took }.event(), ticks, 2, Claim::Op);
             }
-            return ticks;
+            return;
         }
     }
     let event = op_event(false, op);
@@ -95,7 +101,6 @@ pub fn thread_op(t: ThisThread, r: &'static Recorder, edge: ShareEdge, op: &OpIn
             store(l, r, event, ticks, 1, Claim::Op);
         }
     }
-    ticks
 }
 
 /// Threads mode: this thread waited at a `ggml_barrier` of `threadpool` from `start_ticks` to
