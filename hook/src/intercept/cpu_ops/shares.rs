@@ -199,6 +199,7 @@ pub fn graph_compute_returned() {
 }
 
 /// Ends this thread's open share of a node, if any, now.
+#[inline]
 fn end_node(w: &Worker) {
     end_node_at(w, ShareEdge::End, clock::now_ticks);
 }

@@ -1,5 +1,6 @@
 //! The exported wrappers, made from [`table`](super::table)'s list, and the one trampoline they
-//! all jump to: its fast path in assembly, its slow path through [`enter`].
+//! all jump to: its fast path in assembly, its slow path through [`enter`] (OpenMP's barrier's
+//! wrapper through a check of its own first, [`omp_barrier`]).
 
 use std::ffi::{CStr, c_void};
 
@@ -51,14 +52,28 @@ macro_rules! cpu_functions {
             #[unsafe(naked)]
             #[unsafe(no_mangle)]
             pub unsafe extern "C" fn $name() {
-                core::arch::naked_asm!(
-                    "mov r11d, {index}",
-                    "jmp {common}",
-                    index = const Index::$name as u8,
-                    common = sym common,
-                )
+                wrapper_jumps!($kind, $name)
             }
         )*
+    };
+}
+
+/// A wrapper's body: its row in `r11`, then a jump to its trampoline ([`omp_barrier`] for
+/// OpenMP's barrier, [`common`] for the others).
+macro_rules! wrapper_jumps {
+    (OmpBarrier, $name:ident) => {
+        wrapper_jumps!(@to omp_barrier, $name)
+    };
+    ($kind:ident, $name:ident) => {
+        wrapper_jumps!(@to common, $name)
+    };
+    (@to $trampoline:ident, $name:ident) => {
+        core::arch::naked_asm!(
+            "mov r11d, {index}",
+            "jmp {trampoline}",
+            index = const Index::$name as u8,
+            trampoline = sym $trampoline,
+        )
     };
 }
 
@@ -102,31 +117,15 @@ macro_rules! pop_arguments {
 /// whose share [`begin_share`] begins; of a barrier of one thread, which records no wait and
 /// ends this thread's share if one is open (through [`end_share`]); or of a barrier of several,
 /// whose wait it stamps (ticks being the TSC) and [`waited`] records after the call (else
-/// [`wait_begins`] and [`exit`] around it). OpenMP's barrier called inside
-/// such a timed wait, from the site the last one came from, goes straight on before any of
-/// that (its site lookup once cost a tenth of a share's instructions at two threads). Anything
-/// else takes the slow path, through [`enter`].
+/// [`wait_begins`] and [`exit`] around it). (OpenMP's barrier called inside such a timed wait
+/// does not get here: see [`omp_barrier`].) Anything else takes the slow path, through
+/// [`enter`].
 ///
 /// # Safety
 /// Entered only by a wrapper's `jmp`, with the caller's argument registers and stack intact.
 #[unsafe(naked)]
 unsafe extern "C" fn common() {
     core::arch::naked_asm!(
-        // OpenMP's barrier inside a timed ggml_barrier wait, from the site the last one
-        // came from: straight on to where that one went (see `Worker::omp_site`).
-        "cmp r11d, {omp_row}",
-        "jne 9f",
-        "mov rax, qword ptr [rip + ggml_viz_worker_slot@GOTTPOFF]",
-        "mov rax, qword ptr fs:[rax]",
-        "test rax, rax",
-        "jz 9f",
-        "cmp qword ptr [rax + {barrier_start}], 0",
-        "je 9f",
-        "mov r10, [rsp]",
-        "cmp r10, [rax + {omp_site}]",
-        "jne 9f",
-        "jmp qword ptr [rax + {omp_real}]",
-        "9:",
         // Three pushes: the stack is 16-byte aligned for the call below.
         "push rbx",
         "push r12",
@@ -423,7 +422,6 @@ unsafe extern "C" fn common() {
         barrier = const Kind::Barrier as u8,
         omp_barrier = const Kind::OmpBarrier as u8,
         barrier_start = const std::mem::offset_of!(Worker, barrier_start),
-        omp_row = const Index::GOMP_barrier as u8,
         omp_site = const std::mem::offset_of!(Worker, omp_site),
         omp_real = const std::mem::offset_of!(Worker, omp_real),
         mix = const SITE_MIX,
@@ -447,6 +445,35 @@ unsafe extern "C" fn common() {
         wait_begins = sym wait_begins,
         waited = sym waited,
         rdtsc_ticks = sym clock::RDTSC_TICKS,
+    )
+}
+
+/// OpenMP's barrier's trampoline (its row in `r11`): called inside a `ggml_barrier` wait the
+/// hook times, from the site the last such call came from, it goes straight on to where that
+/// one went (see `Worker::omp_site`); any other call goes through [`common`]. Its own, so that
+/// the other wrappers' calls pay nothing for the check.
+///
+/// # Safety
+/// Entered only by the wrapper's `jmp`, with the caller's argument registers and stack intact.
+#[unsafe(naked)]
+unsafe extern "C" fn omp_barrier() {
+    core::arch::naked_asm!(
+        "mov rax, qword ptr [rip + ggml_viz_worker_slot@GOTTPOFF]",
+        "mov rax, qword ptr fs:[rax]",
+        "test rax, rax",
+        "jz 2f",
+        "cmp qword ptr [rax + {barrier_start}], 0",
+        "je 2f",
+        "mov r10, [rsp]",
+        "cmp r10, [rax + {omp_site}]",
+        "jne 2f",
+        "jmp qword ptr [rax + {omp_real}]",
+        "2:",
+        "jmp {common}",
+        common = sym common,
+        barrier_start = const std::mem::offset_of!(Worker, barrier_start),
+        omp_site = const std::mem::offset_of!(Worker, omp_site),
+        omp_real = const std::mem::offset_of!(Worker, omp_real),
     )
 }
 

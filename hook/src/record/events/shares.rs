@@ -39,6 +39,7 @@ pub enum ShareEdge {
 /// its turn, for the wait to join.
 ///
 /// Returns the time (in ticks) the event is stamped with.
+#[inline]
 pub fn thread_op(t: ThisThread, r: &'static Recorder, edge: ShareEdge, op: &OpInfo) -> u64 {
     let ticks = clock::now_ticks();
     thread_op_at(t, r, edge, op, ticks);
