@@ -296,8 +296,8 @@ unsafe extern "C" fn common() {
         "pop r12",
         "pop rbx",
         "ret",
-        // OpenMP's barrier inside a recorded wait: its site and real function kept for the
-        // next one (the check at the top), then straight on.
+        // OpenMP's barrier inside a timed wait: its site and real function kept for the next
+        // one (which omp_barrier sends straight on), then straight on.
         "55:",
         "mov [rbx + {omp_site}], r13",
         "mov [rbx + {omp_real}], r10",

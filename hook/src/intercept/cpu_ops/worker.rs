@@ -91,12 +91,14 @@ pub(super) struct Worker {
     /// Thread index and count from the compute params of the last node.
     pub(super) ith: Cell<u32>,
     pub(super) nth: Cell<u32>,
-    /// When the open barrier wait began (0: not recorded).
+    /// When the open barrier wait began (0: no wait open, or one not recorded): stamped by
+    /// `common` before ggml's barrier of several threads, or set where the slow path records
+    /// the wait.
     pub(super) barrier_start: Cell<u64>,
     /// The site of the last call of OpenMP's barrier made inside a timed `ggml_barrier`
-    /// wait, and where `common` sent it: `common` sends the next such call from there straight
-    /// on, before anything else it does (ggml's barrier at two threads or more makes one after
-    /// every node of an OpenMP build).
+    /// wait, and where `common` sent it: the trampoline `omp_barrier` sends the next such call
+    /// from there straight on (ggml's barrier at two threads or more makes one after every node
+    /// of an OpenMP build).
     pub(super) omp_site: Cell<usize>,
     pub(super) omp_real: Cell<usize>,
     /// This thread's recording state, once it recorded.
