@@ -9,7 +9,7 @@ use super::worker::{Kind, WORKER, Worker, node_tensor, set_worker_slot};
 use crate::base::ggml::Helpers;
 use crate::base::{clock, contained, say_once};
 use crate::intercept::route::Resolved;
-use crate::record::{self, Recorder, ShareEdge};
+use crate::record::{self, OpInfo, Recorder, ShareEdge};
 
 type Ptr = *mut c_void;
 
@@ -22,7 +22,7 @@ pub(super) fn threads_timed(w: &Worker) -> Option<&'static Recorder> {
     if r.is_some() {
         return r;
     }
-    if w.depth.get() == 0 && w.open_tensor.get() != 0 {
+    if w.depth.get() == 0 && (w.open_tensor.get() != 0 || w.ended_at.get() != 0) {
         contained(|| end_node(w));
     } else if w.depth.get() == 0 && record::thread_ops_never() {
         w.passthrough.set(true);
@@ -82,9 +82,10 @@ pub(super) extern "C" fn begin_share(
     true
 }
 
-/// `common`'s fast path at a barrier of one thread, called from `site` with a share open: the
-/// share ends if the barrier follows its node (what [`enter`](super::trampoline) would do there, whether or not
-/// per-thread timing goes on).
+/// `common`'s fast path at a barrier of one thread, called from `site` with a share open whose
+/// end `common` does not stamp itself (a node no per-op call computed, or ticks other than the
+/// TSC): the share ends if the barrier follows its node (what [`enter`](super::trampoline)
+/// would do there, whether or not per-thread timing goes on).
 pub(super) extern "C" fn end_share(worker: *const Worker, site: usize) {
     // SAFETY: `common` passes this thread's own `WORKER` (from its TLS slot), which lives as
     // long as the thread, and only this thread uses it.
@@ -205,14 +206,42 @@ fn end_node(w: &Worker) {
 }
 
 /// Ends this thread's open share of a node, if any, at `edge` (an end, or an end where a
-/// recorded barrier wait begins), at the ticks `when` gives (asked only where a share ends).
+/// recorded barrier wait begins), at the ticks `when` gives (asked only where a share ends); or
+/// records the share `common` ended at a barrier of one thread, if any ([`settle`]).
 #[inline(always)]
 fn end_node_at(w: &Worker, edge: ShareEdge, when: impl FnOnce() -> u64) {
     if let Some((op, r)) = w.take_node() {
         w.prefetch_next();
-        if record::active().is_some_and(|a| std::ptr::eq(a, r)) {
-            record::thread_op_at(w.this_thread(), r, edge, &op, when());
-        }
+        record_end(w, r, edge, &op, when);
+    } else {
+        settle(w);
+    }
+}
+
+/// Records the end of this thread's share that `common` ended at a barrier of one thread, if
+/// any, at the ticks it stamped there: before anything else this thread records (the next
+/// share's begin, a wait) and when its graph compute returns.
+#[inline(always)]
+fn settle(w: &Worker) {
+    if w.ended_at.get() != 0
+        && let Some((op, r, at)) = w.take_ended()
+    {
+        record_end(w, r, ShareEdge::End, &op, || at);
+    }
+}
+
+/// This thread's share of the node of `op`, recorded in `r`, ends at `edge`, at the ticks
+/// `when` gives (asked only where the share is recorded: `r` still records).
+#[inline(always)]
+fn record_end(
+    w: &Worker,
+    r: &'static Recorder,
+    edge: ShareEdge,
+    op: &OpInfo,
+    when: impl FnOnce() -> u64,
+) {
+    if record::active().is_some_and(|a| std::ptr::eq(a, r)) {
+        record::thread_op_at(w.this_thread(), r, edge, op, when());
     }
 }
 
@@ -220,6 +249,7 @@ fn end_node_at(w: &Worker, edge: ShareEdge, when: impl FnOnce() -> u64) {
 /// thread ends there if the barrier follows its node; the recorder the wait is recorded in, if
 /// it is (else nothing is to be done when it ends).
 fn wait_began(w: &Worker, site: usize, start: u64) -> Option<&'static Recorder> {
+    settle(w);
     let recorder = record::thread_ops().filter(|_| w.nth.get() > 1);
     // The node before this barrier is done, on this thread, unless the barrier is inside its
     // op: a call nested in its per-op function, or one from a function no wrapper reaches.

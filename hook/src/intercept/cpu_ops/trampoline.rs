@@ -115,7 +115,9 @@ macro_rules! pop_arguments {
 /// thread's share is open for, where it does what [`enter`] and the slow path would (the depth
 /// up around the call, the outermost call site kept); of the dispatcher's marker at depth 0,
 /// whose share [`begin_share`] begins; of a barrier of one thread, which records no wait and
-/// ends this thread's share if one is open (through [`end_share`]); or of a barrier of several,
+/// ends this thread's share if one is open (after its computed node, stamping its end for the
+/// next call into Rust to record, where ticks are the TSC; else through [`end_share`]); or of a
+/// barrier of several,
 /// whose wait it stamps (ticks being the TSC) and [`waited`] records after the call (else
 /// [`wait_begins`] and [`exit`] around it). (OpenMP's barrier called inside such a timed wait
 /// does not get here: see [`omp_barrier`].) Anything else takes the slow path, through
@@ -240,9 +242,26 @@ unsafe extern "C" fn common() {
         "jne 51f",
         "cmp qword ptr [rbx + {open}], 0",
         "je 51f",
-        // A barrier of one thread with a share open: end_share(worker, site) ends it if the
-        // barrier follows its node, then ggml's barrier, with the argument registers as they
-        // came (it takes no float).
+        // A barrier of one thread with a share open, after its computed node, where ticks are
+        // the TSC: the share ends now, stamped here (rdx, which rdtsc takes, kept in r12) with
+        // the barrier's site, and is recorded at this thread's next call into Rust (settle);
+        // `open` says no share is open from now on.
+        "cmp byte ptr [rbx + {computed}], 0",
+        "je 56f",
+        "cmp byte ptr [rip + {rdtsc_ticks}], 0",
+        "je 56f",
+        "mov r12, rdx",
+        "rdtsc",
+        "shl rdx, 32",
+        "or rax, rdx",
+        "mov rdx, r12",
+        "mov [rbx + {ended_at}], rax",
+        "mov [rbx + {ended_site}], r13",
+        "mov qword ptr [rbx + {open}], 0",
+        "jmp 51f",
+        // Else end_share(worker, site) ends it if the barrier follows its node, then ggml's
+        // barrier, with the argument registers as they came (it takes no float).
+        "56:",
         push_arguments!(),
         "mov rdi, rbx",
         "mov rsi, r13",
@@ -422,6 +441,8 @@ unsafe extern "C" fn common() {
         barrier = const Kind::Barrier as u8,
         omp_barrier = const Kind::OmpBarrier as u8,
         barrier_start = const std::mem::offset_of!(Worker, barrier_start),
+        ended_at = const std::mem::offset_of!(Worker, ended_at),
+        ended_site = const std::mem::offset_of!(Worker, ended_site),
         omp_site = const std::mem::offset_of!(Worker, omp_site),
         omp_real = const std::mem::offset_of!(Worker, omp_real),
         mix = const SITE_MIX,

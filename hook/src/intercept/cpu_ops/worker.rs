@@ -95,6 +95,13 @@ pub(super) struct Worker {
     /// `common` before ggml's barrier of several threads, or set where the slow path records
     /// the wait.
     pub(super) barrier_start: Cell<u64>,
+    /// When this thread's share ended, where `common` stamped it at a barrier of one thread
+    /// after its computed node (0: none ended so), and that barrier's site. The share is no
+    /// longer open (`open_tensor` is 0, for `common` as for the rest) but still in `node`: it is
+    /// recorded at this thread's next call into Rust ([`settle`](super::shares::settle)), which
+    /// at one thread is the next node's marker or the graph compute's return.
+    pub(super) ended_at: Cell<u64>,
+    pub(super) ended_site: Cell<usize>,
     /// The site of the last call of OpenMP's barrier made inside a timed `ggml_barrier`
     /// wait, and where `common` sent it: the trampoline `omp_barrier` sends the next such call
     /// from there straight on (ggml's barrier at two threads or more makes one after every node
@@ -436,6 +443,19 @@ impl Worker {
         self.node.take()
     }
 
+    /// This thread's share that `common` ended at a barrier of one thread (see `ended_at`), with
+    /// the ticks it ended at, which is recorded now; that barrier's site is learned as one after
+    /// a node, as [`Worker::barrier_follows_node`] would have.
+    #[inline]
+    pub(super) fn take_ended(&self) -> Option<(OpInfo, &'static Recorder, u64)> {
+        let at = self.ended_at.replace(0);
+        if at == 0 {
+            return None;
+        }
+        learn_after_node_site(self.ended_site.get());
+        self.node.take().map(|(op, r)| (op, r, at))
+    }
+
     /// Whether a `ggml_barrier` called at depth 0 from `site` follows the node this thread's
     /// share is open for (ggml's graph loop has one after each node and one after the last),
     /// and so ends the share, or lies inside the node's op, in a function no wrapper reaches:
@@ -486,6 +506,8 @@ thread_local! {
             ith: Cell::new(0),
             nth: Cell::new(0),
             barrier_start: Cell::new(0),
+            ended_at: Cell::new(0),
+            ended_site: Cell::new(0),
             omp_site: Cell::new(0),
             omp_real: Cell::new(0),
             thread: Cell::new(None),
