@@ -35,11 +35,11 @@ pub use events::graphs::{
     GraphScope, WaitScope, graph_begin, graph_end, name_id, wait_begin, wait_end,
 };
 pub use events::spans::{seq_removed, span};
-#[cfg(all(target_os = "linux", target_arch = "x86_64"))]
-pub use events::thread_op_at;
 pub use events::{
     ShareEdge, ThisThread, barrier_wait, op_begin, op_end, release_share, thread_op, thread_ops,
 };
+#[cfg(all(target_os = "linux", target_arch = "x86_64"))]
+pub use events::{share_then_wait, thread_op_at};
 pub use raw::{BufferUse, GraphInfo, OpInfo, SPAN_SEQS};
 pub use recorder::Recorder;
 #[cfg(all(target_os = "linux", target_arch = "x86_64"))]

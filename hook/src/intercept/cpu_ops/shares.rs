@@ -110,9 +110,11 @@ pub(super) extern "C" fn wait_begins(worker: *const Worker, site: usize) -> bool
 pub(super) fn timed_wait(w: &Worker, site: usize) -> bool {
     contained(|| {
         let start = clock::now_ticks();
-        let recorded = wait_began(w, site, start).is_some();
-        w.barrier_start.set(if recorded { start } else { 0 });
-        recorded
+        let (recorder, ended) = wait_began(w, site);
+        end_at_wait(w, ended, recorder, start);
+        w.barrier_start
+            .set(if recorder.is_some() { start } else { 0 });
+        recorder.is_some()
     }) == Some(true)
 }
 
@@ -124,9 +126,17 @@ pub(super) extern "C" fn waited(worker: *const Worker, site: usize) {
     // long as the thread, and only this thread uses it.
     let w = unsafe { &*worker };
     let start = w.barrier_start.replace(0);
-    contained(|| match wait_began(w, site, start) {
-        Some(r) => record_wait(w, r, start),
-        None => {
+    contained(|| match wait_began(w, site) {
+        // The share and the wait after it, in one visit of the recording core.
+        (Some(r), Some((op, owner))) if std::ptr::eq(owner, r) => {
+            record::share_then_wait(w.this_thread(), r, &op, start, w.ith.get(), w.nth.get());
+        }
+        (Some(r), ended) => {
+            end_at_wait(w, ended, Some(r), start);
+            record_wait(w, r, start);
+        }
+        (None, ended) => {
+            end_at_wait(w, ended, None, start);
             threads_timed(w);
         }
     });
@@ -199,20 +209,13 @@ pub fn graph_compute_returned() {
     });
 }
 
-/// Ends this thread's open share of a node, if any, now.
+/// Ends this thread's open share of a node, if any, now; or records the share `common` ended at
+/// a barrier of one thread, if any ([`settle`]).
 #[inline]
 fn end_node(w: &Worker) {
-    end_node_at(w, ShareEdge::End, clock::now_ticks);
-}
-
-/// Ends this thread's open share of a node, if any, at `edge` (an end, or an end where a
-/// recorded barrier wait begins), at the ticks `when` gives (asked only where a share ends); or
-/// records the share `common` ended at a barrier of one thread, if any ([`settle`]).
-#[inline(always)]
-fn end_node_at(w: &Worker, edge: ShareEdge, when: impl FnOnce() -> u64) {
     if let Some((op, r)) = w.take_node() {
         w.prefetch_next();
-        record_end(w, r, edge, &op, when);
+        record_end(w, r, ShareEdge::End, &op, clock::now_ticks);
     } else {
         settle(w);
     }
@@ -245,23 +248,42 @@ fn record_end(
     }
 }
 
-/// A barrier called from `site` whose wait began at `start` ticks: the share open on this
-/// thread ends there if the barrier follows its node; the recorder the wait is recorded in, if
-/// it is (else nothing is to be done when it ends).
-fn wait_began(w: &Worker, site: usize, start: u64) -> Option<&'static Recorder> {
+/// A barrier called from `site` as its wait began: the recorder the wait is recorded in, if it
+/// is (else nothing is to be done when it ends); and the share open on this thread, and the
+/// recorder it is recorded in, if the barrier follows its node: it ends where the wait began,
+/// taken here for the caller to record ([`end_at_wait`], or with the wait).
+#[inline(always)]
+fn wait_began(w: &Worker, site: usize) -> (Option<&'static Recorder>, Option<OpenShare>) {
     settle(w);
     let recorder = record::thread_ops().filter(|_| w.nth.get() > 1);
     // The node before this barrier is done, on this thread, unless the barrier is inside its
     // op: a call nested in its per-op function, or one from a function no wrapper reaches.
-    if w.depth.get() == 0 && w.barrier_follows_node(site) {
+    let ended = if w.depth.get() == 0 && w.barrier_follows_node(site) {
+        let share = w.take_node();
+        if share.is_some() {
+            w.prefetch_next();
+        }
+        share
+    } else {
+        None
+    };
+    (recorder, ended)
+}
+
+/// A share and the recorder it is recorded in.
+type OpenShare = (OpInfo, &'static Recorder);
+
+/// Records the end of the share `ended`, if any, at `start` ticks, where the wait of a barrier
+/// began: held for the wait to join where that is recorded (in `recorder`).
+fn end_at_wait(w: &Worker, ended: Option<OpenShare>, recorder: Option<&Recorder>, start: u64) {
+    if let Some((op, r)) = ended {
         let edge = if recorder.is_some() {
             ShareEdge::EndAtWait
         } else {
             ShareEdge::End
         };
-        end_node_at(w, edge, || start);
+        record_end(w, r, edge, &op, || start);
     }
-    recorder
 }
 
 /// A recorded barrier wait ended: recorded, with the share that ended as it began, if any

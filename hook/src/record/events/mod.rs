@@ -26,9 +26,9 @@ pub(super) mod graphs;
 mod shares;
 pub(super) mod spans;
 
-#[cfg(all(target_os = "linux", target_arch = "x86_64"))]
-pub use shares::thread_op_at;
 pub use shares::{ShareEdge, barrier_wait, release_share, thread_op, thread_ops};
+#[cfg(all(target_os = "linux", target_arch = "x86_64"))]
+pub use shares::{share_then_wait, thread_op_at};
 
 /// Per-thread state. No destructors: it stays usable while the host's `atexit` handlers run,
 /// after Rust's own thread-locals are gone.
@@ -493,7 +493,9 @@ fn span_edge(l: &Local, r: &'static Recorder, event: RawEvent, begin: bool) {
 mod tests {
     use super::*;
     use crate::base::entry::Entry;
-    use crate::record::raw::{GraphEdge, GraphInfo, SeqRemoved, SpanEdge, WorkerWait};
+    use crate::record::raw::{
+        GraphEdge, GraphInfo, SeqRemoved, ShareAndWait, SpanEdge, WorkerWait,
+    };
     use crate::record::recorder::{BUDGET_CHUNK, OpMode};
     use crate::record::writer::TraceWriter;
     use ggml_viz_config::Config;
@@ -779,6 +781,66 @@ mod tests {
         assert_eq!(events, [alone, alone, alone, begin, end, alone]);
         // The second share's begin and first wait, and its end.
         assert_eq!(dropped, 3);
+    }
+
+    /// A share and the wait after it recorded in one call ([`share_then_wait`]: `common`'s path
+    /// after a barrier of several threads) go in as [`thread_op_at`] at `EndAtWait` and then
+    /// [`barrier_wait`] put them: in one slot where the share's begin is held, the end and the
+    /// wait in one where the begin went in with a wait inside the op, each on its own where the
+    /// wait does not fit a slot (65,536 threads); and the share ends where the wait began.
+    #[cfg(all(target_os = "linux", target_arch = "x86_64"))]
+    #[test]
+    fn a_share_and_its_wait_recorded_at_once_go_in_as_recorded_in_turn() {
+        let r = recorder(64);
+        let run = |at_once: bool| {
+            on_a_thread(r, move |t, l| {
+                let end = |ended: u64, nth: u32| {
+                    if at_once {
+                        share_then_wait(t, r, &NODE, ended, 1, nth);
+                    } else {
+                        thread_op_at(t, r, ShareEdge::EndAtWait, &NODE, ended);
+                        barrier_wait(t, r, std::ptr::null_mut(), 1, nth, ended);
+                    }
+                };
+                // The thread's ring is made with its first event: op events after it are held.
+                push(l, r, wait(), Claim::Plain);
+                let first_begun = thread_op(t, r, ShareEdge::Begin, &NODE);
+                end(first_begun + 7, 2);
+                let begun = thread_op(t, r, ShareEdge::Begin, &NODE);
+                barrier_wait(t, r, std::ptr::null_mut(), 1, 2, begun + 3);
+                end(begun + 9, 2);
+                let begun = thread_op(t, r, ShareEdge::Begin, &NODE);
+                end(begun + 11, 65_536);
+                // SAFETY: this thread's ring, leaked; the test has no flusher, so this is its
+                // only consumer.
+                let ring = unsafe { &*l.ring.get() };
+                let mut events = Vec::new();
+                // SAFETY: the only consumer, as above.
+                unsafe { ring.drain(|e| events.push(*e)) };
+                (first_begun, events)
+            })
+        };
+        for at_once in [true, false] {
+            let (left, dropped, (begun, events)) = run(at_once);
+            assert_eq!((left, dropped), (vec![], 0));
+            let kinds: Vec<_> = events.iter().map(|e| Kind::of(e).unwrap()).collect();
+            assert_eq!(
+                kinds,
+                [
+                    Kind::WorkerWait,
+                    Kind::ShareAndWait,
+                    Kind::BeginAndWait,
+                    Kind::EndAndWait,
+                    Kind::OpShare,
+                    Kind::WorkerWait
+                ],
+                "at once: {at_once}"
+            );
+            let pair = ShareAndWait::of(&events[1]);
+            assert_eq!(pair.share.took, 7);
+            assert_eq!(events[1].ticks - u64::from(pair.waited), begun + 7);
+            assert_eq!(OpShare::of(&events[4]).took, 11);
+        }
     }
 
     /// A share begun as the thread's share of the event cap runs out is held as any other (the

@@ -104,6 +104,43 @@ pub fn thread_op_at(t: ThisThread, r: &'static Recorder, edge: ShareEdge, op: &O
     }
 }
 
+/// Threads mode: this thread's share of the node of `op` ended at `start` ticks, where its wait
+/// at a barrier began, which ended now (as thread `ith` of `nth`): what [`thread_op_at`] at
+/// [`ShareEdge::EndAtWait`] and then [`barrier_wait`] do, in one visit where the share's begin
+/// is held (the share and the wait then take one slot, as there).
+#[cfg(all(target_os = "linux", target_arch = "x86_64"))]
+pub fn share_then_wait(
+    t: ThisThread,
+    r: &'static Recorder,
+    op: &OpInfo,
+    start: u64,
+    ith: u32,
+    nth: u32,
+) {
+    let now = clock::now_ticks();
+    let l = t.0.for_recorder(r);
+    if l.holding.get() == Holding::Begin {
+        let held = l.held.get();
+        let begun = OpEdge::of(&held).op;
+        if begun.tensor == op.tensor
+            && let Ok(took) = u32::try_from(start.wrapping_sub(held.ticks))
+            && let Some(pair) = ShareAndWait::new(
+                Part::Whole,
+                OpShare { op: begun, took },
+                ith,
+                nth,
+                now.saturating_sub(start),
+            )
+        {
+            l.holding.set(Holding::Nothing);
+            store(l, r, pair.event(), now, 3, Claim::Op);
+            return;
+        }
+    }
+    thread_op_at(t, r, ShareEdge::EndAtWait, op, start);
+    barrier_wait(t, r, std::ptr::null_mut(), ith, nth, start);
+}
+
 /// Threads mode: this thread waited at a `ggml_barrier` of `threadpool` from `start_ticks` to
 /// now, as thread `ith` of `nth`. What a worker (`threadpool` null) holds of its share goes into
 /// the wait's slot with it, where the two fit one: the share, or its end, held since it ended as
