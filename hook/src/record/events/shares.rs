@@ -106,8 +106,8 @@ pub fn thread_op_at(t: ThisThread, r: &'static Recorder, edge: ShareEdge, op: &O
 
 /// Threads mode: this thread's share of the node of `op` ended at `start` ticks, where its wait
 /// at a barrier began, which ended now (as thread `ith` of `nth`): what [`thread_op_at`] at
-/// [`ShareEdge::EndAtWait`] and then [`barrier_wait`] do, in one visit where the share's begin
-/// is held (the share and the wait then take one slot, as there).
+/// [`ShareEdge::EndAtWait`] and then [`barrier_wait`] do, in one visit where the two fit one
+/// slot: the share whose begin is held, or the end of one whose begin went in.
 #[cfg(all(target_os = "linux", target_arch = "x86_64"))]
 pub fn share_then_wait(
     t: ThisThread,
@@ -119,23 +119,32 @@ pub fn share_then_wait(
 ) {
     let now = clock::now_ticks();
     let l = t.0.for_recorder(r);
-    if l.holding.get() == Holding::Begin {
-        let held = l.held.get();
-        let begun = OpEdge::of(&held).op;
-        if begun.tensor == op.tensor
-            && let Ok(took) = u32::try_from(start.wrapping_sub(held.ticks))
-            && let Some(pair) = ShareAndWait::new(
-                Part::Whole,
-                OpShare { op: begun, took },
-                ith,
-                nth,
-                now.saturating_sub(start),
-            )
-        {
-            l.holding.set(Holding::Nothing);
-            store(l, r, pair.event(), now, 3, Claim::Op);
-            return;
+    let waited = now.saturating_sub(start);
+    match l.holding.get() {
+        Holding::Begin => {
+            let held = l.held.get();
+            let begun = OpEdge::of(&held).op;
+            if begun.tensor == op.tensor
+                && let Ok(took) = u32::try_from(start.wrapping_sub(held.ticks))
+                && let Some(pair) =
+                    ShareAndWait::new(Part::Whole, OpShare { op: begun, took }, ith, nth, waited)
+            {
+                l.holding.set(Holding::Nothing);
+                store(l, r, pair.event(), now, 3, Claim::Op);
+                return;
+            }
         }
+        // Its begin went in (with a wait inside the op): its end joins the wait.
+        Holding::Nothing if l.share_begin.get() == Some(Fate::Stored) => {
+            if let Some(pair) =
+                ShareAndWait::new(Part::End, OpShare { op: *op, took: 0 }, ith, nth, waited)
+            {
+                l.share_begin.set(None);
+                store(l, r, pair.event(), now, 2, Claim::End);
+                return;
+            }
+        }
+        _ => {}
     }
     thread_op_at(t, r, ShareEdge::EndAtWait, op, start);
     barrier_wait(t, r, std::ptr::null_mut(), ith, nth, start);
