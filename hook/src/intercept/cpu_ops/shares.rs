@@ -253,7 +253,7 @@ fn record_end(
 /// recorder it is recorded in, if the barrier follows its node: it ends where the wait began,
 /// taken here for the caller to record ([`end_at_wait`], or with the wait).
 #[inline(always)]
-fn wait_began(w: &Worker, site: usize) -> (Option<&'static Recorder>, Option<OpenShare>) {
+fn wait_began(w: &Worker, site: usize) -> (Option<&'static Recorder>, Option<EndedShare>) {
     settle(w);
     let recorder = record::thread_ops().filter(|_| w.nth.get() > 1);
     // The node before this barrier is done, on this thread, unless the barrier is inside its
@@ -270,12 +270,12 @@ fn wait_began(w: &Worker, site: usize) -> (Option<&'static Recorder>, Option<Ope
     (recorder, ended)
 }
 
-/// A share and the recorder it is recorded in.
-type OpenShare = (OpInfo, &'static Recorder);
+/// A share of a node that ended, and the recorder it is recorded in.
+type EndedShare = (OpInfo, &'static Recorder);
 
 /// Records the end of the share `ended`, if any, at `start` ticks, where the wait of a barrier
 /// began: held for the wait to join where that is recorded (in `recorder`).
-fn end_at_wait(w: &Worker, ended: Option<OpenShare>, recorder: Option<&Recorder>, start: u64) {
+fn end_at_wait(w: &Worker, ended: Option<EndedShare>, recorder: Option<&Recorder>, start: u64) {
     if let Some((op, r)) = ended {
         let edge = if recorder.is_some() {
             ShareEdge::EndAtWait
