@@ -53,9 +53,25 @@ pub fn say_once(said: &AtomicBool, msg: std::fmt::Arguments<'_>) {
 /// panic hook set here is our copy of std's (a cdylib links its own): a Rust host's panics go to
 /// its own hook, never to this one. Where this crate is linked into a Rust program of ours (its
 /// tests and benchmarks), panics raised in their own files still get the hook they had.
+///
+/// Inlined: in a call that records (a share's begin, a barrier's wait) it is a check of one flag
+/// and a landing pad, not a frame of its own.
+#[inline(always)]
 pub fn contained<T>(f: impl FnOnce() -> T) -> Option<T> {
-    static HOOK: Once = Once::new();
-    HOOK.call_once(|| {
+    if !PANIC_HOOK.is_completed() {
+        set_panic_hook();
+    }
+    catch_unwind(AssertUnwindSafe(f)).ok()
+}
+
+/// Set once, by the first [`contained`] call.
+static PANIC_HOOK: Once = Once::new();
+
+/// [`contained`]'s panic hook, set the first time.
+#[cold]
+#[inline(never)]
+fn set_panic_hook() {
+    PANIC_HOOK.call_once(|| {
         let before = std::panic::take_hook();
         std::panic::set_hook(Box::new(move |info| {
             let file = info.location().map_or("", |l| l.file());
@@ -84,5 +100,4 @@ pub fn contained<T>(f: impl FnOnce() -> T) -> Option<T> {
             );
         }));
     });
-    catch_unwind(AssertUnwindSafe(f)).ok()
 }
