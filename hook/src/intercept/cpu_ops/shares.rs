@@ -17,6 +17,7 @@ type Ptr = *mut c_void;
 /// the eval callback, or not tracing), there is nothing to keep, but a share left open when that
 /// began is ended; and where nothing will be timed for the rest of the process, the thread's
 /// calls go straight to ggml from now on.
+#[inline(always)]
 pub(super) fn threads_timed(w: &Worker) -> Option<&'static Recorder> {
     let r = record::thread_ops();
     if r.is_some() {
@@ -211,7 +212,7 @@ pub fn graph_compute_returned() {
 
 /// Ends this thread's open share of a node, if any, now; or records the share `common` ended at
 /// a barrier of one thread, if any ([`settle`]).
-#[inline]
+#[inline(always)]
 fn end_node(w: &Worker) {
     if let Some((op, r)) = w.take_node() {
         w.prefetch_next();
