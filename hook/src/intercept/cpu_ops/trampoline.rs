@@ -117,11 +117,10 @@ macro_rules! pop_arguments {
 /// whose share [`begin_share`] begins; of a barrier of one thread, which records no wait and
 /// ends this thread's share if one is open (after its computed node, stamping its end for the
 /// next call into Rust to record, where ticks are the TSC; else through [`end_share`]); or of a
-/// barrier of several,
-/// whose wait it stamps (ticks being the TSC) and [`waited`] records after the call (else
-/// [`wait_begins`] and [`exit`] around it). (OpenMP's barrier called inside such a timed wait
-/// does not get here: see [`omp_barrier`].) Anything else takes the slow path, through
-/// [`enter`].
+/// barrier of several, whose wait it stamps (ticks being the TSC) and [`waited`] records after
+/// the call (else [`wait_begins`] and [`exit`] around it). (OpenMP's barrier called inside such a
+/// timed wait does not get here: see [`omp_barrier`].) Anything else takes the slow path,
+/// through [`enter`].
 ///
 /// # Safety
 /// Entered only by a wrapper's `jmp`, with the caller's argument registers and stack intact.
