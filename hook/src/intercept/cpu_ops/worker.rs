@@ -98,7 +98,7 @@ pub(super) struct Worker {
     /// When this thread's share ended, where `common` stamped it at a barrier of one thread
     /// after its computed node (0: none ended so), and that barrier's site. The share is no
     /// longer open (`open_tensor` is 0, for `common` as for the rest) but still in `node`: it is
-    /// recorded at this thread's next call into Rust ([`settle`](super::shares::settle)), which
+    /// recorded at this thread's next call into Rust (`settle`, in `shares`), which
     /// at one thread is the next node's marker or the graph compute's return.
     pub(super) ended_at: Cell<u64>,
     pub(super) ended_site: Cell<usize>,
