@@ -126,21 +126,21 @@ pub fn share_then_wait(
             let begun = OpEdge::of(&held).op;
             if begun.tensor == op.tensor
                 && let Ok(took) = u32::try_from(start.wrapping_sub(held.ticks))
-                && let Some(pair) =
-                    ShareAndWait::new(Part::Whole, OpShare { op: begun, took }, ith, nth, waited)
+                && let Some((slot, events, claim)) =
+                    with_wait(Part::Whole, OpShare { op: begun, took }, ith, nth, waited)
             {
                 l.holding.set(Holding::Nothing);
-                store(l, r, pair.event(), now, 3, Claim::Op);
+                store(l, r, slot, now, events, claim);
                 return;
             }
         }
         // Its begin went in (with a wait inside the op): its end joins the wait.
         Holding::Nothing if l.share_begin.get() == Some(Fate::Stored) => {
-            if let Some(pair) =
-                ShareAndWait::new(Part::End, OpShare { op: *op, took: 0 }, ith, nth, waited)
+            if let Some((slot, events, claim)) =
+                with_wait(Part::End, OpShare { op: *op, took: 0 }, ith, nth, waited)
             {
                 l.share_begin.set(None);
-                store(l, r, pair.event(), now, 2, Claim::End);
+                store(l, r, slot, now, events, claim);
                 return;
             }
         }
@@ -186,13 +186,13 @@ pub fn barrier_wait(
 #[inline(always)]
 fn joined(l: &Local, r: &'static Recorder, ith: u32, nth: u32, now: u64, start: u64) -> bool {
     let held = l.held.get();
-    let (part, took, events, claim) = match l.holding.get() {
+    let (part, took) = match l.holding.get() {
         Holding::Share if l.share_ended.get() == start => {
-            (Part::Whole, held_share(&held, start).took, 3, Claim::Op)
+            (Part::Whole, held_share(&held, start).took)
         }
-        Holding::End if l.share_ended.get() == start => (Part::End, 0, 2, Claim::End),
+        Holding::End if l.share_ended.get() == start => (Part::End, 0),
         Holding::Begin => match u32::try_from(start.wrapping_sub(held.ticks)) {
-            Ok(took) => (Part::Begin, took, 2, Claim::OpBegin),
+            Ok(took) => (Part::Begin, took),
             Err(_) => return false,
         },
         _ => return false,
@@ -201,15 +201,37 @@ fn joined(l: &Local, r: &'static Recorder, ith: u32, nth: u32, now: u64, start: 
         op: OpEdge::of(&held).op,
         took,
     };
-    let Some(pair) = ShareAndWait::new(part, share, ith, nth, now.saturating_sub(start)) else {
+    let Some((slot, events, claim)) = with_wait(part, share, ith, nth, now.saturating_sub(start))
+    else {
         return false;
     };
     l.holding.set(Holding::Nothing);
-    let fate = store(l, r, pair.event(), now, events, claim);
+    let fate = store(l, r, slot, now, events, claim);
     if part == Part::Begin {
         l.share_begin.set(Some(fate));
     }
     true
+}
+
+/// The one slot of `part` of `share` and a wait of `waited` ticks (thread `ith` of `nth`), where
+/// the two fit one, with the events of the cap it stands for and what it leaves (see [`Claim`]):
+/// a whole share and its wait are three events, a begin or an end and its wait two, and a begin
+/// keeps room for its end.
+#[inline(always)]
+fn with_wait(
+    part: Part,
+    share: OpShare,
+    ith: u32,
+    nth: u32,
+    waited: u64,
+) -> Option<(RawEvent, u64, Claim)> {
+    let pair = ShareAndWait::new(part, share, ith, nth, waited)?;
+    let (events, claim) = match part {
+        Part::Whole => (3, Claim::Op),
+        Part::Begin => (2, Claim::OpBegin),
+        Part::End => (2, Claim::End),
+    };
+    Some((pair.event(), events, claim))
 }
 
 /// Threads mode: puts this thread's held share, if any, in the ring on its own (a wait it was
