@@ -103,6 +103,14 @@ macro_rules! pop_arguments {
     };
 }
 
+/// The TSC into `rax`, the argument register `rdx` (which `rdtsc` takes) kept through `r12`,
+/// which `common` pushed.
+macro_rules! read_tsc {
+    () => {
+        "mov r12, rdx\nrdtsc\nshl rdx, 32\nor rax, rdx\nmov rdx, r12"
+    };
+}
+
 /// The trampoline every wrapper jumps to, with its row in `r11`.
 ///
 /// Its fast path touches only `rax`, `r10` and the callee-saved registers it pushes, and calls
@@ -242,18 +250,14 @@ unsafe extern "C" fn common() {
         "cmp qword ptr [rbx + {open}], 0",
         "je 51f",
         // A barrier of one thread with a share open, after its computed node, where ticks are
-        // the TSC: the share ends now, stamped here (rdx, which rdtsc takes, kept in r12) with
-        // the barrier's site, and is recorded at this thread's next call into Rust (settle);
-        // `open` says no share is open from now on.
+        // the TSC: the share ends now, stamped here with the barrier's site, and is recorded
+        // at this thread's next call into Rust (settle); `open` says no share is open from now
+        // on.
         "cmp byte ptr [rbx + {computed}], 0",
         "je 56f",
         "cmp byte ptr [rip + {rdtsc_ticks}], 0",
         "je 56f",
-        "mov r12, rdx",
-        "rdtsc",
-        "shl rdx, 32",
-        "or rax, rdx",
-        "mov rdx, r12",
+        read_tsc!(),
         "mov [rbx + {ended_at}], rax",
         "mov [rbx + {ended_site}], r13",
         "mov qword ptr [rbx + {open}], 0",
@@ -272,17 +276,13 @@ unsafe extern "C" fn common() {
         "pop rbx",
         "jmp r10",
         // A barrier of several threads, where ticks are the TSC: its wait begins now, stamped
-        // here (rdx, which rdtsc takes, kept in r12), ggml's barrier is called from here, and
-        // waited(worker, site) does after it what wait_begins and exit do around it below (a
-        // barrier returns nothing; rax is kept all the same).
+        // here, ggml's barrier is called from here, and waited(worker, site) does after it what
+        // wait_begins and exit do around it below (a barrier returns nothing; rax is kept all
+        // the same).
         "52:",
         "cmp byte ptr [rip + {rdtsc_ticks}], 0",
         "je 57f",
-        "mov r12, rdx",
-        "rdtsc",
-        "shl rdx, 32",
-        "or rax, rdx",
-        "mov rdx, r12",
+        read_tsc!(),
         "mov [rbx + {barrier_start}], rax",
         "call r10",
         "mov r12, rax",
