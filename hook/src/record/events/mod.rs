@@ -538,12 +538,18 @@ mod tests {
 
     /// The kind of each event in this thread's ring, taken out, and the events dropped.
     fn drained(l: &Local) -> (Vec<Kind>, u64) {
+        let (events, dropped) = drained_events(l);
+        (events.iter().filter_map(Kind::of).collect(), dropped)
+    }
+
+    /// The events in this thread's ring, taken out, and the events dropped.
+    fn drained_events(l: &Local) -> (Vec<RawEvent>, u64) {
         // SAFETY: this thread's ring, leaked; the test has no flusher, so this is its only
         // consumer.
         let ring = unsafe { &*l.ring.get() };
         let mut events = Vec::new();
         // SAFETY: the only consumer, as above.
-        unsafe { ring.drain(|e| events.extend(Kind::of(e))) };
+        unsafe { ring.drain(|e| events.push(*e)) };
         (events, ring.dropped())
     }
 
@@ -811,17 +817,11 @@ mod tests {
                 end(begun + 9, 2);
                 let begun = thread_op(t, r, ShareEdge::Begin, &NODE);
                 end(begun + 11, 65_536);
-                // SAFETY: this thread's ring, leaked; the test has no flusher, so this is its
-                // only consumer.
-                let ring = unsafe { &*l.ring.get() };
-                let mut events = Vec::new();
-                // SAFETY: the only consumer, as above.
-                unsafe { ring.drain(|e| events.push(*e)) };
-                (first_begun, events)
+                (first_begun, drained_events(l))
             })
         };
         for at_once in [true, false] {
-            let (left, dropped, (begun, events)) = run(at_once);
+            let (left, _, (begun, (events, dropped))) = run(at_once);
             assert_eq!((left, dropped), (vec![], 0));
             let kinds: Vec<_> = events.iter().map(|e| Kind::of(e).unwrap()).collect();
             assert_eq!(
