@@ -841,32 +841,25 @@ fn a_broken_connection_leaves_nothing_to_the_next() {
         let count = read_answer(&mut good);
         assert_eq!(count, 1u32.to_le_bytes(), "DEVICE_COUNT after {what}");
     }
-    // The server serves one client at a time: once a last client's HELLO is answered, the
-    // session before it has ended, its DEVICE_COUNT's serving recorded whole (without it, the
-    // SIGINT below could come before the server's next read, which ends that part).
-    hello(&mut connect());
+    // SIGINT ends the server without its exit handlers: the hook writes what it recorded of a
+    // client when that client disconnects (the serving of its last command ends at the read that
+    // finds the connection closed). Wait (at most 20 s) until the trace holds the four good
+    // sessions, then stop the server.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let (serves, good) = sessions(&trace);
+        if good.len() >= 4 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "20 s after the last client left, the trace holds {} good sessions, not 4: {serves:?}",
+            good.len()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
     stop(server);
-
-    let mut parts = ggml_viz_reader::rpc_join::RpcParts::default();
-    ggml_viz_reader::import_path(
-        &trace,
-        None,
-        None,
-        &mut ggml_viz_reader::telemetry::Ids::default(),
-        &mut parts,
-    )
-    .unwrap();
-    let serves: Vec<(u32, u32, &str)> = (parts.parts.iter())
-        .filter(|p| p.part == ggml_viz_reader::rpc_join::Part::Serve)
-        .map(|p| (p.connection, p.index, parts.command_name(p.command)))
-        .collect();
-    // The good sessions: a DEVICE_COUNT at index 1 after a HELLO at 0 on the same connection.
-    let good: Vec<u32> = (serves.iter())
-        .filter(|&&(c, i, name)| {
-            name == "DEVICE_COUNT" && i == 1 && serves.contains(&(c, 0, "HELLO"))
-        })
-        .map(|&(c, ..)| c)
-        .collect();
+    let (serves, good) = sessions(&trace);
     assert_eq!(good.len(), 4, "{serves:?}");
     let mut distinct = good.clone();
     distinct.dedup();
@@ -874,7 +867,41 @@ fn a_broken_connection_leaves_nothing_to_the_next() {
     // A HELLO, and only a HELLO, opens each connection (the broken ones' own commands, the
     // unknown 200 among them, stay on theirs).
     assert!(
-        (serves.iter()).all(|&(_, i, name)| (name == "HELLO") == (i == 0)),
+        (serves.iter()).all(|(_, i, name)| (name == "HELLO") == (*i == 0)),
         "{serves:?}"
     );
+}
+
+/// The serving parts in a server's `trace` so far, as (connection, index, command), and its good
+/// sessions: the connections that served a DEVICE_COUNT at index 1 after a HELLO at 0. None of
+/// either while the trace cannot be read yet.
+fn sessions(trace: &Path) -> (Vec<(u32, u32, String)>, Vec<u32>) {
+    let mut parts = ggml_viz_reader::rpc_join::RpcParts::default();
+    let read = ggml_viz_reader::import_path(
+        trace,
+        None,
+        None,
+        &mut ggml_viz_reader::telemetry::Ids::default(),
+        &mut parts,
+    );
+    if read.is_err() {
+        return Default::default();
+    }
+    let serves: Vec<(u32, u32, String)> = (parts.parts.iter())
+        .filter(|p| p.part == ggml_viz_reader::rpc_join::Part::Serve)
+        .map(|p| {
+            (
+                p.connection,
+                p.index,
+                parts.command_name(p.command).to_string(),
+            )
+        })
+        .collect();
+    let good = (serves.iter())
+        .filter(|(c, i, name)| {
+            name == "DEVICE_COUNT" && *i == 1 && serves.contains(&(*c, 0, "HELLO".into()))
+        })
+        .map(|&(c, ..)| c)
+        .collect();
+    (serves, good)
 }
