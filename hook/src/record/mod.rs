@@ -39,7 +39,7 @@ pub use events::{
     ShareEdge, ThisThread, barrier_wait, op_begin, op_end, release_share, thread_op, thread_ops,
 };
 #[cfg(all(target_os = "linux", target_arch = "x86_64"))]
-pub use events::{share_then_wait, thread_op_at};
+pub use events::{share_then_begin, share_then_wait, thread_op_at};
 pub use raw::{BufferUse, GraphInfo, OpInfo, SPAN_SEQS};
 pub use recorder::Recorder;
 #[cfg(all(target_os = "linux", target_arch = "x86_64"))]

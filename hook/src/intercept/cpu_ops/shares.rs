@@ -164,14 +164,17 @@ fn node_begins(
     arg2: Ptr,
 ) {
     let tensor = node_tensor(kind, arg1, arg2);
-    end_node(w);
+    // The share before this one, if it has ended: recorded with this one's begin.
+    let ended = ended_share(w);
     if tensor.is_null() || params.is_null() {
+        record_ended(w, ended);
         return;
     }
     // SAFETY: `params` is ggml's `struct ggml_compute_params *` for this call, which starts
     // with `int ith, nth`.
     let (ith, nth) = unsafe { (*(params as *const i32), *(params as *const i32).add(1)) };
     if !(0..=65536).contains(&nth) || ith < 0 || ith >= nth {
+        record_ended(w, ended);
         static SAID: AtomicBool = AtomicBool::new(false);
         say_once(
             &SAID,
@@ -194,7 +197,15 @@ fn node_begins(
             w.node_info(h, r, tensor)
         }
     };
-    record::thread_op(w.this_thread(), r, ShareEdge::Begin, &op);
+    match ended {
+        Some((before, owner, at)) if std::ptr::eq(owner, r) => {
+            record::share_then_begin(w.this_thread(), r, &before, at, &op);
+        }
+        ended => {
+            record_ended(w, ended);
+            record::thread_op(w.this_thread(), r, ShareEdge::Begin, &op);
+        }
+    }
     w.open_node(op, r, kind != Kind::Marker);
 }
 
@@ -227,9 +238,30 @@ fn end_node(w: &Worker) {
 /// share's begin, a wait) and when its graph compute returns.
 #[inline(always)]
 fn settle(w: &Worker) {
-    if w.ended_at.get() != 0
-        && let Some((op, r, at)) = w.take_ended()
-    {
+    if w.ended_at.get() != 0 {
+        record_ended(w, w.take_ended());
+    }
+}
+
+/// [`end_node`]'s share, taken for the caller to record: the open one, ended now, or the one
+/// `common` ended at a barrier of one thread, at the ticks it stamped; with the recorder it is
+/// recorded in.
+#[inline(always)]
+fn ended_share(w: &Worker) -> Option<(OpInfo, &'static Recorder, u64)> {
+    if let Some((op, r)) = w.take_node() {
+        w.prefetch_next();
+        Some((op, r, clock::now_ticks()))
+    } else if w.ended_at.get() != 0 {
+        w.take_ended()
+    } else {
+        None
+    }
+}
+
+/// Records the share `ended`, if any, at the ticks it ended at.
+#[inline(always)]
+fn record_ended(w: &Worker, ended: Option<(OpInfo, &'static Recorder, u64)>) {
+    if let Some((op, r, at)) = ended {
         record_end(w, r, ShareEdge::End, &op, || at);
     }
 }

@@ -28,7 +28,7 @@ pub(super) mod spans;
 
 pub use shares::{ShareEdge, barrier_wait, release_share, thread_op, thread_ops};
 #[cfg(all(target_os = "linux", target_arch = "x86_64"))]
-pub use shares::{share_then_wait, thread_op_at};
+pub use shares::{share_then_begin, share_then_wait, thread_op_at};
 
 /// Per-thread state. No destructors: it stays usable while the host's `atexit` handlers run,
 /// after Rust's own thread-locals are gone.
@@ -840,6 +840,66 @@ mod tests {
             assert_eq!(pair.share.took, 7);
             assert_eq!(events[1].ticks - u64::from(pair.waited), begun + 7);
             assert_eq!(OpShare::of(&events[4]).took, 11);
+        }
+    }
+
+    /// A share ended and the next one begun in one call ([`share_then_begin`]: the next begin
+    /// after `common` ended a share at a barrier of one thread) go in as [`thread_op_at`] at
+    /// `End` and then [`thread_op`] at `Begin` put them: the share in one slot where its begin is
+    /// held, at the ticks it ended at; its end on its own where its begin went in (with a wait
+    /// inside the op), and its begin and end each on its own where it is too long for a slot;
+    /// the next share's begin held each time.
+    #[cfg(all(target_os = "linux", target_arch = "x86_64"))]
+    #[test]
+    fn a_share_ended_as_the_next_begins_goes_in_as_recorded_in_turn() {
+        const NEXT: OpInfo = OpInfo {
+            tensor: 0x200 as *mut c_void,
+            ..NODE
+        };
+        let r = recorder(64);
+        let run = |at_once: bool| {
+            on_a_thread(r, move |t, l| {
+                let end_then_begin = |ended: &OpInfo, at: u64, next: &OpInfo| {
+                    if at_once {
+                        share_then_begin(t, r, ended, at, next)
+                    } else {
+                        thread_op_at(t, r, ShareEdge::End, ended, at);
+                        thread_op(t, r, ShareEdge::Begin, next)
+                    }
+                };
+                // The thread's ring is made with its first event: op events after it are held.
+                push(l, r, wait(), Claim::Plain);
+                let first_begun = thread_op(t, r, ShareEdge::Begin, &NODE);
+                let begun = end_then_begin(&NODE, first_begun + 7, &NEXT);
+                barrier_wait(t, r, std::ptr::null_mut(), 1, 2, begun + 3);
+                let begun = end_then_begin(&NEXT, begun + 9, &NODE);
+                let begun = end_then_begin(&NODE, begun + (1 << 33), &NEXT);
+                thread_op_at(t, r, ShareEdge::End, &NEXT, begun + 11);
+                (first_begun, drained_events(l))
+            })
+        };
+        for at_once in [true, false] {
+            let (left, _, (begun, (events, dropped))) = run(at_once);
+            assert_eq!((left, dropped), (vec![], 0));
+            let kinds: Vec<_> = events.iter().map(|e| Kind::of(e).unwrap()).collect();
+            assert_eq!(
+                kinds,
+                [
+                    Kind::WorkerWait,
+                    Kind::OpShare,
+                    Kind::BeginAndWait,
+                    Kind::OpEnd,
+                    Kind::OpBegin,
+                    Kind::OpEnd,
+                    Kind::OpShare
+                ],
+                "at once: {at_once}"
+            );
+            let (first, last) = (OpShare::of(&events[1]), OpShare::of(&events[6]));
+            assert_eq!((first.op.tensor, first.took), (NODE.tensor, 7));
+            assert_eq!(events[1].ticks, begun + 7);
+            assert_eq!(OpEdge::of(&events[3]).op.tensor, NEXT.tensor);
+            assert_eq!((last.op.tensor, last.took), (NEXT.tensor, 11));
         }
     }
 

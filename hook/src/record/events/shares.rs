@@ -50,27 +50,59 @@ pub fn thread_op(t: ThisThread, r: &'static Recorder, edge: ShareEdge, op: &OpIn
 pub fn thread_op_at(t: ThisThread, r: &'static Recorder, edge: ShareEdge, op: &OpInfo, ticks: u64) {
     let l = t.0.for_recorder(r);
     if edge == ShareEdge::Begin {
-        release(l, r);
-        if l.share_begin.get().is_some() {
-            l.forget(l.share_begin.take());
-        }
-        let event = op_event(true, op);
-        // Held only when the ring is ready: a thread's first events (its ring, its THREAD_BEGIN)
-        // go in at the time they are taken. Where only the thread's share of the cap ran out, it
-        // is topped up first, so that the share still takes one slot.
-        let needed = 2 + u64::from(l.promised.get());
-        if !ready(l, needed) {
-            top_up(l, r, needed);
-        }
-        if ready(l, needed) {
-            l.held.set(RawEvent { ticks, ..event });
-            l.holding.set(Holding::Begin);
-        } else {
-            let fate = store(l, r, event, ticks, 1, Claim::OpBegin);
-            l.share_begin.set(Some(fate));
-        }
-        return;
+        begin_at(l, r, op, ticks);
+    } else {
+        end_at(l, r, edge, op, ticks);
     }
+}
+
+/// Threads mode: this thread's share of the node of `ended` ended at `ended_at` ticks, and its
+/// share of the node of `op` begins now: what [`thread_op_at`] at [`ShareEdge::End`] and then
+/// [`thread_op`] at [`ShareEdge::Begin`] do, in one visit (a barrier of one thread ends a share
+/// with no call of ours; the next share's begin records it). Returns the begin's ticks.
+#[cfg(all(target_os = "linux", target_arch = "x86_64"))]
+pub fn share_then_begin(
+    t: ThisThread,
+    r: &'static Recorder,
+    ended: &OpInfo,
+    ended_at: u64,
+    op: &OpInfo,
+) -> u64 {
+    let ticks = clock::now_ticks();
+    let l = t.0.for_recorder(r);
+    end_at(l, r, ShareEdge::End, ended, ended_at);
+    begin_at(l, r, op, ticks);
+    ticks
+}
+
+/// [`thread_op_at`]'s begin: held where the ring is ready, else stored on its own.
+#[inline(always)]
+fn begin_at(l: &Local, r: &'static Recorder, op: &OpInfo, ticks: u64) {
+    release(l, r);
+    if l.share_begin.get().is_some() {
+        l.forget(l.share_begin.take());
+    }
+    let event = op_event(true, op);
+    // Held only when the ring is ready: a thread's first events (its ring, its THREAD_BEGIN)
+    // go in at the time they are taken. Where only the thread's share of the cap ran out, it
+    // is topped up first, so that the share still takes one slot.
+    let needed = 2 + u64::from(l.promised.get());
+    if !ready(l, needed) {
+        top_up(l, r, needed);
+    }
+    if ready(l, needed) {
+        l.held.set(RawEvent { ticks, ..event });
+        l.holding.set(Holding::Begin);
+    } else {
+        let fate = store(l, r, event, ticks, 1, Claim::OpBegin);
+        l.share_begin.set(Some(fate));
+    }
+}
+
+/// [`thread_op_at`]'s end (`edge` [`ShareEdge::End`] or [`ShareEdge::EndAtWait`]): with its
+/// held begin in one slot where it fits, held in its turn where it ends at a wait.
+#[inline(always)]
+fn end_at(l: &Local, r: &'static Recorder, edge: ShareEdge, op: &OpInfo, ticks: u64) {
     if l.holding.get() == Holding::Begin {
         let held = l.held.get();
         let took = ticks.wrapping_sub(held.ticks);
