@@ -225,12 +225,7 @@ pub fn graph_compute_returned() {
 /// a barrier of one thread, if any ([`settle`]).
 #[inline(always)]
 fn end_node(w: &Worker) {
-    if let Some((op, r)) = w.take_node() {
-        w.prefetch_next();
-        record_end(w, r, ShareEdge::End, &op, clock::now_ticks);
-    } else {
-        settle(w);
-    }
+    record_ended(w, ended_share(w));
 }
 
 /// Records the end of this thread's share that `common` ended at a barrier of one thread, if
@@ -243,11 +238,13 @@ fn settle(w: &Worker) {
     }
 }
 
-/// [`end_node`]'s share, taken for the caller to record: the open one, ended now, or the one
-/// `common` ended at a barrier of one thread, at the ticks it stamped; with the recorder it is
-/// recorded in.
+/// A share of a node that ended, the recorder it is recorded in, and the ticks it ended at.
+type EndedAt = (OpInfo, &'static Recorder, u64);
+
+/// This thread's share that [`end_node`] ends, taken for the caller to record: the open one,
+/// ended now, or the one `common` ended at a barrier of one thread, at the ticks it stamped.
 #[inline(always)]
-fn ended_share(w: &Worker) -> Option<(OpInfo, &'static Recorder, u64)> {
+fn ended_share(w: &Worker) -> Option<EndedAt> {
     if let Some((op, r)) = w.take_node() {
         w.prefetch_next();
         Some((op, r, clock::now_ticks()))
@@ -260,24 +257,18 @@ fn ended_share(w: &Worker) -> Option<(OpInfo, &'static Recorder, u64)> {
 
 /// Records the share `ended`, if any, at the ticks it ended at.
 #[inline(always)]
-fn record_ended(w: &Worker, ended: Option<(OpInfo, &'static Recorder, u64)>) {
+fn record_ended(w: &Worker, ended: Option<EndedAt>) {
     if let Some((op, r, at)) = ended {
-        record_end(w, r, ShareEdge::End, &op, || at);
+        record_end(w, r, ShareEdge::End, &op, at);
     }
 }
 
-/// This thread's share of the node of `op`, recorded in `r`, ends at `edge`, at the ticks
-/// `when` gives (asked only where the share is recorded: `r` still records).
+/// This thread's share of the node of `op`, recorded in `r`, ends at `edge`, at `ticks`
+/// (recorded only while `r` still records).
 #[inline(always)]
-fn record_end(
-    w: &Worker,
-    r: &'static Recorder,
-    edge: ShareEdge,
-    op: &OpInfo,
-    when: impl FnOnce() -> u64,
-) {
+fn record_end(w: &Worker, r: &'static Recorder, edge: ShareEdge, op: &OpInfo, ticks: u64) {
     if record::active().is_some_and(|a| std::ptr::eq(a, r)) {
-        record::thread_op_at(w.this_thread(), r, edge, op, when());
+        record::thread_op_at(w.this_thread(), r, edge, op, ticks);
     }
 }
 
@@ -315,7 +306,7 @@ fn end_at_wait(w: &Worker, ended: Option<EndedShare>, recorder: Option<&Recorder
         } else {
             ShareEdge::End
         };
-        record_end(w, r, edge, &op, || start);
+        record_end(w, r, edge, &op, start);
     }
 }
 

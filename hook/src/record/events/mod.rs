@@ -573,6 +573,26 @@ mod tests {
         .unwrap()
     }
 
+    /// What `body` leaves in its thread's ring (and its kinds), recording at once (`true`) and
+    /// in turn (`false`), with what it returned; checks that neither run left anything held,
+    /// owed, in the ring after it or dropped.
+    #[cfg(all(target_os = "linux", target_arch = "x86_64"))]
+    fn recorded_both_ways(
+        r: &'static Recorder,
+        body: impl Fn(bool, ThisThread, &Local) -> u64 + Copy + Send + 'static,
+    ) -> Vec<(bool, Vec<RawEvent>, Vec<Kind>, u64)> {
+        [true, false]
+            .into_iter()
+            .map(|at_once| {
+                let (left, _, (returned, (events, dropped))) =
+                    on_a_thread(r, move |t, l| (body(at_once, t, l), drained_events(l)));
+                assert_eq!((left, dropped), (vec![], 0), "at once: {at_once}");
+                let kinds = events.iter().map(|e| Kind::of(e).unwrap()).collect();
+                (at_once, events, kinds, returned)
+            })
+            .collect()
+    }
+
     const NODE: OpInfo = OpInfo {
         tensor: 0x100 as *mut c_void,
         op_type: 1,
@@ -798,32 +818,27 @@ mod tests {
     #[test]
     fn a_share_and_its_wait_recorded_at_once_go_in_as_recorded_in_turn() {
         let r = recorder(64);
-        let run = |at_once: bool| {
-            on_a_thread(r, move |t, l| {
-                let end = |ended: u64, nth: u32| {
-                    if at_once {
-                        share_then_wait(t, r, &NODE, ended, 1, nth);
-                    } else {
-                        thread_op_at(t, r, ShareEdge::EndAtWait, &NODE, ended);
-                        barrier_wait(t, r, std::ptr::null_mut(), 1, nth, ended);
-                    }
-                };
-                // The thread's ring is made with its first event: op events after it are held.
-                push(l, r, wait(), Claim::Plain);
-                let first_begun = thread_op(t, r, ShareEdge::Begin, &NODE);
-                end(first_begun + 7, 2);
-                let begun = thread_op(t, r, ShareEdge::Begin, &NODE);
-                barrier_wait(t, r, std::ptr::null_mut(), 1, 2, begun + 3);
-                end(begun + 9, 2);
-                let begun = thread_op(t, r, ShareEdge::Begin, &NODE);
-                end(begun + 11, 65_536);
-                (first_begun, drained_events(l))
-            })
-        };
-        for at_once in [true, false] {
-            let (left, _, (begun, (events, dropped))) = run(at_once);
-            assert_eq!((left, dropped), (vec![], 0));
-            let kinds: Vec<_> = events.iter().map(|e| Kind::of(e).unwrap()).collect();
+        let runs = recorded_both_ways(r, move |at_once, t, l| {
+            let end = |ended: u64, nth: u32| {
+                if at_once {
+                    share_then_wait(t, r, &NODE, ended, 1, nth);
+                } else {
+                    thread_op_at(t, r, ShareEdge::EndAtWait, &NODE, ended);
+                    barrier_wait(t, r, std::ptr::null_mut(), 1, nth, ended);
+                }
+            };
+            // The thread's ring is made with its first event: op events after it are held.
+            push(l, r, wait(), Claim::Plain);
+            let first_begun = thread_op(t, r, ShareEdge::Begin, &NODE);
+            end(first_begun + 7, 2);
+            let begun = thread_op(t, r, ShareEdge::Begin, &NODE);
+            barrier_wait(t, r, std::ptr::null_mut(), 1, 2, begun + 3);
+            end(begun + 9, 2);
+            let begun = thread_op(t, r, ShareEdge::Begin, &NODE);
+            end(begun + 11, 65_536);
+            first_begun
+        });
+        for (at_once, events, kinds, begun) in runs {
             assert_eq!(
                 kinds,
                 [
@@ -857,31 +872,26 @@ mod tests {
             ..NODE
         };
         let r = recorder(64);
-        let run = |at_once: bool| {
-            on_a_thread(r, move |t, l| {
-                let end_then_begin = |ended: &OpInfo, at: u64, next: &OpInfo| {
-                    if at_once {
-                        share_then_begin(t, r, ended, at, next)
-                    } else {
-                        thread_op_at(t, r, ShareEdge::End, ended, at);
-                        thread_op(t, r, ShareEdge::Begin, next)
-                    }
-                };
-                // The thread's ring is made with its first event: op events after it are held.
-                push(l, r, wait(), Claim::Plain);
-                let first_begun = thread_op(t, r, ShareEdge::Begin, &NODE);
-                let begun = end_then_begin(&NODE, first_begun + 7, &NEXT);
-                barrier_wait(t, r, std::ptr::null_mut(), 1, 2, begun + 3);
-                let begun = end_then_begin(&NEXT, begun + 9, &NODE);
-                let begun = end_then_begin(&NODE, begun + (1 << 33), &NEXT);
-                thread_op_at(t, r, ShareEdge::End, &NEXT, begun + 11);
-                (first_begun, drained_events(l))
-            })
-        };
-        for at_once in [true, false] {
-            let (left, _, (begun, (events, dropped))) = run(at_once);
-            assert_eq!((left, dropped), (vec![], 0));
-            let kinds: Vec<_> = events.iter().map(|e| Kind::of(e).unwrap()).collect();
+        let runs = recorded_both_ways(r, move |at_once, t, l| {
+            let end_then_begin = |ended: &OpInfo, at: u64, next: &OpInfo| {
+                if at_once {
+                    share_then_begin(t, r, ended, at, next)
+                } else {
+                    thread_op_at(t, r, ShareEdge::End, ended, at);
+                    thread_op(t, r, ShareEdge::Begin, next)
+                }
+            };
+            // The thread's ring is made with its first event: op events after it are held.
+            push(l, r, wait(), Claim::Plain);
+            let first_begun = thread_op(t, r, ShareEdge::Begin, &NODE);
+            let begun = end_then_begin(&NODE, first_begun + 7, &NEXT);
+            barrier_wait(t, r, std::ptr::null_mut(), 1, 2, begun + 3);
+            let begun = end_then_begin(&NEXT, begun + 9, &NODE);
+            let begun = end_then_begin(&NODE, begun + (1 << 33), &NEXT);
+            thread_op_at(t, r, ShareEdge::End, &NEXT, begun + 11);
+            first_begun
+        });
+        for (at_once, events, kinds, begun) in runs {
             assert_eq!(
                 kinds,
                 [
