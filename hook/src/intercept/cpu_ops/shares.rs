@@ -5,7 +5,7 @@
 use std::ffi::c_void;
 use std::sync::atomic::AtomicBool;
 
-use super::worker::{Kind, WORKER, Worker, node_tensor, set_worker_slot};
+use super::worker::{EndedAt, Kind, Share, WORKER, Worker, node_tensor, set_worker_slot};
 use crate::base::ggml::Helpers;
 use crate::base::{clock, contained, say_once};
 use crate::intercept::route::Resolved;
@@ -233,25 +233,16 @@ fn end_node(w: &Worker) {
 /// share's begin, a wait) and when its graph compute returns.
 #[inline(always)]
 fn settle(w: &Worker) {
-    if w.ended_at.get() != 0 {
-        record_ended(w, w.take_ended());
-    }
+    record_ended(w, w.take_ended());
 }
-
-/// A share of a node that ended, the recorder it is recorded in, and the ticks it ended at.
-type EndedAt = (OpInfo, &'static Recorder, u64);
 
 /// This thread's share that [`end_node`] ends, taken for the caller to record: the open one,
 /// ended now, or the one `common` ended at a barrier of one thread, at the ticks it stamped.
 #[inline(always)]
 fn ended_share(w: &Worker) -> Option<EndedAt> {
-    if let Some((op, r)) = w.take_node() {
-        w.prefetch_next();
-        Some((op, r, clock::now_ticks()))
-    } else if w.ended_at.get() != 0 {
-        w.take_ended()
-    } else {
-        None
+    match w.take_node() {
+        Some((op, r)) => Some((op, r, clock::now_ticks())),
+        None => w.take_ended(),
     }
 }
 
@@ -277,29 +268,22 @@ fn record_end(w: &Worker, r: &'static Recorder, edge: ShareEdge, op: &OpInfo, ti
 /// recorder it is recorded in, if the barrier follows its node: it ends where the wait began,
 /// taken here for the caller to record ([`end_at_wait`], or with the wait).
 #[inline(always)]
-fn wait_began(w: &Worker, site: usize) -> (Option<&'static Recorder>, Option<EndedShare>) {
+fn wait_began(w: &Worker, site: usize) -> (Option<&'static Recorder>, Option<Share>) {
     settle(w);
     let recorder = record::thread_ops().filter(|_| w.nth.get() > 1);
     // The node before this barrier is done, on this thread, unless the barrier is inside its
     // op: a call nested in its per-op function, or one from a function no wrapper reaches.
     let ended = if w.depth.get() == 0 && w.barrier_follows_node(site) {
-        let share = w.take_node();
-        if share.is_some() {
-            w.prefetch_next();
-        }
-        share
+        w.take_node()
     } else {
         None
     };
     (recorder, ended)
 }
 
-/// A share of a node that ended, and the recorder it is recorded in.
-type EndedShare = (OpInfo, &'static Recorder);
-
 /// Records the end of the share `ended`, if any, at `start` ticks, where the wait of a barrier
 /// began: held for the wait to join where that is recorded (in `recorder`).
-fn end_at_wait(w: &Worker, ended: Option<EndedShare>, recorder: Option<&Recorder>, start: u64) {
+fn end_at_wait(w: &Worker, ended: Option<Share>, recorder: Option<&Recorder>, start: u64) {
     if let Some((op, r)) = ended {
         let edge = if recorder.is_some() {
             ShareEdge::EndAtWait

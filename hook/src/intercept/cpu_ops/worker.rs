@@ -16,6 +16,12 @@ use crate::record::{OpInfo, Recorder, ThisThread};
 
 type Ptr = *mut c_void;
 
+/// A thread's share of a node, and the recorder it is recorded in.
+pub(super) type Share = (OpInfo, &'static Recorder);
+
+/// A share that ended, the recorder it is recorded in, and the ticks it ended at.
+pub(super) type EndedAt = (OpInfo, &'static Recorder, u64);
+
 /// What a wrapped function's arguments hold. The numbers are `common`'s: below `Marker`, a call
 /// may take its fast path; from `Barrier` on, it is a barrier.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -78,7 +84,7 @@ pub(super) struct Worker {
     /// Return address of the outermost open call: stands in for a tail call's.
     pub(super) outer_site: Cell<usize>,
     /// This thread's open share of a node, and the recorder it is recorded in.
-    pub(super) node: Cell<Option<(OpInfo, &'static Recorder)>>,
+    pub(super) node: Cell<Option<Share>>,
     /// The tensor of `node` (0: none), where `common`'s fast path can read it.
     pub(super) open_tensor: Cell<usize>,
     /// A call computed `node` on this thread: its per-op function, or the dispatcher's marker
@@ -299,7 +305,7 @@ impl Worker {
     /// op computed since their last use has usually pushed them out of the caches, and their
     /// loads were the slowest steps of a share: perf samples at `-t 2`).
     #[inline]
-    pub(super) fn prefetch_next(&self) {
+    fn prefetch_next(&self) {
         if let Some((entry, tensor)) = self.sequence.ahead() {
             prefetch(entry);
             prefetch((entry as *const u8).wrapping_add(64));
@@ -434,24 +440,27 @@ impl Worker {
         self.node.set(Some((op, r)));
     }
 
-    /// This thread's open share, which ends (none where `open_tensor` says none is open).
+    /// This thread's open share, which ends (none where `open_tensor` says none is open): what
+    /// the next share reads first is asked for ([`Worker::prefetch_next`]).
     #[inline]
-    pub(super) fn take_node(&self) -> Option<(OpInfo, &'static Recorder)> {
+    pub(super) fn take_node(&self) -> Option<Share> {
         if self.open_tensor.replace(0) == 0 {
             return None;
         }
+        self.prefetch_next();
         self.node.take()
     }
 
     /// This thread's share that `common` ended at a barrier of one thread (see `ended_at`), with
     /// the ticks it ended at, which is recorded now; that barrier's site is learned as one after
     /// a node, as [`Worker::barrier_follows_node`] would have.
-    #[inline]
-    pub(super) fn take_ended(&self) -> Option<(OpInfo, &'static Recorder, u64)> {
-        let at = self.ended_at.replace(0);
+    #[inline(always)]
+    pub(super) fn take_ended(&self) -> Option<EndedAt> {
+        let at = self.ended_at.get();
         if at == 0 {
             return None;
         }
+        self.ended_at.set(0);
         learn_after_node_site(self.ended_site.get());
         self.node.take().map(|(op, r)| (op, r, at))
     }
