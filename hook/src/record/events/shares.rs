@@ -178,7 +178,7 @@ pub fn share_then_wait(
         }
         _ => {}
     }
-    thread_op_at(t, r, ShareEdge::EndAtWait, op, start);
+    end_at(l, r, ShareEdge::EndAtWait, op, start);
     barrier_wait(t, r, std::ptr::null_mut(), ith, nth, start);
 }
 
