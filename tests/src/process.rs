@@ -19,6 +19,24 @@ pub fn until_whole<T>(tries: u32, mut attempt: impl FnMut() -> T, whole: impl Fn
     result
 }
 
+/// `attempt`'s result, run again every 100 ms until `done` accepts it or `limit` has passed: for
+/// what a program writes in its own time (a server's trace, written as its client leaves). The
+/// last result is returned either way: the caller asserts it done.
+pub fn until_within<T>(
+    limit: std::time::Duration,
+    mut attempt: impl FnMut() -> T,
+    done: impl Fn(&T) -> bool,
+) -> T {
+    let deadline = std::time::Instant::now() + limit;
+    loop {
+        let result = attempt();
+        if done(&result) || std::time::Instant::now() >= deadline {
+            return result;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+}
+
 /// Prefix of the scratch directories, followed by the test process's id.
 const SCRATCH: &str = "ggml-viz-e2e-";
 

@@ -231,26 +231,22 @@ fn job(hosts: &[Host], dir: Option<&Path>) -> String {
     // writes what a server recorded when its client disconnects. Wait (at most 20 s) until the
     // servers' traces hold every command the client sent, then stop them.
     if let Some(dir) = dir {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            let out = cli(|c| {
-                c.args(["rpc", "--json", "-q"]).args(
-                    ["client", "server-0", "server-1"].map(|n| dir.join(format!("{n}.ggmlviz"))),
-                )
-            });
-            let joined = serde_json::from_slice::<Value>(&out.stdout)
-                .is_ok_and(|a| a["unjoined_client_connections"] == 0);
-            if joined {
-                break;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "the servers' traces lack commands the client sent 20 s after it ended:\n{}{}",
-                text(&out.stdout),
-                text(&out.stderr)
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        let joined = |out: &std::process::Output| {
+            serde_json::from_slice::<Value>(&out.stdout)
+                .is_ok_and(|a| a["unjoined_client_connections"] == 0)
+        };
+        let traces = ["client", "server-0", "server-1"].map(|n| dir.join(format!("{n}.ggmlviz")));
+        let out = until_within(
+            Duration::from_secs(20),
+            || cli(|c| c.args(["rpc", "--json", "-q"]).args(&traces)),
+            joined,
+        );
+        assert!(
+            joined(&out),
+            "the servers' traces lack commands the client sent 20 s after it ended:\n{}{}",
+            text(&out.stdout),
+            text(&out.stderr)
+        );
     }
     for s in servers {
         stop(s);
@@ -845,21 +841,15 @@ fn a_broken_connection_leaves_nothing_to_the_next() {
     // client when that client disconnects (the serving of its last command ends at the read that
     // finds the connection closed). Wait (at most 20 s) until the trace holds the four good
     // sessions, then stop the server.
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let (serves, good) = sessions(&trace);
-        if good.len() >= 4 {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "20 s after the last client left, the trace holds {} good sessions, not 4: {serves:?}",
-            good.len()
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    let four_good =
+        |read: &Result<Sessions, String>| read.as_ref().is_ok_and(|(_, good)| good.len() >= 4);
+    let read = until_within(Duration::from_secs(20), || sessions(&trace), four_good);
+    assert!(
+        four_good(&read),
+        "20 s after the last client left, the trace does not hold 4 good sessions: {read:?}"
+    );
     stop(server);
-    let (serves, good) = sessions(&trace);
+    let (serves, good) = sessions(&trace).unwrap();
     assert_eq!(good.len(), 4, "{serves:?}");
     let mut distinct = good.clone();
     distinct.dedup();
@@ -872,21 +862,21 @@ fn a_broken_connection_leaves_nothing_to_the_next() {
     );
 }
 
-/// The serving parts in a server's `trace` so far, as (connection, index, command), and its good
-/// sessions: the connections that served a DEVICE_COUNT at index 1 after a HELLO at 0. None of
-/// either while the trace cannot be read yet.
-fn sessions(trace: &Path) -> (Vec<(u32, u32, String)>, Vec<u32>) {
+/// The serving parts in a server's trace: (connection, index, command) each; and its good
+/// sessions, the connections that served a DEVICE_COUNT at index 1 after a HELLO at 0.
+type Sessions = (Vec<(u32, u32, String)>, Vec<u32>);
+
+/// [`Sessions`] in the server's `trace` so far; why it cannot be read (yet), if it cannot.
+fn sessions(trace: &Path) -> Result<Sessions, String> {
     let mut parts = ggml_viz_reader::rpc_join::RpcParts::default();
-    let read = ggml_viz_reader::import_path(
+    ggml_viz_reader::import_path(
         trace,
         None,
         None,
         &mut ggml_viz_reader::telemetry::Ids::default(),
         &mut parts,
-    );
-    if read.is_err() {
-        return Default::default();
-    }
+    )
+    .map_err(|err| format!("{err:?}"))?;
     let serves: Vec<(u32, u32, String)> = (parts.parts.iter())
         .filter(|p| p.part == ggml_viz_reader::rpc_join::Part::Serve)
         .map(|p| {
@@ -903,5 +893,5 @@ fn sessions(trace: &Path) -> (Vec<(u32, u32, String)>, Vec<u32>) {
         })
         .map(|&(c, ..)| c)
         .collect();
-    (serves, good)
+    Ok((serves, good))
 }
