@@ -133,7 +133,10 @@ phase "quick benchmarks"
 # Coverage-guided fuzzing, 60 s a target (needs the nightly toolchain; says so and skips without).
 FUZZ_SECONDS="${FUZZ_SECONDS:-60}" bash scripts/fuzz.sh
 phase "fuzzing"
-cargo test --workspace --release --locked
+cargo test --workspace --release --locked -- --skip alone::
+# Tests that compare timings need the machine to themselves (tests/tests/ops.rs, `mod alone`):
+# after the rest, one at a time.
+cargo test --release --locked -p ggml-viz-e2e --test e2e -- alone:: --test-threads=1
 phase "workspace tests"
 # The ring under loom's interleavings (its own target dir: --cfg loom rebuilds the crate).
 RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom cargo test --release --locked -p ggml-viz-hook --lib loom
