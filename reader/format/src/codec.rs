@@ -154,8 +154,8 @@ fn encode_in<const UNION: usize>(
     debug_assert_eq!(layout.union_len(), UNION);
     let mut fixed = [0u8; UNION_OFFSET + 32 + 1 + 4];
     fixed[0] = type_code;
-    fixed[1..9].copy_from_slice(&timestamp_ns.to_le_bytes());
-    fixed[9..13].copy_from_slice(&thread_id.to_le_bytes());
+    fixed[TIMESTAMP_OFFSET..THREAD_ID_OFFSET].copy_from_slice(&timestamp_ns.to_le_bytes());
+    fixed[THREAD_ID_OFFSET..UNION_OFFSET].copy_from_slice(&thread_id.to_le_bytes());
     let u = &mut fixed[UNION_OFFSET..UNION_OFFSET + 32];
     match *payload {
         Payload::Graph {
@@ -299,8 +299,8 @@ fn decode_fixed<const U: usize>(record: &[u8], layout: Layout) -> Event<'_> {
         .expect("a union's bytes");
     Event {
         type_code,
-        timestamp_ns: u64_at(head, 1),
-        thread_id: u32_at(head, 9),
+        timestamp_ns: u64_at(head, TIMESTAMP_OFFSET),
+        thread_id: u32_at(head, THREAD_ID_OFFSET),
         payload: decode_union(type_code, union, layout),
         label: label.get(4..).map(Cow::Borrowed),
     }
@@ -333,12 +333,12 @@ impl<'a> RecordView<'a> {
 
     #[inline(always)]
     pub fn timestamp_ns(&self) -> u64 {
-        u64_at(self.bytes, 1)
+        u64_at(self.bytes, TIMESTAMP_OFFSET)
     }
 
     #[inline(always)]
     pub fn thread_id(&self) -> u32 {
-        u32_at(self.bytes, 9)
+        u32_at(self.bytes, THREAD_ID_OFFSET)
     }
 
     /// The union, as [`Event::payload`].

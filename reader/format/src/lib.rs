@@ -29,6 +29,10 @@ pub const MAGIC: [u8; 8] = *b"GGMLVIZ1";
 pub const VERSION: u32 = 1;
 /// Magic plus the little-endian `u32` version.
 pub const HEADER_LEN: usize = 12;
+/// Where a record's little-endian `u64` timestamp lies, after its type byte.
+pub const TIMESTAMP_OFFSET: usize = 1;
+/// Where its little-endian `u32` thread id lies.
+pub const THREAD_ID_OFFSET: usize = 9;
 /// Type byte, `u64` timestamp and `u32` thread id come before the event union.
 pub const UNION_OFFSET: usize = 13;
 /// Longest label we accept. Longer lengths are taken as corruption, not as a truncated tail,

@@ -23,6 +23,9 @@ use super::raw::{
 use super::tensors::{MAX_TENSORS, Tensors};
 
 mod extensions;
+mod share_records;
+use share_records::ShareRecords;
+
 use crate::base::clock::{self, TickConverter};
 use crate::base::entry::Entry;
 use crate::base::names::{self, Names};
@@ -80,6 +83,8 @@ pub struct TraceWriter {
     info_of_group: Vec<u16>,
     /// Buffers allocated and not yet freed: handle to size and buffer type.
     live_buffers: std::collections::BTreeMap<u64, (u64, String)>,
+    /// Each tensor's pair of op records, copied for its shares.
+    share_records: ShareRecords,
     /// Op types whose names were written.
     op_names_written: rustc_hash::FxHashSet<u32>,
     labels: Labels,
@@ -127,6 +132,7 @@ impl TraceWriter {
             labels: Labels::default(),
             info_of_group: Vec::new(),
             live_buffers: Default::default(),
+            share_records: ShareRecords::default(),
             op_names_written: Default::default(),
             names_written: 0,
             counters_written: Counters::default(),
@@ -423,7 +429,8 @@ impl TraceWriter {
     }
 
     /// A node's op share, begun at `begin_ns` and ended at `end_ns` on thread `thread_id`: both
-    /// records.
+    /// records, copied from its tensor's pair where its tensor info is the latest written of
+    /// its group (else encoded, after the tensor info, and the pair made).
     #[inline(always)]
     fn encode_op(
         &mut self,
@@ -433,8 +440,33 @@ impl TraceWriter {
         end_ns: u64,
         d: &Drain<'_>,
     ) {
+        if let Some(pair) = self.share_records.get(op)
+            && self.info_of_group.get(pair.group) == Some(&op.tensor_id)
+        {
+            pair.write(&mut self.buf, op.tensor as u64, thread_id, begin_ns, end_ns);
+            return;
+        }
+        self.encode_op_records(op, thread_id, begin_ns, end_ns, d);
+    }
+
+    /// [`TraceWriter::encode_op`] where its tensor's pair is not made for these op fields or its
+    /// tensor info is to be written (out of line: a tensor's first share, another op size of its
+    /// id, another tensor info of its group written since).
+    #[inline(never)]
+    fn encode_op_records(
+        &mut self,
+        op: &OpInfo,
+        thread_id: u32,
+        begin_ns: u64,
+        end_ns: u64,
+        d: &Drain<'_>,
+    ) {
         self.encode_op_begin(op, thread_id, begin_ns, d);
         self.encode_op_end(op, thread_id, end_ns);
+        if let Some(info) = d.tensors.get(op.tensor_id) {
+            let label = self.tensor_names.then_some(info.name.as_bytes());
+            self.share_records.make(self.layout, op, info.group, label);
+        }
     }
 
     /// An op's end record, which carries no label: readers take the node from its begin.
