@@ -1,0 +1,129 @@
+#!/usr/bin/env python3
+"""Where a node share's instructions go, function by function: callgrind of a line-table build of
+the hook (target/prof), op timing threads against off, the difference per share. Each function's
+count is its own instructions with everything inlined into it (callgrind charges by symbol), so
+the rows add up to the hook's whole cost; bench/run.py's "of which the hook's own functions" rows
+count less (only the lines whose file is the function's own).
+
+    python3 bench/shares.py                  # llama-bench -t 1, tiny model: (-n 80) - (-n 16)
+    python3 bench/shares.py --model 64x32
+    python3 bench/shares.py --add-chain      # the ctypes ADD chain at 2 threads, per node
+    python3 bench/shares.py --hook OTHER.so  # a build of your own (with line tables)
+
+The first form is a token's marginal cost once every node has been seen (first sights left out);
+the ADD chain's, per node (two shares and two barrier waits), 100 nodes x 50 computes. About a
+minute each on 2 cores (the four or two callgrind runs go two at a time).
+"""
+import argparse
+import collections
+import os
+import re
+import sys
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import run as bench  # noqa: E402
+
+PROF_BUILD = [
+    "cargo", "build", "--release", "-p", "ggml-viz-hook",
+    "--config", 'profile.release.package.ggml-viz-hook.debug="line-tables-only"',
+    "--config", 'profile.release.package.ggml-viz-hook.strip="none"',
+]
+
+
+def self_counts(path):
+    """Instructions by (object, function) in a callgrind output, each function's own with what was
+    inlined into it (the inclusive lines after `calls=` left out)."""
+    names = {"ob": {}, "fn": {}}
+    cost = collections.Counter()
+    ob = fn = None
+    skip = False
+    for line in open(path):
+        if skip:
+            skip = False
+            continue
+        m = re.match(r"(c?)(ob|fn)=(?:\((\d+)\))? ?(.*)", line.rstrip("\n"))
+        if m:
+            called, kind, ident, name = m.groups()
+            table = names[kind]
+            if ident is not None and name:
+                table[ident] = name
+            name = table.get(ident, "?") if ident is not None else name
+            if not called:
+                ob, fn = (name, fn) if kind == "ob" else (ob, name)
+            continue
+        if line.startswith("calls="):
+            skip = True
+            continue
+        fields = line.split()
+        if len(fields) >= 2 and re.fullmatch(r"[+\-*]?(0x)?[\da-f]*", fields[0]) and fields[-1].isdigit():
+            cost[(ob, fn)] += int(fields[-1])
+    return cost
+
+
+def callgrind(out, cmd, env):
+    bench.run(["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", *cmd], env=env)
+    return self_counts(out)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", choices=bench.MODELS, default="tiny")
+    p.add_argument("--add-chain", action="store_true", help="the ctypes ADD chain at 2 threads, per node")
+    p.add_argument("--hook", help="a hook built with line tables (default: this tree's, built into target/prof)")
+    p.add_argument("--rows", type=int, default=14)
+    args = p.parse_args()
+    os.chdir(bench.ROOT)
+    hook = args.hook
+    if hook is None:
+        bench.progress("building the hook with line tables (target/prof)")
+        bench.run(PROF_BUILD, env={"CARGO_TARGET_DIR": "target/prof"})
+        hook = os.path.join(bench.ROOT, "target/prof/release/libggml_viz_hook.so")
+    build = bench.run(["bash", "scripts/setup-llama.sh"]).stdout.strip().splitlines()[-1]
+    with tempfile.TemporaryDirectory() as tmp:
+        def env(mode, name):
+            return {"LD_PRELOAD": hook, "GGML_VIZ_OP_TIMING": mode,
+                    "GGML_VIZ_OUTPUT": os.path.join(tmp, f"{name}.ggmlviz")}
+
+        if args.add_chain:
+            per, what = 5000, "a node of the ADD chain (2 threads: two shares, two waits)"
+            cmd = [sys.executable, "tests/fixtures/ggml_ctypes.py", f"{build}/bin", "--nodes", "100",
+                   "--repeat", "50", "--threads", "2"]
+            runs = {mode: (cmd, mode) for mode in ("threads", "off")}
+        else:
+            model = bench.model_file(tmp, args.model)
+            runs = {f"{mode}{n}": ([f"{build}/bin/llama-bench", "-m", model, "-t", "1", "-p", "0", "-n", n,
+                                    "-r", "1"], mode)
+                    for mode in ("threads", "off") for n in ("16", "80")}
+        bench.progress(f"callgrind: {len(runs)} runs, two at a time")
+        with ThreadPoolExecutor(2) as pool:
+            counts = dict(zip(runs, pool.map(
+                lambda item: callgrind(os.path.join(tmp, f"{item[0]}.out"), item[1][0], env(item[1][1], item[0])),
+                runs.items())))
+        if args.add_chain:
+            diff = {k: counts["threads"][k] - counts["off"][k] for k in counts["threads"] | counts["off"]}
+            own = {m: sum(v for (ob, _), v in counts[m].items() if ob and "ggml_viz_hook" in ob) / per
+                   for m in ("threads", "off")}
+            print(f"the hook's whole object {what}: threads {own['threads']:,.1f}, off {own['off']:,.1f}")
+        else:
+            def shares(name):
+                info = bench.run(["target/release/ggml-viz", "info", os.path.join(tmp, f"{name}.ggmlviz")]).stdout
+                return int(re.search(r"^\s*op_compute_begin\s+(\d+)", info, re.M).group(1))
+            per = shares("threads80") - shares("threads16")
+            what = f"a node share, {args.model} model, -t 1 ({per} shares in 64 tokens)"
+            keys = set().union(*counts.values())
+            diff = {k: (counts["threads80"][k] - counts["threads16"][k]) - (counts["off80"][k] - counts["off16"][k])
+                    for k in keys}
+        total = sum(v for (ob, _), v in diff.items() if ob and "ggml_viz_hook" in ob) / per
+        print(f"threads over off, {what}: the hook's object {total:,.1f} instructions")
+        # The hook's functions and the copies it calls (libc's spin and scheduling code, and
+        # OpenMP's spin waits, vary with the threads' timing: left out).
+        ours = {k: v for k, v in diff.items()
+                if k[0] and ("ggml_viz_hook" in k[0] or (k[1] or "").startswith("__mem"))}
+        for (ob, fn), v in sorted(ours.items(), key=lambda kv: -abs(kv[1]))[:args.rows]:
+            print(f"{v / per:10.1f}  {os.path.basename(ob)[:24]:<24} {fn}")
+
+
+if __name__ == "__main__":
+    main()
