@@ -103,7 +103,7 @@ mod tests {
     use ggml_viz_format::ext::{Counters, Metadata};
     use ggml_viz_format::{EXTENSION_TYPE_CODE, Event, Layout, Payload, decode_record};
 
-    use super::super::{Drain, TraceWriter};
+    use super::super::{Drain, TraceWriter, op_payload};
     use crate::base::names::Names;
     use crate::base::tensor::TensorRecord;
     use crate::record::raw::OpInfo;
@@ -170,22 +170,13 @@ mod tests {
             2,
             ns,
             thread,
-            payload(o),
+            op_payload(o),
             label.map(|l| l.as_bytes().to_vec()),
         )
     }
 
     fn end(o: &OpInfo, ns: u64, thread: u32) -> Said {
-        Said::Op(3, ns, thread, payload(o), None)
-    }
-
-    fn payload(o: &OpInfo) -> Payload {
-        Payload::Op {
-            tensor_ptr: o.tensor as u64,
-            op_type: o.op_type,
-            op_size: o.op_size,
-            backend_ptr: o.backend as u64,
-        }
+        Said::Op(3, ns, thread, op_payload(o), None)
     }
 
     /// Shares written from their tensors' pairs read as the format's encoder writes each record:
