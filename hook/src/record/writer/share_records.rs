@@ -109,9 +109,9 @@ mod tests {
     use crate::record::raw::OpInfo;
     use crate::record::tensors::Tensors;
 
-    fn writer(layout: Layout) -> TraceWriter {
+    fn writer(layout: Layout, tensor_names: bool) -> TraceWriter {
         let path = std::env::temp_dir().join(format!(
-            "ggml-viz-share-records-{}-{layout:?}",
+            "ggml-viz-share-records-{}-{layout:?}-{tensor_names}",
             std::process::id()
         ));
         let file = std::fs::File::create(&path).unwrap();
@@ -119,7 +119,10 @@ mod tests {
             file,
             path.clone(),
             layout,
-            &Config::default(),
+            &Config {
+                tensor_names,
+                ..Config::default()
+            },
             &Metadata::default(),
         )
         .unwrap_or_else(|(path, e)| panic!("{}: {e}", path.display()));
@@ -185,7 +188,12 @@ mod tests {
     /// op size, and a tensor without info written without a label.
     #[test]
     fn shares_copied_from_pairs_read_as_records_encoded_one_by_one() {
-        for layout in [Layout::Packed, Layout::Padded] {
+        let ways = [
+            (Layout::Packed, true),
+            (Layout::Padded, true),
+            (Layout::Packed, false),
+        ];
+        for (layout, tensor_names) in ways {
             let tensors = Tensors::new(false);
             let a = tensors.intern(1 << 20, || info("a", r#"{"a":1}"#));
             let a2 = tensors.intern(2 << 20, || info("a", r#"{"a":2}"#));
@@ -215,7 +223,7 @@ mod tests {
                 (bare, 3, 190, 200),
                 (bare, 3, 210, 220),
             ];
-            let mut w = writer(layout);
+            let mut w = writer(layout, tensor_names);
             let at = w.buf.len();
             for (o, thread, begun, ended) in shares {
                 w.encode_op(&o, thread, begun, ended, &d);
@@ -228,7 +236,11 @@ mod tests {
             }
             assert!(rest.is_empty());
             let info = |json: &str| Said::Info(json.into());
-            let (la, lb) = (Some("a"), Some("b"));
+            // Op records carry their tensor's name where tensor names are on.
+            let (la, lb) = (
+                Some("a").filter(|_| tensor_names),
+                Some("b").filter(|_| tensor_names),
+            );
             let expected = vec![
                 info(r#"{"a":1}"#),
                 begin(&oa, 10, 1, la),
@@ -259,7 +271,7 @@ mod tests {
                 begin(&bare, 210, 3, None),
                 end(&bare, 220, 3),
             ];
-            assert_eq!(got, expected, "{layout:?}");
+            assert_eq!(got, expected, "{layout:?}, tensor names {tensor_names}");
             // The pairs were made: a's (made again for its other op size, and again after), b's.
             assert!(w.share_records.get(&oa).is_some() && w.share_records.get(&ob).is_some());
             assert!(w.share_records.get(&oa_other).is_none());
