@@ -428,47 +428,6 @@ impl TraceWriter {
         self.encode_op(&share.op, thread_id, begin_ns, end_ns, d);
     }
 
-    /// A node's op share, begun at `begin_ns` and ended at `end_ns` on thread `thread_id`: both
-    /// records, copied from its tensor's pair where its tensor info is the latest written of
-    /// its group (else encoded, after the tensor info, and the pair made).
-    #[inline(always)]
-    fn encode_op(
-        &mut self,
-        op: &OpInfo,
-        thread_id: u32,
-        begin_ns: u64,
-        end_ns: u64,
-        d: &Drain<'_>,
-    ) {
-        if let Some(pair) = self.share_records.get(op)
-            && self.info_of_group.get(pair.group) == Some(&op.tensor_id)
-        {
-            pair.write(&mut self.buf, op.tensor as u64, thread_id, begin_ns, end_ns);
-            return;
-        }
-        self.encode_op_records(op, thread_id, begin_ns, end_ns, d);
-    }
-
-    /// [`TraceWriter::encode_op`] where its tensor's pair is not made for these op fields or its
-    /// tensor info is to be written (out of line: a tensor's first share, another op size of its
-    /// id, another tensor info of its group written since).
-    #[inline(never)]
-    fn encode_op_records(
-        &mut self,
-        op: &OpInfo,
-        thread_id: u32,
-        begin_ns: u64,
-        end_ns: u64,
-        d: &Drain<'_>,
-    ) {
-        self.encode_op_begin(op, thread_id, begin_ns, d);
-        self.encode_op_end(op, thread_id, end_ns);
-        if let Some(info) = d.tensors.get(op.tensor_id) {
-            let label = self.tensor_names.then_some(info.name.as_bytes());
-            self.share_records.make(self.layout, op, info.group, label);
-        }
-    }
-
     /// An op's end record, which carries no label: readers take the node from its begin.
     #[inline(always)]
     fn encode_op_end(&mut self, op: &OpInfo, thread_id: u32, timestamp_ns: u64) {

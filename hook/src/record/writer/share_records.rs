@@ -6,11 +6,12 @@
 //! records assembled field by field, the tensor table looked up and the label found.
 //!
 //! The copy is the records the format's encoder made, so a trace reads the same either way; a
-//! pair is made again where a share of its id has another op type, size or backend.
+//! pair is made again where a share of its id has another op type, size or backend. Here too:
+//! the writer's `encode_op`, which writes every share's records this way where it can.
 
 use ggml_viz_format::{self as format, Layout, THREAD_ID_OFFSET, TIMESTAMP_OFFSET, UNION_OFFSET};
 
-use super::{OP_BEGIN, OP_END, op_payload};
+use super::{Drain, OP_BEGIN, OP_END, TraceWriter, op_payload};
 use crate::record::raw::OpInfo;
 
 /// The pairs, by tensor id (id 0, a tensor without info, has none).
@@ -18,12 +19,12 @@ use crate::record::raw::OpInfo;
 pub(super) struct ShareRecords(Vec<Option<ShareRecord>>);
 
 /// One tensor's pair of records, times and thread 0.
-pub(super) struct ShareRecord {
+struct ShareRecord {
     /// The op fields it was made for, but the tensor's address: op type, op size and backend.
     op: [u64; 3],
     /// The group of its tensor info (the tensor info a reader keeps for its name and op: see
     /// `TraceWriter::info_of_group`).
-    pub(super) group: usize,
+    group: usize,
     /// The begin record, then the end record.
     bytes: Box<[u8]>,
     /// Where the end record begins.
@@ -36,10 +37,53 @@ fn fields(op: &OpInfo) -> [u64; 3] {
     [u64::from(op.op_type), op.op_size, op.backend as u64]
 }
 
+impl TraceWriter {
+    /// A node's op share, begun at `begin_ns` and ended at `end_ns` on thread `thread_id`: both
+    /// records, copied from its tensor's pair where its tensor info is the latest written of
+    /// its group (else encoded, after the tensor info, and the pair made).
+    #[inline(always)]
+    pub(super) fn encode_op(
+        &mut self,
+        op: &OpInfo,
+        thread_id: u32,
+        begin_ns: u64,
+        end_ns: u64,
+        d: &Drain<'_>,
+    ) {
+        if let Some(pair) = self.share_records.get(op)
+            && self.info_of_group.get(pair.group) == Some(&op.tensor_id)
+        {
+            pair.write(&mut self.buf, op.tensor as u64, thread_id, begin_ns, end_ns);
+            return;
+        }
+        self.encode_op_records(op, thread_id, begin_ns, end_ns, d);
+    }
+
+    /// [`TraceWriter::encode_op`] where its tensor's pair is not made for these op fields or its
+    /// tensor info is to be written (out of line: a tensor's first share, another op size of its
+    /// id, another tensor info of its group written since).
+    #[inline(never)]
+    fn encode_op_records(
+        &mut self,
+        op: &OpInfo,
+        thread_id: u32,
+        begin_ns: u64,
+        end_ns: u64,
+        d: &Drain<'_>,
+    ) {
+        self.encode_op_begin(op, thread_id, begin_ns, d);
+        self.encode_op_end(op, thread_id, end_ns);
+        if let Some(info) = d.tensors.get(op.tensor_id) {
+            let label = self.tensor_names.then_some(info.name.as_bytes());
+            self.share_records.make(self.layout, op, info.group, label);
+        }
+    }
+}
+
 impl ShareRecords {
     /// The pair for a share of `op`, if one was made for its tensor id and op fields.
     #[inline(always)]
-    pub(super) fn get(&self, op: &OpInfo) -> Option<&ShareRecord> {
+    fn get(&self, op: &OpInfo) -> Option<&ShareRecord> {
         self.0
             .get(usize::from(op.tensor_id))?
             .as_ref()
@@ -48,7 +92,7 @@ impl ShareRecords {
 
     /// Makes the pair of `op` (a tensor id other than 0), in `group`, its begin labelled
     /// `label`, in `layout`.
-    pub(super) fn make(&mut self, layout: Layout, op: &OpInfo, group: u32, label: Option<&[u8]>) {
+    fn make(&mut self, layout: Layout, op: &OpInfo, group: u32, label: Option<&[u8]>) {
         let id = usize::from(op.tensor_id);
         if id == 0 {
             return;
@@ -74,14 +118,7 @@ impl ShareRecord {
     /// Appends the pair to `buf`, for the node `tensor`: the begin at `begin_ns`, the end at
     /// `end_ns`, on thread `thread_id`.
     #[inline(always)]
-    pub(super) fn write(
-        &self,
-        buf: &mut Vec<u8>,
-        tensor: u64,
-        thread_id: u32,
-        begin_ns: u64,
-        end_ns: u64,
-    ) {
+    fn write(&self, buf: &mut Vec<u8>, tensor: u64, thread_id: u32, begin_ns: u64, end_ns: u64) {
         let at = buf.len();
         buf.extend_from_slice(&self.bytes);
         let pair = &mut buf[at..];
