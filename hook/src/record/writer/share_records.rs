@@ -272,42 +272,30 @@ mod tests {
                 rest = &rest[len..];
             }
             assert!(rest.is_empty());
-            let info = |json: &str| Said::Info(json.into());
             // Op records carry their tensor's name where tensor names are on.
-            let (la, lb) = (
-                Some("a").filter(|_| tensor_names),
-                Some("b").filter(|_| tensor_names),
-            );
-            let expected = vec![
-                info(r#"{"a":1}"#),
-                begin(&oa, 10, 1, la),
-                end(&oa, 20, 1),
-                begin(&oa, 30, 2, la),
-                end(&oa, 40, 2),
-                info(r#"{"b":1}"#),
-                begin(&ob, 50, 1, lb),
-                end(&ob, 60, 1),
-                begin(&oa, 70, 1, la),
-                end(&oa, 80, 1),
-                info(r#"{"a":2}"#),
-                begin(&oa2, 90, 1, la),
-                end(&oa2, 100, 1),
-                info(r#"{"a":1}"#),
-                begin(&oa, 110, 2, la),
-                end(&oa, 120, 2),
-                begin(&oa, 130, 2, la),
-                end(&oa, 140, 2),
-                begin(&oa_other, 150, 1, la),
-                end(&oa_other, 160, 1),
-                begin(&oa, 170, 1, la),
-                end(&oa, 180, 1),
-                begin(&oa_moved, 180, 2, la),
-                end(&oa_moved, 190, 2),
-                begin(&bare, 190, 3, None),
-                end(&bare, 200, 3),
-                begin(&bare, 210, 3, None),
-                end(&bare, 220, 3),
+            let label = |o: &OpInfo| {
+                match o.tensor_id {
+                    0 => None,
+                    id if id == b => Some("b"),
+                    _ => Some("a"),
+                }
+                .filter(|_| tensor_names)
+            };
+            // The tensor infos, before the shares they precede (by index in `shares`): a's
+            // first, b's, a2's (a's group: its other shape), then a's again.
+            let infos = [
+                (0, r#"{"a":1}"#),
+                (2, r#"{"b":1}"#),
+                (4, r#"{"a":2}"#),
+                (5, r#"{"a":1}"#),
             ];
+            let mut expected = Vec::new();
+            for (i, (o, thread, begun, ended)) in shares.iter().enumerate() {
+                let before = infos.iter().filter(|&&(at, _)| at == i);
+                expected.extend(before.map(|(_, json)| Said::Info(json.to_string())));
+                expected.push(begin(o, *begun, *thread, label(o)));
+                expected.push(end(o, *ended, *thread));
+            }
             assert_eq!(got, expected, "{layout:?}, tensor names {tensor_names}");
             // The pairs were made: a's (made again for its other op size, and again after), b's.
             assert!(w.share_records.get(&oa).is_some() && w.share_records.get(&ob).is_some());
