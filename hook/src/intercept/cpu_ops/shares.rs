@@ -5,7 +5,7 @@
 use std::ffi::c_void;
 use std::sync::atomic::AtomicBool;
 
-use super::worker::{EndedAt, Kind, Share, WORKER, Worker, node_tensor, set_worker_slot};
+use super::worker::{EndedAt, Kind, Share, SiteSlot, WORKER, Worker, node_tensor, set_worker_slot};
 use crate::base::ggml::Helpers;
 use crate::base::{clock, contained, say_once};
 use crate::intercept::route::Resolved;
@@ -52,23 +52,23 @@ pub(super) fn outermost_call(
 }
 
 /// `common`'s fast path at the dispatcher's marker (`ggml_cpu_extra_compute_forward(params,
-/// node)`) at depth 0, from a site this thread resolved before: what [`enter`](super::trampoline) would do, less
-/// the depth, which `common` takes up around the call when this says the call is timed.
+/// node)`) at depth 0, from a site this thread resolved before (its entry `entry` of the
+/// call-site cache): what [`enter`](super::trampoline) would do, less the depth, which `common`
+/// takes up around the call when this says the call is timed.
 pub(super) extern "C" fn begin_share(
     worker: *const Worker,
     site: usize,
     resolved: *const Resolved,
     params: Ptr,
     node: Ptr,
-    row: usize,
+    entry: *const SiteSlot,
 ) -> bool {
     // SAFETY: `common` passes this thread's own `WORKER` (from its TLS slot), which lives as
     // long as the thread, and only this thread uses it; and a `Resolved` from its call-site
     // cache, leaked and never freed.
     let (w, resolved) = unsafe { (&*worker, &*resolved) };
-    let (set, _) = w.site_set(row, site);
     w.marker_lines
-        .set((set.as_ptr() as usize, resolved as *const Resolved as usize));
+        .set((entry as usize, resolved as *const Resolved as usize));
     let Some(r) = threads_timed(w) else {
         return false;
     };

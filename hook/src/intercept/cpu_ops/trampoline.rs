@@ -103,6 +103,21 @@ macro_rules! pop_arguments {
     };
 }
 
+/// [`push_arguments`] for the dispatcher's marker, `ggml_cpu_extra_compute_forward(params,
+/// node)`: its two arguments and `r10`.
+macro_rules! push_marker_arguments {
+    () => {
+        "push rdi\npush rsi\npush r10\nsub rsp, 8"
+    };
+}
+
+/// The registers [`push_marker_arguments`] pushed, back as they were.
+macro_rules! pop_marker_arguments {
+    () => {
+        "add rsp, 8\npop r10\npop rsi\npop rdi"
+    };
+}
+
 /// The TSC into `rax`, the argument register `rdx` (which `rdtsc` takes) kept through `r12`,
 /// which `common` pushed.
 macro_rules! read_tsc {
@@ -174,13 +189,14 @@ unsafe extern "C" fn common() {
         "add r10, {slot_size}",
         "cmp [r10 + {key}], rax",
         "jne 20f",
+        // The entry found: in rax from here on (the marker's share keeps it at hand).
         "31:",
+        "mov rax, r10",
         "mov r10, [r10 + {resolved}]",
         "test r10, r10",
         "jz 20f",
         "cmp byte ptr [r10 + {untraced}], 0",
         "jne 20f",
-        "mov rax, r10",
         "mov r10, [r10 + {real}]",
         "test r10, r10",
         "jz 20f",
@@ -321,20 +337,21 @@ unsafe extern "C" fn common() {
         "mov [rbx + {omp_real}], r10",
         "jmp 51b",
         // The dispatcher's marker at depth 0: begin_share(worker, site, resolved, params,
-        // node, row) begins the share (as enter would) and says whether the call is timed: if
-        // so the depth goes up around it, as for the per-op calls above.
+        // node, entry) begins the share (as enter would) and says whether the call is timed: if
+        // so the depth goes up around it, as for the per-op calls above. The marker takes two
+        // arguments: only theirs are kept across the call.
         "70:",
         "cmp dword ptr [rbx + {depth}], 0",
         "jne 20f",
-        push_arguments!(),
-        "mov rdx, rax",
+        push_marker_arguments!(),
+        "mov rdx, [rax + {resolved}]",
         "mov rcx, rdi",
         "mov r8, rsi",
-        "mov r9, r11",
+        "mov r9, rax",
         "mov rdi, rbx",
         "mov rsi, r13",
         "call {begin_share}",
-        pop_arguments!(),
+        pop_marker_arguments!(),
         "test al, al",
         "jz 51b",
         "jmp 40b",

@@ -212,10 +212,9 @@ impl Worker {
     /// `tensor` and `first` are live nodes of the copy `h` belongs to.
     #[inline(always)]
     unsafe fn info_of(&self, h: &Helpers, r: &Recorder, first: Option<Ptr>, tensor: Ptr) -> OpInfo {
-        let slot = self.info_slot(tensor);
         let recorder = r as *const Recorder as usize;
         // SAFETY: per the contract.
-        if let Some(known) = self.known_next(tensor as usize, slot)
+        if let Some(known) = self.known_next(tensor as usize)
             && known.info.recorder == recorder
             && unsafe { known.snapshot.matches(tensor) }
             && Some(known.first) == first.map_or(Some(0), |f| unsafe { tensor::fingerprint(h, f) })
@@ -225,7 +224,7 @@ impl Worker {
             return op;
         }
         // SAFETY: per the contract.
-        unsafe { self.learn(h, r, first, tensor, slot) }
+        unsafe { self.learn(h, r, first, tensor) }
     }
 
     /// [`Worker::info_of`] where the sequence does not have the node up to date (out of line:
@@ -234,14 +233,7 @@ impl Worker {
     /// # Safety
     /// `tensor` and `first` are live nodes of the copy `h` belongs to.
     #[inline(never)]
-    unsafe fn learn(
-        &self,
-        h: &Helpers,
-        r: &Recorder,
-        first: Option<Ptr>,
-        tensor: Ptr,
-        slot: &Cell<CachedInfo>,
-    ) -> OpInfo {
+    unsafe fn learn(&self, h: &Helpers, r: &Recorder, first: Option<Ptr>, tensor: Ptr) -> OpInfo {
         // SAFETY: per the contract.
         let print = unsafe { tensor::fingerprint(h, tensor) };
         // The fused call's first node by its fingerprint; 0 for a node of its own (a
@@ -276,18 +268,18 @@ impl Worker {
                 next: 0,
             });
             // SAFETY: an entry of this thread's own cache; one field is set.
-            unsafe { (*slot.as_ptr()).position = position.unwrap_or(u32::MAX) };
+            unsafe { (*self.info_slot(tensor).as_ptr()).position = position.unwrap_or(u32::MAX) };
         }
         info.op()
     }
 
     /// The sequence's entry for `tensor`: next, or at the position the direct-mapped cache's
-    /// entry `slot` says it was learned at (another graph computed again), or first.
+    /// entry says it was learned at (another graph computed again), or first.
     #[inline]
-    fn known_next(&self, tensor: usize, slot: &Cell<CachedInfo>) -> Option<&Known> {
+    fn known_next(&self, tensor: usize) -> Option<&Known> {
         self.sequence.find(tensor).or_else(|| {
             // SAFETY: an entry of this thread's own cache, read in place.
-            let known = unsafe { &*slot.as_ptr() };
+            let known = unsafe { &*self.info_slot(tensor as Ptr).as_ptr() };
             (known.tensor == tensor)
                 .then(|| self.sequence.find_at(known.position, tensor))
                 .flatten()
@@ -319,8 +311,8 @@ impl Worker {
                 prefetch(name.wrapping_add(tensor::NAME_FIELD - 1));
             }
         }
-        let (set, resolved) = self.marker_lines.get();
-        prefetch(set as *const u8);
+        let (entry, resolved) = self.marker_lines.get();
+        prefetch(entry as *const u8);
         prefetch(resolved as *const u8);
     }
 
@@ -380,7 +372,7 @@ pub(super) const SITE_SET_SHIFT: u32 = 64 - SITE_SETS.trailing_zeros();
 impl Worker {
     /// The set of this thread's call-site cache for `row` called from `site`, and its key.
     #[inline]
-    pub(super) fn site_set(&self, row: usize, site: usize) -> (&[SiteSlot; SITE_WAYS], usize) {
+    fn site_set(&self, row: usize, site: usize) -> (&[SiteSlot; SITE_WAYS], usize) {
         let key = site ^ (row << 48);
         let set = (key as u64).wrapping_mul(SITE_MIX) >> SITE_SET_SHIFT;
         (&self.sites[set as usize], key)

@@ -31,6 +31,9 @@ struct ShareRecord {
     end_at: usize,
 }
 
+/// The bytes of a record that hold the fields a copy sets: its time, thread and tensor address.
+const SET: usize = UNION_OFFSET + 8;
+
 /// The op fields a pair is made for.
 #[inline(always)]
 fn fields(op: &OpInfo) -> [u64; 3] {
@@ -124,10 +127,15 @@ impl ShareRecord {
         let pair = &mut buf[at..];
         let (begin, end) = pair.split_at_mut(self.end_at);
         for (record, ns) in [(begin, begin_ns), (end, end_ns)] {
-            record[TIMESTAMP_OFFSET..THREAD_ID_OFFSET].copy_from_slice(&ns.to_le_bytes());
-            record[THREAD_ID_OFFSET..UNION_OFFSET].copy_from_slice(&thread_id.to_le_bytes());
+            // The fields set are in each record's first `SET` bytes (every record is longer: its
+            // union follows), one bounds check a record.
+            let Some(head) = record.first_chunk_mut::<SET>() else {
+                continue;
+            };
+            head[TIMESTAMP_OFFSET..THREAD_ID_OFFSET].copy_from_slice(&ns.to_le_bytes());
+            head[THREAD_ID_OFFSET..UNION_OFFSET].copy_from_slice(&thread_id.to_le_bytes());
             // The op payload's first field (FORMAT.md, both layouts).
-            record[UNION_OFFSET..UNION_OFFSET + 8].copy_from_slice(&tensor.to_le_bytes());
+            head[UNION_OFFSET..SET].copy_from_slice(&tensor.to_le_bytes());
         }
     }
 }
