@@ -164,7 +164,7 @@ impl Ring {
     ///
     /// # Safety
     /// Only the ring's one producer thread may call this.
-    #[inline]
+    #[inline(always)]
     pub unsafe fn push(&self, event: RawEvent, events: u64, keep_free: usize) -> Pushed {
         let tail = self.tail.load(Ordering::Relaxed);
         let head = self.head.load(Ordering::Acquire);

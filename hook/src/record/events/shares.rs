@@ -61,6 +61,7 @@ pub fn thread_op_at(t: ThisThread, r: &'static Recorder, edge: ShareEdge, op: &O
 /// [`thread_op`] at [`ShareEdge::Begin`] do, in one visit (a barrier of one thread ends a share
 /// with no call of ours; the next share's begin records it). Returns the begin's ticks.
 #[cfg(all(target_os = "linux", target_arch = "x86_64"))]
+#[inline(always)]
 pub fn share_then_begin(
     t: ThisThread,
     r: &'static Recorder,
