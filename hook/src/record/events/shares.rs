@@ -47,6 +47,7 @@ pub fn thread_op(t: ThisThread, r: &'static Recorder, edge: ShareEdge, op: &OpIn
 }
 
 /// [`thread_op`] at `ticks`, read by the caller.
+#[inline(always)]
 pub fn thread_op_at(t: ThisThread, r: &'static Recorder, edge: ShareEdge, op: &OpInfo, ticks: u64) {
     let l = t.0.for_recorder(r);
     if edge == ShareEdge::Begin {
