@@ -33,14 +33,15 @@ fn ticks_are_tsc() -> bool {
 }
 
 /// Ticks are known to be read with `rdtsc` (set once [`now_ticks`] knows): where the
-/// per-thread trampoline's assembly reads the clock itself, it does so only then.
+/// per-thread trampoline's assembly reads the clock itself, it does so only then, and so does
+/// [`now_ticks`] on its fast path (one load, where the `OnceLock` took two).
 pub static RDTSC_TICKS: AtomicBool = AtomicBool::new(false);
 
 /// Now, in ticks. The producer's clock.
 #[inline]
 pub fn now_ticks() -> u64 {
     #[cfg(target_arch = "x86_64")]
-    if ticks_are_tsc() {
+    if RDTSC_TICKS.load(Ordering::Relaxed) || ticks_are_tsc() {
         // SAFETY: rdtsc has no preconditions on x86-64.
         return unsafe { core::arch::x86_64::_rdtsc() };
     }

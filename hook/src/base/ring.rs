@@ -156,6 +156,14 @@ impl Ring {
         })
     }
 
+    /// The slot an index (a head or tail, which only grow) falls on.
+    #[inline(always)]
+    fn slot_at(&self, index: usize) -> &UnsafeCell<MaybeUninit<RawEvent>> {
+        // SAFETY: `slots` has `mask + 1` entries (`try_new`: a power of two, `mask` one less),
+        // so `index & mask` is below its length.
+        unsafe { self.slots.get_unchecked(index & self.mask) }
+    }
+
     /// Producer: stores `event`, which stands for `events` events (one, or two for a whole op
     /// share), if `keep_free` slots are still free after it (the room the producer keeps for
     /// what it must be able to store later), else counts them as dropped. Says when this
@@ -175,7 +183,8 @@ impl Ring {
             return Pushed::Dropped;
         }
         // SAFETY: the slot at `tail` is outside head..tail, so the consumer does not read it.
-        self.slots[tail & self.mask].with_mut(|slot| unsafe { (*slot).write(event) });
+        self.slot_at(tail)
+            .with_mut(|slot| unsafe { (*slot).write(event) });
         self.tail.store(tail.wrapping_add(1), Ordering::Release);
         self.prefetch_for_writing(tail.wrapping_add(PREFETCH_AHEAD));
         if stored + 1 == self.slots.len() / 2 {
@@ -193,7 +202,7 @@ impl Ring {
     fn prefetch_for_writing(&self, index: usize) {
         #[cfg(all(target_arch = "x86_64", not(loom)))]
         {
-            let slot = self.slots[index & self.mask].with(|slot| slot.cast::<u8>());
+            let slot = self.slot_at(index).with(|slot| slot.cast::<u8>());
             // SAFETY: a prefetch reads and writes nothing and cannot fault (`prefetchw`, a NOP on
             // x86-64 CPUs without it); the flags and the stack are untouched.
             unsafe {
@@ -222,7 +231,8 @@ impl Ring {
         let n = tail.wrapping_sub(head);
         for i in 0..n {
             // SAFETY: slots in head..tail were written and released by the producer.
-            let event = self.slots[head.wrapping_add(i) & self.mask]
+            let event = self
+                .slot_at(head.wrapping_add(i))
                 .with(|slot| unsafe { *(*slot).assume_init_ref() });
             take(&event);
             if (i + 1) % RELEASE_EVERY == 0 {

@@ -189,7 +189,7 @@ unsafe extern "C" fn common() {
         "add r10, {slot_size}",
         "cmp [r10 + {key}], rax",
         "jne 20f",
-        // The entry found: in rax from here on (the marker's share keeps it at hand).
+        // The entry found, kept in rax for the marker's call below (70), which passes it on.
         "31:",
         "mov rax, r10",
         "mov r10, [r10 + {resolved}]",
