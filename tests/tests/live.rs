@@ -308,3 +308,54 @@ fn live_on_a_missing_file_says_how_to_start_a_recording() {
         "{said}"
     );
 }
+
+/// A writer creates its trace and only then locks it (the hook and `synthesize` alike): `live
+/// FILE` that finds the file in between, empty and unlocked, waits for the writer instead of
+/// ending at once with nothing read (bench/run.py's live view once saw 0 of 4,000,118 events).
+#[test]
+fn live_waits_for_the_writer_of_an_empty_unlocked_file() {
+    let dir = scratch("live-created");
+    let trace = dir.join("t.ggmlviz");
+    let written = dir.join("written.ggmlviz");
+    synthesize(&written, 5_000);
+    let bytes = std::fs::read(&written).unwrap();
+    let expected = read_trace(&written).2.events();
+    std::fs::File::create(&trace).unwrap(); // created, not yet locked
+    let mut view = Command::new(ggml_viz())
+        .args(["live", "--plain", "--interval", "0.2"])
+        .arg(&trace)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(1000));
+    let early = view.try_wait().unwrap();
+    if early.is_some() {
+        let mut stderr = String::new();
+        std::io::Read::read_to_string(&mut view.stderr.take().unwrap(), &mut stderr).unwrap();
+        panic!("the view ended before the writer locked the file ({early:?}):\n{stderr}");
+    }
+    // The writer now locks its file, writes the trace and finishes.
+    {
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&trace)
+            .unwrap();
+        file.lock().unwrap();
+        std::io::Write::write_all(&mut &file, &bytes).unwrap();
+    }
+    // Unlocked again: the view reads to the end and stops within a few polls.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while view.try_wait().unwrap().is_none() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    if view.try_wait().unwrap().is_none() {
+        view.kill().unwrap();
+        panic!("the view did not end within 10 s of the writer's end");
+    }
+    let status = view.wait().unwrap();
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut view.stderr.take().unwrap(), &mut stderr).unwrap();
+    assert_eq!(status.code(), Some(0), "{stderr}");
+    assert_eq!(ended_totals(&stderr).0, expected, "{stderr}");
+}

@@ -123,7 +123,11 @@ fn follow(
         // program exits. Whether it had, before looking for the file: it may write and exit.
         let program_done = matches!(gone, WriterGone::Exited(..)) && writer_done(gone, &mut exited);
         let ready = match gone {
-            WriterGone::Unlocked => path.exists(),
+            // A writer creates the file before it locks it: an empty one nobody holds is one
+            // that a writer is about to take (or that no trace was ever written to), not a
+            // finished trace of nothing.
+            WriterGone::Unlocked => std::fs::metadata(path)
+                .is_ok_and(|m| m.len() > 0 || crate::input::being_written(path)),
             WriterGone::Exited(started, _) => std::fs::metadata(path)
                 .and_then(|m| m.modified())
                 .is_ok_and(|t| t >= *started),
