@@ -158,17 +158,10 @@ unsafe extern "C" fn common() {
         "mov rbx, qword ptr fs:[rbx]",
         "test rbx, rbx",
         "jz 20f",
-        "lea r10, [rip + {kinds}]",
-        "movzx r12d, byte ptr [r10 + r11]",
-        // The site; a tail call from one of our own calls goes the slow way (its site is the
-        // outermost call's).
+        // The site. A tail call from one of our own calls (after label 2 or 6 below) goes the
+        // slow way, its site being the outermost call's: no entry has those labels for key
+        // (entries are made for the sites `enter` is given), so its lookup misses.
         "mov r13, [rsp + 24]",
-        "lea r10, [rip + 2f]",
-        "cmp r13, r10",
-        "je 20f",
-        "lea r10, [rip + 6f]",
-        "cmp r13, r10",
-        "je 20f",
         // key = site ^ (row << 48); its set: the top bits of key * SITE_MIX.
         "mov rax, r11",
         "shl rax, 48",
@@ -190,11 +183,10 @@ unsafe extern "C" fn common() {
         "cmp [r10 + {key}], rax",
         "jne 20f",
         // The entry found, kept in rax for the marker's call below (70), which passes it on.
+        // (An entry whose key matched has its route: see SiteEntry.)
         "31:",
         "mov rax, r10",
         "mov r10, [r10 + {resolved}]",
-        "test r10, r10",
-        "jz 20f",
         "cmp byte ptr [r10 + {untraced}], 0",
         "jne 20f",
         "mov r10, [r10 + {real}]",
@@ -202,6 +194,8 @@ unsafe extern "C" fn common() {
         "jz 20f",
         "cmp byte ptr [rbx + {passthrough}], 0",
         "jne 51f",
+        "lea r12, [rip + {kinds}]",
+        "movzx r12d, byte ptr [r12 + r11]",
         // Nothing is timed per thread now (the graph compute running is one that op_sample
         // leaves untimed) and this thread has no share open, nor a call: straight to ggml.
         "cmp byte ptr [rip + {thread_ops_now}], 0",
@@ -567,8 +561,8 @@ extern "C" fn enter(row: usize, arg0: Ptr, arg1: Ptr, arg2: Ptr, site: usize) ->
     let Some(r) = threads_timed(w) else {
         return Next::untraced(resolved.real);
     };
-    // From now on `common` may take its fast path on this thread (op timing off leaves the
-    // slot empty, and every call the slow path after three instructions).
+    // From now on `common` may take its fast path on this thread (where nothing will ever be
+    // timed, `threads_timed` has set it already, with `passthrough`).
     set_worker_slot(w);
     let worker = Next {
         real: resolved.real,

@@ -136,7 +136,9 @@ pub(super) struct Worker {
 }
 
 /// A call-site cache entry: key (return address and row) and where the call goes; `repr(C)`
-/// for `common`'s fast path, which reads it.
+/// for `common`'s fast path, which reads it. Every entry whose key is not 0 has its route
+/// (`resolved` is `None` only in the empty entries, key 0, and the fast path's keys are never 0:
+/// a return address is not), so the fast path reads the route of an entry it matched unchecked.
 #[derive(Clone, Copy)]
 #[repr(C)]
 pub(super) struct SiteEntry {
