@@ -8,10 +8,12 @@ count less (only the lines whose file is the function's own).
     python3 bench/shares.py                  # llama-bench -t 1, tiny model: (-n 80) - (-n 16)
     python3 bench/shares.py --model 64x32
     python3 bench/shares.py --add-chain      # the ctypes ADD chain at 2 threads, per node
+    python3 bench/shares.py --off            # op timing off over no hook, a token's marginal cost
     python3 bench/shares.py --hook OTHER.so  # a build of your own (with line tables)
 
 The first form is a token's marginal cost once every node has been seen (first sights left out);
-the ADD chain's, per node (two shares and two barrier waits), 100 nodes x 50 computes. About a
+the ADD chain's, per node (two shares and two barrier waits), 100 nodes x 50 computes; --off's,
+what op timing off (graph times, spans, waits, the wrappers' pass-through) costs a token. About a
 minute each on 2 cores (the four or two callgrind runs go two at a time).
 """
 import argparse
@@ -70,7 +72,9 @@ def callgrind(out, cmd, env):
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", choices=bench.MODELS, default="tiny")
-    p.add_argument("--add-chain", action="store_true", help="the ctypes ADD chain at 2 threads, per node")
+    which = p.add_mutually_exclusive_group()
+    which.add_argument("--add-chain", action="store_true", help="the ctypes ADD chain at 2 threads, per node")
+    which.add_argument("--off", action="store_true", help="op timing off over no hook, a token's marginal cost")
     p.add_argument("--hook", help="a hook built with line tables (default: this tree's, built into target/prof)")
     p.add_argument("--rows", type=int, default=14)
     args = p.parse_args()
@@ -83,6 +87,8 @@ def main():
     build = bench.run(["bash", "scripts/setup-llama.sh"]).stdout.strip().splitlines()[-1]
     with tempfile.TemporaryDirectory() as tmp:
         def env(mode, name):
+            if mode == "none":
+                return {}
             return {"LD_PRELOAD": hook, "GGML_VIZ_OP_TIMING": mode,
                     "GGML_VIZ_OUTPUT": os.path.join(tmp, f"{name}.ggmlviz")}
 
@@ -93,9 +99,10 @@ def main():
             runs = {mode: (cmd, mode) for mode in ("threads", "off")}
         else:
             model = bench.model_file(tmp, args.model)
+            modes = ("off", "none") if args.off else ("threads", "off")
             runs = {f"{mode}{n}": ([f"{build}/bin/llama-bench", "-m", model, "-t", "1", "-p", "0", "-n", n,
                                     "-r", "1"], mode)
-                    for mode in ("threads", "off") for n in ("16", "80")}
+                    for mode in modes for n in ("16", "80")}
         bench.progress(f"callgrind: {len(runs)} runs, two at a time")
         with ThreadPoolExecutor(2) as pool:
             counts = dict(zip(runs, pool.map(
@@ -106,6 +113,11 @@ def main():
             own = {m: sum(v for (ob, _), v in counts[m].items() if ob and "ggml_viz_hook" in ob) / per
                    for m in ("threads", "off")}
             print(f"the hook's whole object {what}: threads {own['threads']:,.1f}, off {own['off']:,.1f}")
+        elif args.off:
+            per, what = 64, f"a token, {args.model} model, -t 1"
+            diff = {k: (counts["off80"][k] - counts["off16"][k]) - (counts["none80"][k] - counts["none16"][k])
+                    for k in set().union(*counts.values())}
+            print(f"op timing off over no hook, {what}: all the process's code {sum(diff.values()) / per:,.1f}")
         else:
             def shares(name):
                 info = bench.run(["target/release/ggml-viz", "info", os.path.join(tmp, f"{name}.ggmlviz")]).stdout
@@ -116,7 +128,8 @@ def main():
             diff = {k: (counts["threads80"][k] - counts["threads16"][k]) - (counts["off80"][k] - counts["off16"][k])
                     for k in keys}
         total = sum(v for (ob, _), v in diff.items() if ob and "ggml_viz_hook" in ob) / per
-        print(f"threads over off, {what}: the hook's object {total:,.1f} instructions")
+        over = "op timing off over no hook" if args.off else "threads over off"
+        print(f"{over}, {what}: the hook's object {total:,.1f} instructions")
         # The hook's functions and the copies it calls (libc's spin and scheduling code, and
         # OpenMP's spin waits, vary with the threads' timing: left out).
         ours = {k: v for k, v in diff.items()
