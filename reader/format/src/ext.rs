@@ -253,46 +253,11 @@ pub struct SpanBoundary {
 }
 
 impl SpanBoundary {
-    /// The record's payload: the bytes `serde_json::to_vec` makes of it, written directly (a
-    /// writer makes two per decoded batch, and serde's path costs it ~3 times as much).
+    /// The record's payload: the bytes `serde_json::to_vec` makes of it (see
+    /// [`SpanBoundaryRef::write_json`]).
     pub fn to_json(&self) -> Vec<u8> {
         let mut out = Vec::with_capacity(64 + self.name.len() + 24 * self.seqs.len());
-        out.extend_from_slice(b"{\"name\":");
-        json_str(&mut out, &self.name);
-        out.extend_from_slice(b",\"n_tokens\":");
-        match self.n_tokens {
-            Some(n) => decimal(&mut out, n),
-            None => out.extend_from_slice(b"null"),
-        }
-        if !self.seqs.is_empty() {
-            out.extend_from_slice(b",\"seqs\":[");
-            for (i, &(seq, tokens)) in self.seqs.iter().enumerate() {
-                if i > 0 {
-                    out.push(b',');
-                }
-                out.push(b'[');
-                decimal(&mut out, seq);
-                out.push(b',');
-                decimal(&mut out, tokens);
-                out.push(b']');
-            }
-            out.push(b']');
-        }
-        if self.other_seq_tokens != 0 {
-            out.extend_from_slice(b",\"other_seq_tokens\":");
-            decimal(&mut out, self.other_seq_tokens);
-        }
-        if let Some((seq, p0, p1)) = self.removed {
-            out.extend_from_slice(b",\"removed\":[");
-            for (i, n) in [seq, p0, p1].into_iter().enumerate() {
-                if i > 0 {
-                    out.push(b',');
-                }
-                decimal(&mut out, n);
-            }
-            out.push(b']');
-        }
-        out.push(b'}');
+        SpanBoundaryRef::from(self).write_json(&mut out);
         out
     }
 
@@ -336,6 +301,73 @@ pub struct TensorInfo {
     pub src_bytes: Option<u64>,
     /// A node a GPU computed: the kernels (Vulkan pipelines) it ran, in order, `, `-separated.
     pub kernels: Option<String>,
+}
+
+/// A [`SpanBoundary`]'s fields, borrowed: what a writer has in hand (the entry point's name, the
+/// sequences it kept), written without making a `String` or a `Vec` of them.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SpanBoundaryRef<'a> {
+    pub name: &'a str,
+    pub n_tokens: Option<u32>,
+    pub seqs: &'a [(i32, u32)],
+    pub other_seq_tokens: u32,
+    pub removed: Option<(i32, i32, i32)>,
+}
+
+impl<'a> From<&'a SpanBoundary> for SpanBoundaryRef<'a> {
+    fn from(span: &'a SpanBoundary) -> Self {
+        SpanBoundaryRef {
+            name: &span.name,
+            n_tokens: span.n_tokens,
+            seqs: &span.seqs,
+            other_seq_tokens: span.other_seq_tokens,
+            removed: span.removed,
+        }
+    }
+}
+
+impl SpanBoundaryRef<'_> {
+    /// Appends the record's payload to `out`: the bytes `serde_json::to_vec` makes of the
+    /// [`SpanBoundary`], written directly (a writer makes two per decoded batch, and serde's
+    /// path costs it ~3 times as much).
+    pub fn write_json(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(b"{\"name\":");
+        json_str(out, self.name);
+        out.extend_from_slice(b",\"n_tokens\":");
+        match self.n_tokens {
+            Some(n) => decimal(out, n),
+            None => out.extend_from_slice(b"null"),
+        }
+        if !self.seqs.is_empty() {
+            out.extend_from_slice(b",\"seqs\":[");
+            for (i, &(seq, tokens)) in self.seqs.iter().enumerate() {
+                if i > 0 {
+                    out.push(b',');
+                }
+                out.push(b'[');
+                decimal(out, seq);
+                out.push(b',');
+                decimal(out, tokens);
+                out.push(b']');
+            }
+            out.push(b']');
+        }
+        if self.other_seq_tokens != 0 {
+            out.extend_from_slice(b",\"other_seq_tokens\":");
+            decimal(out, self.other_seq_tokens);
+        }
+        if let Some((seq, p0, p1)) = self.removed {
+            out.extend_from_slice(b",\"removed\":[");
+            for (i, n) in [seq, p0, p1].into_iter().enumerate() {
+                if i > 0 {
+                    out.push(b',');
+                }
+                decimal(out, n);
+            }
+            out.push(b']');
+        }
+        out.push(b'}');
+    }
 }
 
 /// A [`TensorInfo`]'s fields, borrowed: what a writer has in hand when it makes the record

@@ -105,14 +105,19 @@ impl SpanEdge {
     }
 
     /// The (sequence id, tokens) pairs, as [`SpanEdge::new`] was given them (at most
-    /// [`SPAN_SEQS`], each clamped to 16 bits).
-    pub fn seqs(&self) -> Vec<(i32, u32)> {
-        self.seq_words
+    /// [`SPAN_SEQS`], each clamped to 16 bits), in `into`.
+    pub fn seqs<'a>(&self, into: &'a mut [(i32, u32); SPAN_SEQS]) -> &'a [(i32, u32)] {
+        let pairs = self
+            .seq_words
             .iter()
             .flat_map(|w| [w & 0xffff_ffff, w >> 32])
-            .filter(|pair| pair >> 16 != 0)
-            .map(|pair| (((pair >> 16) - 1) as i32, (pair & 0xffff) as u32))
-            .collect()
+            .filter(|pair| pair >> 16 != 0);
+        let mut n = 0;
+        for (slot, pair) in into.iter_mut().zip(pairs) {
+            *slot = (((pair >> 16) - 1) as i32, (pair & 0xffff) as u32);
+            n += 1;
+        }
+        &into[..n]
     }
 
     pub fn event(&self) -> RawEvent {
@@ -221,12 +226,12 @@ mod tests {
         let edge = SpanEdge::new(true, Entry::LlamaDecode, 42, &seqs, 70_000);
         let back = SpanEdge::of(&edge.event());
         assert_eq!(back, edge);
-        assert_eq!(back.seqs(), seqs);
+        assert_eq!(back.seqs(&mut [(0, 0); SPAN_SEQS]), seqs);
         assert_eq!((back.n_tokens, back.other_tokens), (42, u16::MAX));
         // More pairs than a slot holds: the first SPAN_SEQS.
         let many: Vec<(i32, u32)> = (0..9).map(|s| (s, 1)).collect();
-        let kept = SpanEdge::new(false, Entry::LlamaDecode, 9, &many, 0).seqs();
-        assert_eq!(kept, many[..SPAN_SEQS]);
+        let kept = SpanEdge::new(false, Entry::LlamaDecode, 9, &many, 0);
+        assert_eq!(kept.seqs(&mut [(0, 0); SPAN_SEQS]), &many[..SPAN_SEQS]);
     }
 
     #[test]

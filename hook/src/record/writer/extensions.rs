@@ -8,7 +8,7 @@ use super::{Drain, TraceWriter};
 use crate::base::clock;
 use crate::base::entry::Entry;
 use crate::base::names::{Names, Owner};
-use crate::record::raw::{BufferEdge, RpcEdge, SeqRemoved, SpanEdge};
+use crate::record::raw::{BufferEdge, RpcEdge, SPAN_SEQS, SeqRemoved, SpanEdge};
 
 impl TraceWriter {
     /// TENSOR_ALLOC / TENSOR_FREE of a backend buffer: label `<buffer type>@<base address>`.
@@ -62,12 +62,11 @@ impl TraceWriter {
     }
 
     pub(super) fn encode_span(&mut self, span: &SpanEdge, thread_id: u32, timestamp_ns: u64) {
-        let boundary = ext::SpanBoundary {
-            name: Entry::from_code(span.entry)
-                .map_or("span", Entry::name)
-                .into(),
+        let mut seqs = [(0, 0); SPAN_SEQS];
+        let boundary = ext::SpanBoundaryRef {
+            name: Entry::from_code(span.entry).map_or("span", Entry::name),
             n_tokens: (span.n_tokens != u32::MAX).then_some(span.n_tokens),
-            seqs: span.seqs(),
+            seqs: span.seqs(&mut seqs),
             other_seq_tokens: u32::from(span.other_tokens),
             removed: None,
         };
@@ -80,18 +79,20 @@ impl TraceWriter {
         thread_id: u32,
         timestamp_ns: u64,
     ) {
-        let boundary = ext::SpanBoundary {
-            name: Entry::LlamaMemorySeqRm.name().into(),
+        let boundary = ext::SpanBoundaryRef {
+            name: Entry::LlamaMemorySeqRm.name(),
             removed: Some((removed.seq, removed.p0, removed.p1)),
-            ..ext::SpanBoundary::default()
+            ..ext::SpanBoundaryRef::default()
         };
         self.encode_span_boundary(removed.begin, &boundary, thread_id, timestamp_ns);
     }
 
+    /// The span record, its payload made in [`TraceWriter::json`] (no allocation once that has
+    /// grown to a payload's size).
     fn encode_span_boundary(
         &mut self,
         begin: bool,
-        boundary: &ext::SpanBoundary,
+        boundary: &ext::SpanBoundaryRef,
         thread_id: u32,
         timestamp_ns: u64,
     ) {
@@ -100,13 +101,15 @@ impl TraceWriter {
         } else {
             ExtensionKind::SpanEnd
         };
+        self.json.clear();
+        boundary.write_json(&mut self.json);
         ext::encode_extension_json(
             &mut self.buf,
             self.layout,
             kind,
             timestamp_ns,
             thread_id,
-            &boundary.to_json(),
+            &self.json,
         );
     }
 

@@ -83,6 +83,8 @@ pub struct TraceWriter {
     info_of_group: Vec<u16>,
     /// Buffers allocated and not yet freed: handle to size and buffer type.
     live_buffers: std::collections::BTreeMap<u64, (u64, String)>,
+    /// A JSON payload being made (span records), reused.
+    json: Vec<u8>,
     /// Each tensor's pair of op records, copied for its shares.
     share_records: ShareRecords,
     /// Op types whose names were written.
@@ -132,6 +134,7 @@ impl TraceWriter {
             labels: Labels::default(),
             info_of_group: Vec::new(),
             live_buffers: Default::default(),
+            json: Vec::new(),
             share_records: ShareRecords::default(),
             op_names_written: Default::default(),
             names_written: 0,
