@@ -24,6 +24,9 @@ fn cpu_functions_reachable() -> Result<(), String> {
 /// Starts tracing if this is the first wrapped call (after resolving it, so that the metadata
 /// can name the ggml version of the copy that is called).
 pub fn start_tracing() {
+    if record::started() {
+        return;
+    }
     guarded(|| {
         record::start_once(|| {
             #[cfg(all(target_os = "linux", target_arch = "x86_64"))]

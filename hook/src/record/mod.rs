@@ -49,4 +49,4 @@ pub use rpc_commands::{
 };
 #[cfg(all(target_os = "linux", target_arch = "x86_64"))]
 pub use session::thread_ops_never;
-pub use session::{Setup, active, device_timing_on, finish, start_once};
+pub use session::{Setup, active, device_timing_on, finish, start_once, started};

@@ -66,6 +66,13 @@ pub struct Setup {
 /// The started recorder's [`Setup::before_last_flush`].
 static BEFORE_LAST_FLUSH: OnceLock<fn()> = OnceLock::new();
 
+/// Whether tracing has started (or is starting, or was refused) in this process: every wrapped
+/// call asks, so that only the first goes on to [`start_once`].
+#[inline]
+pub fn started() -> bool {
+    STATE.load(Ordering::Acquire) != UNSTARTED
+}
+
 /// Starts tracing if this is the first call of the process (or of a child since its fork);
 /// `setup` runs only then. A failure is said once on stderr and leaves the program untraced.
 pub fn start_once(setup: impl FnOnce() -> Setup) {
