@@ -100,9 +100,38 @@ pub fn fixture_cmd(libdirs: &[&Path], args: &[&str]) -> Command {
     cmd
 }
 
+/// A child process that is killed and reaped when dropped: a test that fails before it stops
+/// its fixture leaves nothing running (a fixture computing forever would hold the CPUs, and the
+/// output pipe of whatever ran the tests, after the test binary has ended).
+pub struct KilledOnDrop(pub std::process::Child);
+
+impl std::ops::Deref for KilledOnDrop {
+    type Target = std::process::Child;
+    fn deref(&self) -> &std::process::Child {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for KilledOnDrop {
+    fn deref_mut(&mut self) -> &mut std::process::Child {
+        &mut self.0
+    }
+}
+
+impl Drop for KilledOnDrop {
+    fn drop(&mut self) {
+        // Already reaped by the test (the usual case): nothing is signalled.
+        if let Ok(None) = self.0.try_wait() {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+}
+
 /// The fixture computing graphs until killed, traced into `trace` with `flush_ms` between flushes.
-/// Returns once it has computed its first graph (so the hook has started and the trace exists).
-pub fn spawn_forever(bin: &Path, trace: &Path, flush_ms: &str) -> std::process::Child {
+/// Returns once it has computed its first graph (so the hook has started and the trace exists);
+/// killed when dropped.
+pub fn spawn_forever(bin: &Path, trace: &Path, flush_ms: &str) -> KilledOnDrop {
     let mut child = with_hook(
         fixture_cmd(&[bin], &["--nodes", "2", "--forever"]),
         &[
@@ -117,6 +146,7 @@ pub fn spawn_forever(bin: &Path, trace: &Path, flush_ms: &str) -> std::process::
     let computed = std::io::BufRead::lines(std::io::BufReader::new(stdout))
         .map_while(Result::ok)
         .any(|line| line == "computed");
+    let child = KilledOnDrop(child);
     assert!(computed, "the fixture ended before computing a graph");
     child
 }
