@@ -34,17 +34,29 @@ fn ended_totals(stderr: &str) -> (u64, u64) {
     (before("events"), before("graph"))
 }
 
+/// `ggml-viz live --plain` on `trace`, refreshing every `interval` seconds, its output piped.
+fn plain_view(trace: &std::path::Path, interval: &str) -> std::process::Child {
+    Command::new(ggml_viz())
+        .args(["live", "--plain", "--interval", interval])
+        .arg(trace)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+/// What an ended view said on stderr.
+fn stderr_of(view: &mut std::process::Child) -> String {
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut view.stderr.take().unwrap(), &mut stderr).unwrap();
+    stderr
+}
+
 #[test]
 fn plain_lines_follow_a_growing_trace_and_end_when_the_writer_is_killed() {
     let dir = scratch("live-plain");
     let trace = dir.join("t.ggmlviz");
-    let mut view = Command::new(ggml_viz())
-        .args(["live", "--plain", "--interval", "0.3"])
-        .arg(&trace)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut view = plain_view(&trace, "0.3");
     // The view starts first and waits for the file.
     std::thread::sleep(Duration::from_millis(300));
     let mut writer = spawn_forever(&llama_bin(), &trace, "20");
@@ -74,8 +86,7 @@ fn plain_lines_follow_a_growing_trace_and_end_when_the_writer_is_killed() {
         killed.elapsed()
     );
     assert_eq!(status.code(), Some(0), "{rest:?}");
-    let mut stderr = String::new();
-    std::io::Read::read_to_string(&mut view.stderr.take().unwrap(), &mut stderr).unwrap();
+    let stderr = stderr_of(&mut view);
     // Everything complete in the file was seen, once.
     let (_, damage, stats) = read_trace(&trace);
     assert!(
@@ -288,13 +299,7 @@ fn a_corrupt_trace_ends_the_view_with_the_byte_offset() {
 fn live_on_a_missing_file_says_how_to_start_a_recording() {
     let dir = scratch("live-missing");
     let trace = dir.join("later.ggmlviz");
-    let mut child = Command::new(ggml_viz())
-        .args(["live", "--plain", "--interval", "0.2"])
-        .arg(&trace)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut child = plain_view(&trace, "0.2");
     std::thread::sleep(Duration::from_millis(1500));
     child.kill().unwrap();
     let out = child.wait_with_output().unwrap();
@@ -321,18 +326,11 @@ fn live_waits_for_the_writer_of_an_empty_unlocked_file() {
     let bytes = std::fs::read(&written).unwrap();
     let expected = read_trace(&written).2.events();
     std::fs::File::create(&trace).unwrap(); // created, not yet locked
-    let mut view = Command::new(ggml_viz())
-        .args(["live", "--plain", "--interval", "0.2"])
-        .arg(&trace)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut view = plain_view(&trace, "0.2");
     std::thread::sleep(Duration::from_millis(1000));
     let early = view.try_wait().unwrap();
     if early.is_some() {
-        let mut stderr = String::new();
-        std::io::Read::read_to_string(&mut view.stderr.take().unwrap(), &mut stderr).unwrap();
+        let stderr = stderr_of(&mut view);
         panic!("the view ended before the writer locked the file ({early:?}):\n{stderr}");
     }
     // The writer now locks its file, writes the trace and finishes.
@@ -354,8 +352,7 @@ fn live_waits_for_the_writer_of_an_empty_unlocked_file() {
         panic!("the view did not end within 10 s of the writer's end");
     }
     let status = view.wait().unwrap();
-    let mut stderr = String::new();
-    std::io::Read::read_to_string(&mut view.stderr.take().unwrap(), &mut stderr).unwrap();
+    let stderr = stderr_of(&mut view);
     assert_eq!(status.code(), Some(0), "{stderr}");
     assert_eq!(ended_totals(&stderr).0, expected, "{stderr}");
 }
