@@ -23,10 +23,7 @@ impl SpanBoundaryRef<'_> {
         out.extend_from_slice(b"{\"name\":");
         json_str(out, self.name);
         out.extend_from_slice(b",\"n_tokens\":");
-        match self.n_tokens {
-            Some(n) => decimal(out, n),
-            None => out.extend_from_slice(b"null"),
-        }
+        or_null(out, self.n_tokens, decimal);
         if !self.seqs.is_empty() {
             out.extend_from_slice(b",\"seqs\":[");
             for (i, &(seq, tokens)) in self.seqs.iter().enumerate() {
@@ -85,15 +82,9 @@ impl TensorInfoRef<'_> {
         out.extend_from_slice(b",\"op\":");
         json_str(&mut out, self.op);
         out.extend_from_slice(b",\"op_type\":");
-        match self.op_type {
-            Some(n) => decimal(&mut out, n),
-            None => out.extend_from_slice(b"null"),
-        }
+        or_null(&mut out, self.op_type, decimal);
         out.extend_from_slice(b",\"op_name\":");
-        match self.op_name {
-            Some(s) => json_str(&mut out, s),
-            None => out.extend_from_slice(b"null"),
-        }
+        or_null(&mut out, self.op_name, json_str);
         out.extend_from_slice(b",\"type\":");
         json_str(&mut out, self.type_name);
         out.extend_from_slice(b",\"ne\":[");
@@ -104,20 +95,11 @@ impl TensorInfoRef<'_> {
             decimal(&mut out, *n);
         }
         out.extend_from_slice(b"],\"flops\":");
-        match self.flops {
-            Some(n) => decimal(&mut out, n),
-            None => out.extend_from_slice(b"null"),
-        }
+        or_null(&mut out, self.flops, decimal);
         out.extend_from_slice(b",\"src_bytes\":");
-        match self.src_bytes {
-            Some(n) => decimal(&mut out, n),
-            None => out.extend_from_slice(b"null"),
-        }
+        or_null(&mut out, self.src_bytes, decimal);
         out.extend_from_slice(b",\"kernels\":");
-        match self.kernels {
-            Some(s) => json_str(&mut out, s),
-            None => out.extend_from_slice(b"null"),
-        }
+        or_null(&mut out, self.kernels, json_str);
         out.push(b'}');
         out
     }
@@ -179,6 +161,14 @@ impl Decimal for u32 {
 impl Decimal for i32 {
     fn write_to(self, out: &mut Vec<u8>) {
         i64::from(self).write_to(out);
+    }
+}
+
+/// Appends `value` with `write`, or `null` where there is none.
+fn or_null<T>(out: &mut Vec<u8>, value: Option<T>, write: impl FnOnce(&mut Vec<u8>, T)) {
+    match value {
+        Some(v) => write(out, v),
+        None => out.extend_from_slice(b"null"),
     }
 }
 
