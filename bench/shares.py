@@ -27,6 +27,9 @@ from concurrent.futures import ThreadPoolExecutor
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import run as bench  # noqa: E402
 
+# The two runs whose difference is a token's marginal cost (llama-bench -n).
+TOKENS = (16, 80)
+
 PROF_BUILD = [
     "cargo", "build", "--release", "-p", "ggml-viz-hook",
     "--config", 'profile.release.package.ggml-viz-hook.debug="line-tables-only"',
@@ -100,9 +103,9 @@ def main():
         else:
             model = bench.model_file(tmp, args.model)
             modes = ("off", "none") if args.off else ("threads", "off")
-            runs = {f"{mode}{n}": ([f"{build}/bin/llama-bench", "-m", model, "-t", "1", "-p", "0", "-n", n,
+            runs = {f"{mode}{n}": ([f"{build}/bin/llama-bench", "-m", model, "-t", "1", "-p", "0", "-n", str(n),
                                     "-r", "1"], mode)
-                    for mode in modes for n in ("16", "80")}
+                    for mode in modes for n in TOKENS}
         bench.progress(f"callgrind: {len(runs)} runs, two at a time")
         with ThreadPoolExecutor(2) as pool:
             counts = dict(zip(runs, pool.map(
@@ -113,20 +116,24 @@ def main():
             own = {m: sum(v for (ob, _), v in counts[m].items() if ob and "ggml_viz_hook" in ob) / per
                    for m in ("threads", "off")}
             print(f"the hook's whole object {what}: threads {own['threads']:,.1f}, off {own['off']:,.1f}")
-        elif args.off:
-            per, what = 64, f"a token, {args.model} model, -t 1"
-            diff = {k: (counts["off80"][k] - counts["off16"][k]) - (counts["none80"][k] - counts["none16"][k])
-                    for k in set().union(*counts.values())}
-            print(f"op timing off over no hook, {what}: all the process's code {sum(diff.values()) / per:,.1f}")
         else:
-            def shares(name):
-                info = bench.run(["target/release/ggml-viz", "info", os.path.join(tmp, f"{name}.ggmlviz")]).stdout
-                return int(re.search(r"^\s*op_compute_begin\s+(\d+)", info, re.M).group(1))
-            per = shares("threads80") - shares("threads16")
-            what = f"a node share, {args.model} model, -t 1 ({per} shares in 64 tokens)"
-            keys = set().union(*counts.values())
-            diff = {k: (counts["threads80"][k] - counts["threads16"][k]) - (counts["off80"][k] - counts["off16"][k])
-                    for k in keys}
+            short, long = TOKENS
+            hi, lo = modes
+
+            def marginal(k):
+                return ((counts[f"{hi}{long}"][k] - counts[f"{hi}{short}"][k])
+                        - (counts[f"{lo}{long}"][k] - counts[f"{lo}{short}"][k]))
+            diff = {k: marginal(k) for k in set().union(*counts.values())}
+            if args.off:
+                per, what = long - short, f"a token, {args.model} model, -t 1"
+                print(f"op timing off over no hook, {what}: all the process's code {sum(diff.values()) / per:,.1f}")
+            else:
+                def shares(name):
+                    info = bench.run(["target/release/ggml-viz", "info",
+                                      os.path.join(tmp, f"{name}.ggmlviz")]).stdout
+                    return int(re.search(r"^\s*op_compute_begin\s+(\d+)", info, re.M).group(1))
+                per = shares(f"threads{long}") - shares(f"threads{short}")
+                what = f"a node share, {args.model} model, -t 1 ({per} shares in {long - short} tokens)"
         total = sum(v for (ob, _), v in diff.items() if ob and "ggml_viz_hook" in ob) / per
         over = "op timing off over no hook" if args.off else "threads over off"
         print(f"{over}, {what}: the hook's object {total:,.1f} instructions")
