@@ -9,12 +9,19 @@ count less (only the lines whose file is the function's own).
     python3 bench/shares.py --model 64x32
     python3 bench/shares.py --add-chain      # the ctypes ADD chain at 2 threads, per node
     python3 bench/shares.py --off            # op timing off over no hook, a token's marginal cost
+    python3 bench/shares.py --floor          # a share against a build that records none (below)
     python3 bench/shares.py --hook OTHER.so  # a build of your own (with line tables)
 
 The first form is a token's marginal cost once every node has been seen (first sights left out);
 the ADD chain's, per node (two shares and two barrier waits), 100 nodes x 50 computes; --off's,
 what op timing off (graph times, spans, waits, the wrappers' pass-through) costs a token. About a
 minute each on 2 cores (the four or two callgrind runs go two at a time).
+
+--floor puts beside the first form the same runs with a hook built with `--cfg ggml_viz_floor`
+(target/floor): every call reaches the hook as it does, each share is taken, opened and its begin's
+clock read, but none is described, stored or written. That is what a share costs before anything
+is recorded (the trampoline's three calls a node, the call into Rust at the marker); the table
+below it is what recording adds, function by function (recorded threads minus the floor's).
 """
 import argparse
 import collections
@@ -37,9 +44,20 @@ PROF_BUILD = [
 ]
 
 
+def prof_hook(target, rustflags=None):
+    """The hook built with line tables into `target`, with `rustflags` if given: its path."""
+    env = {"CARGO_TARGET_DIR": target}
+    if rustflags:
+        env["RUSTFLAGS"] = rustflags
+    bench.progress(f"building the hook with line tables ({target})")
+    bench.run(PROF_BUILD, env=env)
+    return os.path.join(bench.ROOT, target, "release/libggml_viz_hook.so")
+
+
 def self_counts(path):
     """Instructions by (object, function) in a callgrind output, each function's own with what was
-    inlined into it (the inclusive lines after `calls=` left out)."""
+    inlined into it (the inclusive lines after `calls=` left out); an object by its file name, so
+    that two builds of the hook in two folders count as one."""
     names = {"ob": {}, "fn": {}}
     cost = collections.Counter()
     ob = fn = None
@@ -63,7 +81,7 @@ def self_counts(path):
             continue
         fields = line.split()
         if len(fields) >= 2 and re.fullmatch(r"[+\-*]?(0x)?[\da-f]*", fields[0]) and fields[-1].isdigit():
-            cost[(ob, fn)] += int(fields[-1])
+            cost[(ob and os.path.basename(ob), fn)] += int(fields[-1])
     return cost
 
 
@@ -78,20 +96,22 @@ def main():
     which = p.add_mutually_exclusive_group()
     which.add_argument("--add-chain", action="store_true", help="the ctypes ADD chain at 2 threads, per node")
     which.add_argument("--off", action="store_true", help="op timing off over no hook, a token's marginal cost")
+    which.add_argument("--floor", action="store_true",
+                       help="beside a share, a build that records none (--cfg ggml_viz_floor)")
     p.add_argument("--hook", help="a hook built with line tables (default: this tree's, built into target/prof)")
     p.add_argument("--rows", type=int, default=14)
     args = p.parse_args()
     os.chdir(bench.ROOT)
-    hook = args.hook
-    if hook is None:
-        bench.progress("building the hook with line tables (target/prof)")
-        bench.run(PROF_BUILD, env={"CARGO_TARGET_DIR": "target/prof"})
-        hook = os.path.join(bench.ROOT, "target/prof/release/libggml_viz_hook.so")
+    hook = args.hook or prof_hook("target/prof")
+    floor_hook = prof_hook("target/floor", "--cfg ggml_viz_floor") if args.floor else None
     build = bench.run(["bash", "scripts/setup-llama.sh"]).stdout.strip().splitlines()[-1]
     with tempfile.TemporaryDirectory() as tmp:
         def env(mode, name):
             if mode == "none":
                 return {}
+            if mode == "floor":
+                return {"LD_PRELOAD": floor_hook, "GGML_VIZ_OP_TIMING": "threads",
+                        "GGML_VIZ_OUTPUT": os.path.join(tmp, f"{name}.ggmlviz")}
             return {"LD_PRELOAD": hook, "GGML_VIZ_OP_TIMING": mode,
                     "GGML_VIZ_OUTPUT": os.path.join(tmp, f"{name}.ggmlviz")}
 
@@ -102,7 +122,7 @@ def main():
             runs = {mode: (cmd, mode) for mode in ("threads", "off")}
         else:
             model = bench.model_file(tmp, args.model)
-            modes = ("off", "none") if args.off else ("threads", "off")
+            modes = ("off", "none") if args.off else ("threads", "off", "floor") if args.floor else ("threads", "off")
             runs = {f"{mode}{n}": ([f"{build}/bin/llama-bench", "-m", model, "-t", "1", "-p", "0", "-n", str(n),
                                     "-r", "1"], mode)
                     for mode in modes for n in TOKENS}
@@ -118,12 +138,12 @@ def main():
             print(f"the hook's whole object {what}: threads {own['threads']:,.1f}, off {own['off']:,.1f}")
         else:
             short, long = TOKENS
-            hi, lo = modes
 
-            def marginal(k):
+            def marginal(k, hi=modes[0], lo=modes[1]):
                 return ((counts[f"{hi}{long}"][k] - counts[f"{hi}{short}"][k])
                         - (counts[f"{lo}{long}"][k] - counts[f"{lo}{short}"][k]))
-            diff = {k: marginal(k) for k in set().union(*counts.values())}
+            keys = set().union(*counts.values())
+            diff = {k: marginal(k) for k in keys}
             if args.off:
                 per, what = long - short, f"a token, {args.model} model, -t 1"
                 print(f"op timing off over no hook, {what}: all the process's code {sum(diff.values()) / per:,.1f}")
@@ -134,15 +154,27 @@ def main():
                     return int(re.search(r"^\s*op_compute_begin\s+(\d+)", info, re.M).group(1))
                 per = shares(f"threads{long}") - shares(f"threads{short}")
                 what = f"a node share, {args.model} model, -t 1 ({per} shares in {long - short} tokens)"
-        total = sum(v for (ob, _), v in diff.items() if ob and "ggml_viz_hook" in ob) / per
+        def hook_total(d):
+            return sum(v for (ob, _), v in d.items() if ob and "ggml_viz_hook" in ob) / per
+        total = hook_total(diff)
         over = "op timing off over no hook" if args.off else "threads over off"
         print(f"{over}, {what}: the hook's object {total:,.1f} instructions")
-        # The hook's functions and the copies it calls (libc's spin and scheduling code, and
-        # OpenMP's spin waits, vary with the threads' timing: left out).
-        ours = {k: v for k, v in diff.items()
-                if k[0] and ("ggml_viz_hook" in k[0] or (k[1] or "").startswith("__mem"))}
-        for (ob, fn), v in sorted(ours.items(), key=lambda kv: -abs(kv[1]))[:args.rows]:
-            print(f"{v / per:10.1f}  {os.path.basename(ob)[:24]:<24} {fn}")
+        tables = [(None, diff)]
+        if args.floor:
+            below = {k: marginal(k, "floor", "off") for k in keys}
+            floor = hook_total(below)
+            tables = [(f"the floor (a build that records no share) over off: {floor:,.1f}", below),
+                      (f"recording a share adds {total - floor:,.1f} to it",
+                       {k: marginal(k, "threads", "floor") for k in keys})]
+        for title, table in tables:
+            if title:
+                print(f"{title}, by function:")
+            # The hook's functions and the copies it calls (libc's spin and scheduling code, and
+            # OpenMP's spin waits, vary with the threads' timing: left out).
+            ours = {k: v for k, v in table.items()
+                    if k[0] and ("ggml_viz_hook" in k[0] or (k[1] or "").startswith("__mem"))}
+            for (ob, fn), v in sorted(ours.items(), key=lambda kv: -abs(kv[1]))[:args.rows]:
+                print(f"{v / per:10.1f}  {ob[:24]:<24} {fn}")
 
 
 if __name__ == "__main__":

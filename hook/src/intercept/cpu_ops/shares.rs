@@ -170,6 +170,10 @@ fn node_begins(
         record_ended(w, ended);
         return;
     }
+    if cfg!(ggml_viz_floor) {
+        share_state_only(w, r, kind, tensor);
+        return;
+    }
     // SAFETY: `params` is ggml's `struct ggml_compute_params *` for this call, which starts
     // with `int ith, nth`.
     let (ith, nth) = unsafe { (*(params as *const i32), *(params as *const i32).add(1)) };
@@ -206,6 +210,22 @@ fn node_begins(
             record::thread_op(w.this_thread(), r, ShareEdge::Begin, &op);
         }
     }
+    w.open_node(op, r, kind != Kind::Marker);
+}
+
+/// What a share costs below its recording, for `bench/shares.py --floor` (a build with
+/// `--cfg ggml_viz_floor`, never shipped): the calls reach here as they do, the share before is
+/// taken and the clock read for this one's begin, the share opens; nothing is described or
+/// stored, and no share's end is recorded ([`record_end`]).
+#[inline(always)]
+fn share_state_only(w: &Worker, r: &'static Recorder, kind: Kind, tensor: Ptr) {
+    let op = OpInfo {
+        tensor,
+        op_type: 0,
+        op_size: std::hint::black_box(clock::now_ticks()),
+        backend: std::ptr::null_mut(),
+        tensor_id: 0,
+    };
     w.open_node(op, r, kind != Kind::Marker);
 }
 
@@ -258,7 +278,7 @@ fn record_ended(w: &Worker, ended: Option<EndedAt>) {
 /// (recorded only while `r` still records).
 #[inline(always)]
 fn record_end(w: &Worker, r: &'static Recorder, edge: ShareEdge, op: &OpInfo, ticks: u64) {
-    if record::active().is_some_and(|a| std::ptr::eq(a, r)) {
+    if !cfg!(ggml_viz_floor) && record::active().is_some_and(|a| std::ptr::eq(a, r)) {
         record::thread_op_at(w.this_thread(), r, edge, op, ticks);
     }
 }
