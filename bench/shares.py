@@ -10,6 +10,7 @@ count less (only the lines whose file is the function's own).
     python3 bench/shares.py --add-chain      # the ctypes ADD chain at 2 threads, per node
     python3 bench/shares.py --off            # op timing off over no hook, a token's marginal cost
     python3 bench/shares.py --floor          # a share against a build that records none (below)
+    python3 bench/shares.py --add-chain --floor
     python3 bench/shares.py --hook OTHER.so  # a build of your own (with line tables)
 
 The first form is a token's marginal cost once every node has been seen (first sights left out);
@@ -17,11 +18,12 @@ the ADD chain's, per node (two shares and two barrier waits), 100 nodes x 50 com
 what op timing off (graph times, spans, waits, the wrappers' pass-through) costs a token. About a
 minute each on 2 cores (the four or two callgrind runs go two at a time).
 
---floor puts beside the first form the same runs with a hook built with `--cfg ggml_viz_floor`
-(target/floor): every call reaches the hook as it does, each share is taken, opened and its begin's
-clock read, but none is described, stored or written. That is what a share costs before anything
-is recorded (the trampoline's three calls a node, the call into Rust at the marker); the table
-below it is what recording adds, function by function (recorded threads minus the floor's).
+--floor puts beside the first form or --add-chain the same runs with a hook built with
+`--cfg ggml_viz_floor` (target/floor): every call reaches the hook as it does, each share is taken,
+its compute params read, the share opened and its begin's clock read, each barrier wait's end read,
+but nothing is described, stored or written. That is what a share costs before anything is
+recorded (the trampoline's three calls a node, the call into Rust at the marker); the table below
+it is what recording adds, function by function (recorded threads minus the floor's).
 """
 import argparse
 import collections
@@ -96,11 +98,13 @@ def main():
     which = p.add_mutually_exclusive_group()
     which.add_argument("--add-chain", action="store_true", help="the ctypes ADD chain at 2 threads, per node")
     which.add_argument("--off", action="store_true", help="op timing off over no hook, a token's marginal cost")
-    which.add_argument("--floor", action="store_true",
-                       help="beside a share, a build that records none (--cfg ggml_viz_floor)")
+    p.add_argument("--floor", action="store_true",
+                   help="beside threads, a build that records no share or wait (--cfg ggml_viz_floor)")
     p.add_argument("--hook", help="a hook built with line tables (default: this tree's, built into target/prof)")
     p.add_argument("--rows", type=int, default=14)
     args = p.parse_args()
+    if args.floor and args.off:
+        p.error("--floor measures threads against a build that records nothing; --off has no threads")
     os.chdir(bench.ROOT)
     hook = args.hook or prof_hook("target/prof")
     floor_hook = prof_hook("target/floor", "--cfg ggml_viz_floor") if args.floor else None
@@ -115,14 +119,14 @@ def main():
             return {"LD_PRELOAD": hook, "GGML_VIZ_OP_TIMING": mode,
                     "GGML_VIZ_OUTPUT": os.path.join(tmp, f"{name}.ggmlviz")}
 
+        modes = ("off", "none") if args.off else ("threads", "off", "floor") if args.floor else ("threads", "off")
         if args.add_chain:
             per, what = 5000, "a node of the ADD chain (2 threads: two shares, two waits)"
             cmd = [sys.executable, "tests/fixtures/ggml_ctypes.py", f"{build}/bin", "--nodes", "100",
                    "--repeat", "50", "--threads", "2"]
-            runs = {mode: (cmd, mode) for mode in ("threads", "off")}
+            runs = {mode: (cmd, mode) for mode in modes}
         else:
             model = bench.model_file(tmp, args.model)
-            modes = ("off", "none") if args.off else ("threads", "off", "floor") if args.floor else ("threads", "off")
             runs = {f"{mode}{n}": ([f"{build}/bin/llama-bench", "-m", model, "-t", "1", "-p", "0", "-n", str(n),
                                     "-r", "1"], mode)
                     for mode in modes for n in TOKENS}
@@ -131,19 +135,21 @@ def main():
             counts = dict(zip(runs, pool.map(
                 lambda item: callgrind(os.path.join(tmp, f"{item[0]}.out"), item[1][0], env(item[1][1], item[0])),
                 runs.items())))
+        keys = set().union(*counts.values())
         if args.add_chain:
-            diff = {k: counts["threads"][k] - counts["off"][k] for k in counts["threads"] | counts["off"]}
+            def difference(hi, lo):
+                return {k: counts[hi][k] - counts[lo][k] for k in keys}
             own = {m: sum(v for (ob, _), v in counts[m].items() if ob and "ggml_viz_hook" in ob) / per
-                   for m in ("threads", "off")}
-            print(f"the hook's whole object {what}: threads {own['threads']:,.1f}, off {own['off']:,.1f}")
+                   for m in modes}
+            print(f"the hook's whole object {what}: " + ", ".join(f"{m} {own[m]:,.1f}" for m in modes))
         else:
             short, long = TOKENS
 
-            def marginal(k, hi=modes[0], lo=modes[1]):
-                return ((counts[f"{hi}{long}"][k] - counts[f"{hi}{short}"][k])
-                        - (counts[f"{lo}{long}"][k] - counts[f"{lo}{short}"][k]))
-            keys = set().union(*counts.values())
-            diff = {k: marginal(k) for k in keys}
+            def difference(hi, lo):
+                return {k: (counts[f"{hi}{long}"][k] - counts[f"{hi}{short}"][k])
+                        - (counts[f"{lo}{long}"][k] - counts[f"{lo}{short}"][k]) for k in keys}
+        diff = difference(*modes[:2])
+        if not args.add_chain:
             if args.off:
                 per, what = long - short, f"a token, {args.model} model, -t 1"
                 print(f"op timing off over no hook, {what}: all the process's code {sum(diff.values()) / per:,.1f}")
@@ -161,11 +167,10 @@ def main():
         print(f"{over}, {what}: the hook's object {total:,.1f} instructions")
         tables = [(None, diff)]
         if args.floor:
-            below = {k: marginal(k, "floor", "off") for k in keys}
+            below = difference("floor", "off")
             floor = hook_total(below)
-            tables = [(f"the floor (a build that records no share) over off: {floor:,.1f}", below),
-                      (f"recording a share adds {total - floor:,.1f} to it",
-                       {k: marginal(k, "threads", "floor") for k in keys})]
+            tables = [(f"the floor (a build that records no share or wait) over off: {floor:,.1f}", below),
+                      (f"recording adds {total - floor:,.1f} to it", difference("threads", "floor"))]
         for title, table in tables:
             if title:
                 print(f"{title}, by function:")

@@ -129,7 +129,7 @@ pub(super) extern "C" fn waited(worker: *const Worker, site: usize) {
     let start = w.barrier_start.replace(0);
     contained(|| match wait_began(w, site) {
         // The share and the wait after it, in one visit of the recording core.
-        (Some(r), Some((op, owner))) if std::ptr::eq(owner, r) => {
+        (Some(r), Some((op, owner))) if !cfg!(ggml_viz_floor) && std::ptr::eq(owner, r) => {
             record::share_then_wait(w.this_thread(), r, &op, start, w.ith.get(), w.nth.get());
         }
         (Some(r), ended) => {
@@ -170,10 +170,6 @@ fn node_begins(
         record_ended(w, ended);
         return;
     }
-    if cfg!(ggml_viz_floor) {
-        share_state_only(w, r, kind, tensor);
-        return;
-    }
     // SAFETY: `params` is ggml's `struct ggml_compute_params *` for this call, which starts
     // with `int ith, nth`.
     let (ith, nth) = unsafe { (*(params as *const i32), *(params as *const i32).add(1)) };
@@ -193,6 +189,10 @@ fn node_begins(
     }
     w.ith.set(ith as u32);
     w.nth.set(nth as u32);
+    if cfg!(ggml_viz_floor) {
+        share_state_only(w, r, kind, tensor);
+        return;
+    }
     // SAFETY: `tensor` is the node this call of the copy `h` belongs to computes: live.
     let op = unsafe {
         if kind == Kind::Fused {
@@ -215,8 +215,9 @@ fn node_begins(
 
 /// What a share costs below its recording, for `bench/shares.py --floor` (a build with
 /// `--cfg ggml_viz_floor`, never shipped): the calls reach here as they do, the share before is
-/// taken and the clock read for this one's begin, the share opens; nothing is described or
-/// stored, and no share's end is recorded ([`record_end`]).
+/// taken, the compute params read (the thread count decides whether waits are recorded), the
+/// clock read for this one's begin, the share opens; nothing is described or stored, and neither a share's end ([`record_end`]) nor a barrier wait ([`record_wait`],
+/// [`waited`]: its end's clock read) is recorded.
 #[inline(always)]
 fn share_state_only(w: &Worker, r: &'static Recorder, kind: Kind, tensor: Ptr) {
     let op = OpInfo {
@@ -329,6 +330,11 @@ fn barrier_ends(w: &Worker) {
 
 /// This thread's barrier wait from `start` ticks to now, recorded in `r`.
 fn record_wait(w: &Worker, r: &'static Recorder, start: u64) {
+    if cfg!(ggml_viz_floor) {
+        // The floor's wait: its end read, nothing recorded (see `share_state_only`).
+        std::hint::black_box(clock::now_ticks());
+        return;
+    }
     record::barrier_wait(
         w.this_thread(),
         r,
