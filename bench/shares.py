@@ -113,10 +113,9 @@ def main():
         def env(mode, name):
             if mode == "none":
                 return {}
-            if mode == "floor":
-                return {"LD_PRELOAD": floor_hook, "GGML_VIZ_OP_TIMING": "threads",
-                        "GGML_VIZ_OUTPUT": os.path.join(tmp, f"{name}.ggmlviz")}
-            return {"LD_PRELOAD": hook, "GGML_VIZ_OP_TIMING": mode,
+            # The floor is the floor build timing threads.
+            preload, timing = (floor_hook, "threads") if mode == "floor" else (hook, mode)
+            return {"LD_PRELOAD": preload, "GGML_VIZ_OP_TIMING": timing,
                     "GGML_VIZ_OUTPUT": os.path.join(tmp, f"{name}.ggmlviz")}
 
         modes = ("off", "none") if args.off else ("threads", "off", "floor") if args.floor else ("threads", "off")
@@ -136,12 +135,16 @@ def main():
                 lambda item: callgrind(os.path.join(tmp, f"{item[0]}.out"), item[1][0], env(item[1][1], item[0])),
                 runs.items())))
         keys = set().union(*counts.values())
+
+        def hook_total(d):
+            """The hook's object's instructions in `d`, per unit measured."""
+            return sum(v for (ob, _), v in d.items() if ob and "ggml_viz_hook" in ob) / per
+
         if args.add_chain:
             def difference(hi, lo):
                 return {k: counts[hi][k] - counts[lo][k] for k in keys}
-            own = {m: sum(v for (ob, _), v in counts[m].items() if ob and "ggml_viz_hook" in ob) / per
-                   for m in modes}
-            print(f"the hook's whole object {what}: " + ", ".join(f"{m} {own[m]:,.1f}" for m in modes))
+            print(f"the hook's whole object {what}: "
+                  + ", ".join(f"{m} {hook_total(counts[m]):,.1f}" for m in modes))
         else:
             short, long = TOKENS
 
@@ -149,19 +152,15 @@ def main():
                 return {k: (counts[f"{hi}{long}"][k] - counts[f"{hi}{short}"][k])
                         - (counts[f"{lo}{long}"][k] - counts[f"{lo}{short}"][k]) for k in keys}
         diff = difference(*modes[:2])
-        if not args.add_chain:
-            if args.off:
-                per, what = long - short, f"a token, {args.model} model, -t 1"
-                print(f"op timing off over no hook, {what}: all the process's code {sum(diff.values()) / per:,.1f}")
-            else:
-                def shares(name):
-                    info = bench.run(["target/release/ggml-viz", "info",
-                                      os.path.join(tmp, f"{name}.ggmlviz")]).stdout
-                    return int(re.search(r"^\s*op_compute_begin\s+(\d+)", info, re.M).group(1))
-                per = shares(f"threads{long}") - shares(f"threads{short}")
-                what = f"a node share, {args.model} model, -t 1 ({per} shares in {long - short} tokens)"
-        def hook_total(d):
-            return sum(v for (ob, _), v in d.items() if ob and "ggml_viz_hook" in ob) / per
+        if args.off:
+            per, what = long - short, f"a token, {args.model} model, -t 1"
+            print(f"op timing off over no hook, {what}: all the process's code {sum(diff.values()) / per:,.1f}")
+        elif not args.add_chain:
+            def shares(name):
+                info = bench.run(["target/release/ggml-viz", "info", os.path.join(tmp, f"{name}.ggmlviz")]).stdout
+                return int(re.search(r"^\s*op_compute_begin\s+(\d+)", info, re.M).group(1))
+            per = shares(f"threads{long}") - shares(f"threads{short}")
+            what = f"a node share, {args.model} model, -t 1 ({per} shares in {long - short} tokens)"
         total = hook_total(diff)
         over = "op timing off over no hook" if args.off else "threads over off"
         print(f"{over}, {what}: the hook's object {total:,.1f} instructions")

@@ -216,8 +216,9 @@ fn node_begins(
 /// What a share costs below its recording, for `bench/shares.py --floor` (a build with
 /// `--cfg ggml_viz_floor`, never shipped): the calls reach here as they do, the share before is
 /// taken, the compute params read (the thread count decides whether waits are recorded), the
-/// clock read for this one's begin, the share opens; nothing is described or stored, and neither a share's end ([`record_end`]) nor a barrier wait ([`record_wait`],
-/// [`waited`]: its end's clock read) is recorded.
+/// clock read for this one's begin, the share opens; nothing is described or stored, and
+/// neither a share's end ([`record_end`]) nor a barrier wait ([`record_wait`], [`waited`]: its
+/// end's clock read) is recorded.
 #[inline(always)]
 fn share_state_only(w: &Worker, r: &'static Recorder, kind: Kind, tensor: Ptr) {
     let op = OpInfo {
